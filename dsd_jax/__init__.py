@@ -1,0 +1,1 @@
+"""dsd_jax: dynamic speculative decoding for JAX/XLA."""

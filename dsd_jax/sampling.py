@@ -1,0 +1,137 @@
+"""Sampling: per-row temperature -> top-k -> top-p -> softmax, shared by every path.
+
+Plain and speculative decoding both build their distributions here; a different
+order in one path would silently break losslessness. Temperature 0 means greedy:
+the distribution is the one-hot of the argmax of the raw logits.
+
+Random numbers are derived per (request seed, absolute position, stream), never
+from a global step key, so a request's tokens do not depend on which other
+requests share its batch, and drafter-invariant decoding can reuse the exact noise
+plain decoding used at the same position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+# Noise streams per (seed, position).
+STREAM_TARGET = 0  # Gumbel noise for the target's token (plain sampling, drafter-invariant mode)
+STREAM_DRAFT = 1  # Gumbel noise for a draft proposal sampled from q
+STREAM_ACCEPT = 2  # uniform for the accept test
+STREAM_RESIDUAL = 3  # Gumbel noise for the recovered token
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings (vLLM names).
+
+    temperature 0 is greedy; top_k 0 and top_p 1.0 disable those filters.
+    `seed` fixes the request's noise (None: the engine assigns one).
+    `include_stop_token`: whether a matched stop id is part of the returned tokens.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop_token_ids: Sequence[int] = ()
+    seed: int | None = None
+    include_stop_token: bool = True
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if int(self.max_tokens) != self.max_tokens or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens}")
+        if any(int(t) < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative, got {list(self.stop_token_ids)}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+def _expand(param, logits):
+    """Broadcasts a per-row [B] parameter against logits [B, ..., V]."""
+    param = jnp.asarray(param)
+    return param.reshape(param.shape + (1,) * (logits.ndim - param.ndim))
+
+
+def filter_logits(logits, top_k, top_p):
+    """Top-k then top-p on (temperature-scaled) logits; filtered entries become -inf.
+
+    Ties at a threshold are all kept, identically in every path.
+    """
+    V = logits.shape[-1]
+    top_k, top_p = _expand(top_k, logits), _expand(top_p, logits)
+    neg_inf = jnp.float32(-jnp.inf)
+    sorted_desc = -jnp.sort(-logits, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
+    kth = jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
+    logits = jnp.where(logits < kth, neg_inf, logits)
+
+    sorted_kept = jnp.where(jnp.arange(V) < k, sorted_desc, neg_inf)
+    probs = jax.nn.softmax(sorted_kept, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = (mass_before < top_p) | (top_p >= 1.0)
+    n_keep = jnp.maximum(jnp.sum(keep & (jnp.arange(V) < k), axis=-1, keepdims=True), 1)
+    threshold = jnp.take_along_axis(sorted_desc, n_keep - 1, axis=-1)
+    return jnp.where(logits < threshold, neg_inf, logits)
+
+
+def processed_logits(logits, temperature, top_k, top_p):
+    """Temperature-scaled, filtered float32 logits: log of the sampling distribution
+    up to a constant. Greedy rows (temperature 0) keep their raw logits."""
+    logits = logits.astype(jnp.float32)
+    t = _expand(temperature, logits)
+    scaled = logits / jnp.where(t > 0, t, 1.0)
+    return filter_logits(scaled, top_k, top_p)
+
+
+def processed_logprobs(logits, temperature, top_k, top_p):
+    """log of the sampling distribution (vLLM's "processed" logprobs)."""
+    return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p), axis=-1)
+
+
+def sampling_probs(logits, temperature, top_k, top_p):
+    """The distribution tokens are drawn from: one-hot argmax for greedy rows."""
+    greedy = _expand(temperature, logits) <= 0
+    probs = jax.nn.softmax(processed_logits(logits, temperature, top_k, top_p), axis=-1)
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=probs.dtype)
+    return jnp.where(greedy, one_hot, probs)
+
+
+def position_keys(seeds, positions, stream: int):
+    """One PRNG key per (seed, position) for a noise stream. seeds: [B]; positions: [B, T]."""
+    def key(seed, pos):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), pos), stream)
+    return jax.vmap(jax.vmap(key, in_axes=(None, 0)))(seeds, positions)
+
+
+def gumbel_noise(seeds, positions, stream: int, vocab: int):
+    """Gumbel noise [B, T, V] for each (seed, position)."""
+    keys = position_keys(seeds, positions, stream)
+    return jax.vmap(jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32)))(keys)
+
+
+def uniform_noise(seeds, positions, stream: int):
+    """Uniforms [B, T] in [0, 1) for each (seed, position)."""
+    keys = position_keys(seeds, positions, stream)
+    return jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32)))(keys)
+
+
+def gumbel_argmax(logits, noise, temperature):
+    """Gumbel-max sampling; greedy rows ignore the noise. logits are processed logits."""
+    greedy = _expand(temperature, logits)[..., 0] <= 0
+    sampled = jnp.argmax(logits + noise, axis=-1)
+    return jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+
+
+def sample(logits, temperature, top_k, top_p, noise):
+    """Draws one token per row from the sampling distribution with Gumbel noise."""
+    return gumbel_argmax(processed_logits(logits, temperature, top_k, top_p), noise, temperature)

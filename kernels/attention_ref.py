@@ -1,0 +1,32 @@
+"""Pure-XLA reference for verify attention: T new queries per sequence against its KV cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def verify_attention_xla(q, k_cache, v_cache, q_positions):
+    """Causal GQA attention of new queries against a per-slot KV cache.
+
+    q:            [B, T, Hq, D]   queries of the T new tokens (already rotated)
+    k_cache:      [B, Hkv, S, D]  keys, the new tokens' entries already written
+    v_cache:      [B, Hkv, S, D]
+    q_positions:  [B, T] int32    absolute position of each query
+
+    Query (b, t) attends to cache entries 0..q_positions[b, t]; the mask comes from
+    positions only, so padding tokens and stale entries past a sequence's length are
+    never read. Returns [B, T, Hq, D] in q's dtype; softmax runs in float32.
+    """
+    B, T, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    qg = q.reshape(B, T, Hkv, group, D)
+    scores = jnp.einsum("bthgd,bhsd->bhgts", qg, k_cache,
+                        preferred_element_type=jnp.float32) * (D ** -0.5)
+    visible = jnp.arange(S)[None, None, :] <= q_positions[:, :, None]  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhgts,bhsd->bthgd", weights.astype(v_cache.dtype), v_cache,
+                     preferred_element_type=jnp.float32)
+    return out.reshape(B, T, Hq, D).astype(q.dtype)

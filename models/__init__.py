@@ -1,0 +1,7 @@
+"""The decoder model family, its loaders and the built-in model pair."""
+
+from .config import ModelConfig, SUPPORTED_MODEL_TYPES
+from .transformer import KVCache, Transformer, forward, init_kv_cache, init_model, num_params
+
+__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "KVCache", "Transformer", "forward",
+           "init_kv_cache", "init_model", "num_params"]

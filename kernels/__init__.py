@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 
 from .attention_ref import verify_attention_xla
+from .rejection_ref import coupled_accept_xla, first_rejection, rejection_sample_xla
 
 BACKENDS = ("auto", "xla", "pallas", "interpret")
 
@@ -32,4 +33,16 @@ def verify_attention(q, k_cache, v_cache, q_positions, *, backend: str = "auto")
                                              interpret=backend == "interpret")
 
 
-__all__ = ["BACKENDS", "resolve_backend", "verify_attention", "verify_attention_xla"]
+def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual_noise, *,
+                     backend: str = "auto"):
+    """See `rejection_ref.rejection_sample_xla` for shapes and semantics."""
+    backend = resolve_backend(backend)
+    if backend == "xla":
+        return rejection_sample_xla(target_probs, draft_probs, draft_tokens, uniforms, residual_noise)
+    from . import rejection_pallas
+    return rejection_pallas.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms,
+                                             residual_noise, interpret=backend == "interpret")
+
+
+__all__ = ["BACKENDS", "resolve_backend", "verify_attention", "verify_attention_xla",
+           "rejection_sample", "rejection_sample_xla", "coupled_accept_xla", "first_rejection"]

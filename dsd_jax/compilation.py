@@ -1,0 +1,37 @@
+"""Counts XLA backend compilations (tests and the engine prove warm-up covers everything)."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_lock = threading.Lock()
+_count = 0
+
+
+def _on_duration(event: str, duration: float, **kwargs) -> None:
+    global _count
+    if event == _BACKEND_COMPILE_EVENT:
+        with _lock:
+            _count += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def compilation_count() -> int:
+    """Backend compilations in this process so far (persistent-cache hits excluded)."""
+    return _count
+
+
+def enable_persistent_cache(directory: str) -> None:
+    """Caches compiled programs on disk so the second start skips XLA compilation."""
+    import os
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+        raise ValueError(f"compilation cache directory must be a path, got {directory!r}")
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -1,0 +1,333 @@
+"""SpecEngine: continuous batching over the K-bucket programs.
+
+The host loop is thin: admit requests into free slots (chunked prefill), ask the
+controller for K, dispatch the (K, bucket) program, and read back only the emitted
+tokens and counts. Step N+1 is dispatched before the host blocks on step N's
+outputs (JAX async dispatch), so the device does not wait on Python; the controller
+therefore sees statistics one step old. Live requests stay packed in slots 0..n-1
+(a finished request's slot receives the last live slot), so the bucket program
+follows the live batch size.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+from typing import Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dsd_jax import compilation
+from dsd_jax.config import SpecConfig
+from dsd_jax.metrics import EngineStats
+from dsd_jax.programs import Programs
+from dsd_jax.sampling import SamplingParams
+from dsd_jax.state import MAX_STOP_IDS, init_state
+from dsd_jax.step import SlotInit, StepOptions
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """One finished request (vLLM/Tunix conventions: unpadded tokens, same-length logprobs)."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[float] | None = None  # of each token under the target's sampling distribution
+    raw_logprobs: list[float] | None = None  # log_softmax of the raw target logits
+    text: str | None = None
+
+
+@dataclasses.dataclass
+class _Request:
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    tokens: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    raw_logprobs: list = dataclasses.field(default_factory=list)
+    slot: int = -1
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+
+def power_of_two_buckets(max_size: int) -> tuple[int, ...]:
+    buckets = [1]
+    while buckets[-1] < max_size:
+        buckets.append(min(buckets[-1] * 2, max_size))
+    return tuple(buckets)
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+class SpecEngine:
+    """Dynamic speculative decoding engine.
+
+    target, draft: `dsd_jax.models.Transformer` (draft only for method "draft_model").
+    spec: `SpecConfig` (or a vLLM-style dict). max_batch_size slots, each holding up to
+    max_seq_len tokens (prompt + output). `controller`: any object with
+    `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`;
+    by default built from `spec` (and `profile`).
+    """
+
+    def __init__(self, target, draft=None, spec: SpecConfig | dict | None = None, *,
+                 max_batch_size: int = 64, max_seq_len: int = 2048, tokenizer=None,
+                 batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
+                 profile=None, controller=None, backend: str = "auto",
+                 compilation_cache_dir: str | None = None, seed: int = 0):
+        spec = SpecConfig() if spec is None else spec
+        spec = SpecConfig.from_dict(spec) if isinstance(spec, dict) else spec
+        if max_batch_size < 1 or max_seq_len < 2:
+            raise ValueError(f"need max_batch_size >= 1 and max_seq_len >= 2, got "
+                             f"{max_batch_size}, {max_seq_len}")
+        if spec.method == "draft_model":
+            if draft is None:
+                raise ValueError("method 'draft_model' needs a draft model")
+            if draft.config.vocab_size != target.config.vocab_size:
+                raise ValueError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
+                                 f"{target.config.vocab_size}: the draft must share the tokenizer")
+        else:
+            draft = None
+        if compilation_cache_dir:
+            compilation.enable_persistent_cache(compilation_cache_dir)
+        self.spec = spec
+        self.max_k = spec.max_k
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.tokenizer = tokenizer
+        self.batch_buckets = tuple(batch_buckets or power_of_two_buckets(max_batch_size))
+        if self.batch_buckets[-1] < max_batch_size or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
+            raise ValueError(f"batch_buckets {self.batch_buckets} must be increasing and reach "
+                             f"max_batch_size {max_batch_size}")
+        self.prefill_chunk = int(prefill_chunk)
+        self.target_config = target.config
+        self.draft_config = None if draft is None else draft.config
+        target_graph, self._target_params = nnx.split(target)
+        draft_graph, self._draft_params = (None, None) if draft is None else nnx.split(draft)
+        self.capacity = max_seq_len + self.max_k + 1
+        self.state = init_state(target.config, self.draft_config, max_batch_size, self.capacity,
+                                self.max_k)
+        opts = StepOptions(method=spec.method, acceptance=spec.acceptance,
+                           draft_sampling=spec.draft_sampling, ngram_min=spec.prompt_lookup_min,
+                           ngram_max=spec.prompt_lookup_max, backend=backend)
+        prefill_rows = tuple(b for b in self.batch_buckets if b in (1, 8) or b == max_batch_size)
+        prefill_chunks = tuple(sorted({min(32, self.prefill_chunk), self.prefill_chunk}))
+        self.programs = Programs(target_graph, draft_graph, opts, self._target_params,
+                                 self._draft_params, self.state, self.batch_buckets, self.max_k,
+                                 prefill_rows, prefill_chunks)
+        if controller is None:
+            from dsd_jax.controller import Controller
+            controller = Controller(spec, profile, max_batch_size=max_batch_size)
+        self.controller = controller
+        self.stats = EngineStats(self.max_k)
+        self._seed = seed
+        self._request_ids = itertools.count()
+
+    # ---- weights ------------------------------------------------------------------------
+    def set_params(self, target=None, draft=None) -> None:
+        """Swaps in new weights (a model or its `nnx.state`); compiles nothing."""
+        def params_of(new, old, role):
+            state = nnx.state(new) if isinstance(new, nnx.Module) else new
+            if jax.tree.structure(state) != jax.tree.structure(old) or any(
+                    a.shape != b.shape or a.dtype != b.dtype
+                    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(old))):
+                raise ValueError(f"new {role} params do not match the compiled shapes/dtypes")
+            return state
+        if target is not None:
+            self._target_params = params_of(target, self._target_params, "target")
+        if draft is not None:
+            if self._draft_params is None:
+                raise ValueError("this engine has no draft model")
+            self._draft_params = params_of(draft, self._draft_params, "draft")
+
+    def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Compiles every program up front; returns the number of programs."""
+        return self.programs.compile_all(progress)
+
+    # ---- requests -----------------------------------------------------------------------
+    def _make_requests(self, prompts, sampling) -> list[_Request]:
+        if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
+            raise ValueError("prompts must be a list of prompts (token-id lists or strings)")
+        if sampling is None:
+            sampling = SamplingParams()
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        requests = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ValueError("string prompts need an engine with a tokenizer")
+                prompt = self.tokenizer.encode(prompt).ids
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
+            if len(prompt) >= self.max_seq_len:
+                raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} "
+                                 "leaves no room to generate")
+            vocab = self.target_config.vocab_size
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
+            if len(sp.stop_token_ids) > MAX_STOP_IDS:
+                raise ValueError(f"request {i}: at most {MAX_STOP_IDS} stop_token_ids are supported")
+            rid = next(self._request_ids)
+            seed = sp.seed if sp.seed is not None else (self._seed * 1_000_003 + rid)
+            requests.append(_Request(rid, prompt, sp, seed % (2 ** 32)))
+        return requests
+
+    def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 return_logprobs: bool = False, progress: Callable[[int], None] | None = None
+                 ) -> list[RequestOutput]:
+        """Generates for every prompt; outputs in prompt order. More prompts than slots queue."""
+        requests = self._make_requests(prompts, sampling)
+        for _ in self._run(requests):
+            if progress:
+                progress(sum(r.finish_reason is not None for r in requests))
+        return [self._output(r, return_logprobs) for r in requests]
+
+    def stream(self, prompts, sampling=None) -> Iterator[tuple[int, list[int]]]:
+        """Yields (prompt index, new token ids) as tokens are committed."""
+        requests = self._make_requests(prompts, sampling)
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        for req, new in self._run(requests):
+            yield index[req.request_id], new
+
+    def _output(self, r: _Request, return_logprobs: bool) -> RequestOutput:
+        text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
+        return RequestOutput(r.request_id, r.prompt, list(r.tokens), r.finish_reason,
+                             list(r.logprobs) if return_logprobs else None,
+                             list(r.raw_logprobs) if return_logprobs else None, text)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _admit(self, new: list[_Request]) -> None:
+        """Prefills target (and draft) for new requests in chunks, then marks them live."""
+        n = _bucket(len(new), self.programs.prefill_rows)
+        chunk = self.prefill_chunk
+        longest = max(len(r.prompt) for r in new)
+        rows = np.full(n, self.max_batch_size, np.int32)  # padding rows are dropped
+        rows[:len(new)] = [r.slot for r in new]
+        prompts = np.zeros((n, max(longest, 1)), np.int32)
+        lengths = np.zeros(n, np.int32)
+        for i, r in enumerate(new):
+            prompts[i, :len(r.prompt)] = r.prompt
+            lengths[i] = len(r.prompt)
+        scatter_rows = np.where(rows < self.max_batch_size, rows, 0).astype(np.int32)
+        for start in range(0, longest, chunk):
+            c = _bucket(min(chunk, longest - start), self.programs.prefill_chunks)
+            piece = np.zeros((n, c), np.int32)
+            width = min(c, prompts.shape[1] - start)
+            piece[:, :width] = prompts[:, start:start + width]
+            count = np.clip(lengths - start, 0, c).astype(np.int32)
+            self.state = self.programs.prefill(n, c)(
+                self._target_params, self._draft_params, self.state, scatter_rows, piece,
+                np.full(n, start, np.int32), count, np.maximum(lengths - 1, 0).astype(np.int32))
+        stop = np.full((n, MAX_STOP_IDS), -1, np.int32)
+        sp = [r.params for r in new] + [SamplingParams()] * (n - len(new))
+        for i, r in enumerate(new):
+            stop[i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
+        limit = np.minimum(lengths + np.array([p.max_tokens for p in sp]), self.max_seq_len)
+        draft_len = np.maximum(lengths - 1, 0) if self.draft_config is not None else np.zeros(n)
+        init = SlotInit(rows, lengths, limit.astype(np.int32), draft_len.astype(np.int32),
+                        np.array([p.temperature for p in sp], np.float32),
+                        np.array([p.top_k for p in sp], np.int32),
+                        np.array([p.top_p for p in sp], np.float32),
+                        np.array([r.seed for r in new] + [0] * (n - len(new)), np.uint32), stop)
+        self.state = self.programs.admit(n)(self.state, init)
+
+    def _remove(self, live: list[_Request], finished: list[_Request]) -> None:
+        """Keeps live requests packed: the last live slot moves into each freed slot."""
+        move = self.programs.move()
+        for r in finished:
+            i, last = r.slot, len(live) - 1
+            if i != last:
+                self.state = move(self.state, np.int32(last), np.int32(i))
+                live[i] = live[last]
+                live[i].slot = i
+            live.pop()
+            r.slot = -1
+
+    def _process(self, out, snapshot: list[_Request], k: int, t_dispatch: float) -> list:
+        """Reads one step's outputs back (the only device->host copy in the loop)."""
+        tokens, n_emit, n_acc, done, lp, raw = jax.device_get(
+            (out.tokens, out.n_emit, out.n_accepted, out.done, out.logprobs, out.raw_logprobs))
+        now = time.perf_counter()
+        events, finished = [], []
+        live_rows = [i for i, r in enumerate(snapshot) if r.finish_reason is None]
+        for i in live_rows:
+            r, n = snapshot[i], int(n_emit[i])
+            if n:
+                new = tokens[i, :n].tolist()
+                r.tokens += new
+                r.logprobs += lp[i, :n].tolist()
+                r.raw_logprobs += raw[i, :n].tolist()
+                r.first_token_time = r.first_token_time or now
+                events.append((r, new))
+            if done[i]:
+                stopped = bool(r.tokens) and r.tokens[-1] in r.params.stop_token_ids
+                r.finish_reason = "stop" if stopped else "length"
+                if stopped and not r.params.include_stop_token:
+                    del r.tokens[-1], r.logprobs[-1], r.raw_logprobs[-1]
+                r.finish_time = now
+                finished.append(r)
+        if live_rows:
+            accepted = n_acc[live_rows]
+            self.controller.observe(k, accepted, step_time_s=None,
+                                    request_ids=[snapshot[i].request_id for i in live_rows])
+            self.stats.record_step(k, len(snapshot), accepted, int(n_emit[live_rows].sum()), now)
+        for r in finished:
+            forget = getattr(self.controller, "forget_request", None)
+            if forget:
+                forget(r.request_id)
+        return events, finished
+
+    def _run(self, requests: list[_Request]):
+        queue = collections.deque(requests)
+        live: list[_Request] = []
+        inflight = None
+        self.stats.begin_run()
+        while queue or live or inflight:
+            if queue and len(live) < self.max_batch_size:
+                new = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size - len(live)))]
+                for r in new:
+                    r.slot = len(live)
+                    live.append(r)
+                self._admit(new)
+            dispatched = None
+            if live:
+                k = self._choose_k(live)
+                b = _bucket(len(live), self.batch_buckets)
+                t0 = time.perf_counter()
+                self.state, out = self.programs.step(k, b)(self._target_params, self._draft_params,
+                                                           self.state)
+                dispatched = (out, list(live), k, t0)
+            if inflight:
+                events, finished = self._process(*inflight)
+                yield from events
+                self._remove(live, [r for r in finished if r.slot >= 0])
+            inflight = dispatched
+            if dispatched and not live:
+                inflight = None
+        self.stats.end_run(requests)
+
+    def _choose_k(self, live: list[_Request]) -> int:
+        if self.max_k == 0:
+            return 0
+        context = max(len(r.prompt) + len(r.tokens) for r in live)
+        k = int(self.controller.choose_k(len(live), context_len=context,
+                                         request_ids=[r.request_id for r in live]))
+        if not 0 <= k <= self.max_k:
+            raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")
+        return k

@@ -1,0 +1,87 @@
+"""Engine statistics: throughput, TPOT, acceptance per position, K and batch histograms,
+and a per-step trace that can be saved as JSON."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+
+import numpy as np
+
+
+class EngineStats:
+    def __init__(self, max_k: int):
+        self.max_k = max_k
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.tokens = 0
+        self.wall_s = 0.0
+        self.k_hist: collections.Counter = collections.Counter()
+        self.batch_hist: collections.Counter = collections.Counter()
+        self.accepted_per_pos = np.zeros(max(self.max_k, 1), np.int64)
+        self.proposed_per_pos = np.zeros(max(self.max_k, 1), np.int64)
+        self.row_steps = 0  # sum over steps of live rows
+        self.tpot_s: list[float] = []
+        self.trace: list[dict] = []
+        self._run_start = None
+        self._last_step_time = None
+
+    def begin_run(self) -> None:
+        self._run_start = time.perf_counter()
+        self._last_step_time = self._run_start
+
+    def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
+                    now: float) -> float:
+        """Records one processed step; returns the wall time since the previous one."""
+        dt = now - self._last_step_time
+        self._last_step_time = now
+        live = len(num_accepted)
+        self.steps += 1
+        self.tokens += emitted
+        self.row_steps += live
+        self.k_hist[k] += 1
+        self.batch_hist[live] += 1
+        if k > 0:
+            positions = np.arange(k)
+            self.proposed_per_pos[:k] += live
+            self.accepted_per_pos[:k] += (num_accepted[:, None] > positions).sum(0)
+        self.trace.append({"step": self.steps, "k": k, "batch_size": live, "emitted": emitted,
+                           "mean_accepted": float(np.mean(num_accepted)) if live else 0.0,
+                           "wall_ms": dt * 1e3})
+        return dt
+
+    def end_run(self, requests) -> None:
+        if self._run_start is not None:
+            self.wall_s += time.perf_counter() - self._run_start
+            self._run_start = None
+        for r in requests:
+            if r.first_token_time and r.finish_time and len(r.tokens) > 1:
+                self.tpot_s.append((r.finish_time - r.first_token_time) / (len(r.tokens) - 1))
+
+    def acceptance_per_position(self) -> list[float]:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = self.accepted_per_pos / self.proposed_per_pos
+        return [float(x) if np.isfinite(x) else None for x in rate]
+
+    def to_dict(self, controller_stats: dict | None = None) -> dict:
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens / self.wall_s if self.wall_s else None,
+            "tpot_ms": float(np.median(self.tpot_s) * 1e3) if self.tpot_s else None,
+            # tokens committed per live row per step (1 for plain decoding)
+            "mean_accepted_len": self.tokens / self.row_steps if self.row_steps else None,
+            "acceptance_per_position": self.acceptance_per_position(),
+            "k_hist": {int(k): v for k, v in sorted(self.k_hist.items())},
+            "batch_hist": {int(b): v for b, v in sorted(self.batch_hist.items())},
+            "controller": controller_stats,
+        }
+
+    def save_trace(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.trace, f)

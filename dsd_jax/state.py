@@ -1,0 +1,71 @@
+"""Device state of all decode slots, donated to every compiled program.
+
+Per slot s (one request): `tokens[s, :length[s]]` are committed. The target KV cache
+holds positions 0..length-2; the last committed token is *pending* (the target has
+not processed it yet). The draft KV cache holds 0..draft_len-1 and may lag behind.
+Buffers are `capacity = max_seq_len + max_k + 1` long so a verify window never
+writes past the end (and the scatters drop anything that would).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dsd_jax.models import KVCache, ModelConfig, init_kv_cache
+
+MAX_STOP_IDS = 8
+
+
+class DecodeState(NamedTuple):
+    tokens: jax.Array  # [N, capacity] int32
+    length: jax.Array  # [N] int32 committed tokens
+    limit: jax.Array  # [N] int32 length at which the request finishes ("length")
+    draft_len: jax.Array  # [N] int32 positions the draft cache holds
+    active: jax.Array  # [N] bool: live and not finished on device
+    temperature: jax.Array  # [N] float32 (0 = greedy)
+    top_k: jax.Array  # [N] int32 (0 = off)
+    top_p: jax.Array  # [N] float32
+    seed: jax.Array  # [N] uint32
+    stop_ids: jax.Array  # [N, MAX_STOP_IDS] int32, -1 = unused
+    accepted_per_pos: jax.Array  # [max_k] int32 drafts accepted at position i (cumulative)
+    proposed_per_pos: jax.Array  # [max_k] int32 drafts proposed at position i (cumulative)
+    target_kv: KVCache
+    draft_kv: KVCache | None
+
+    @property
+    def num_slots(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+
+def init_state(target_cfg: ModelConfig, draft_cfg: ModelConfig | None, num_slots: int,
+               capacity: int, max_k: int) -> DecodeState:
+    # Distinct buffers per field: donation rejects one buffer passed twice.
+    zeros_i = lambda: jnp.zeros((num_slots,), jnp.int32)
+    return DecodeState(
+        tokens=jnp.zeros((num_slots, capacity), jnp.int32),
+        length=zeros_i(),
+        limit=zeros_i(),
+        draft_len=zeros_i(),
+        active=jnp.zeros((num_slots,), bool),
+        temperature=jnp.zeros((num_slots,), jnp.float32),
+        top_k=zeros_i(),
+        top_p=jnp.ones((num_slots,), jnp.float32),
+        seed=jnp.zeros((num_slots,), jnp.uint32),
+        stop_ids=jnp.full((num_slots, MAX_STOP_IDS), -1, jnp.int32),
+        accepted_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),
+        proposed_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),
+        target_kv=init_kv_cache(target_cfg, num_slots, capacity),
+        draft_kv=None if draft_cfg is None else init_kv_cache(draft_cfg, num_slots, capacity),
+    )
+
+
+def abstract_state(*args, **kwargs) -> DecodeState:
+    """Shapes and dtypes of `init_state(...)` without allocating, for AOT lowering."""
+    return jax.eval_shape(lambda: init_state(*args, **kwargs))

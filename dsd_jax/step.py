@@ -1,0 +1,211 @@
+"""The device programs: one speculative step per (K, batch bucket), prefill, admit, move.
+
+Every program is a pure function `(target_params, draft_params, state, ...) ->
+(state, small outputs)` with the state donated, so the KV caches are updated in
+place, and the params are arguments, so new weights never recompile.
+
+One round with K drafts, for the first B slots:
+  1. draft d_1..d_K (K > 0; K = 0 does not run the draft at all),
+  2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
+  3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
+     max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling,
+  4. commit on device: append the accepted drafts + one emitted token, advance length.
+     Rejected KV entries simply sit past `length`: no copy, no rollback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dsd_jax import drafters, kernels, sampling
+from dsd_jax.models import forward
+from dsd_jax.state import DecodeState
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """Static choices baked into the compiled programs."""
+
+    method: str = "draft_model"  # draft_model | ngram | none
+    acceptance: str = "rejection"  # rejection | drafter_invariant
+    draft_sampling: str = "sample"  # sample | argmax
+    ngram_min: int = 1
+    ngram_max: int = 3
+    catchup_chunk: int = 32
+    backend: str = "auto"  # kernels backend for attention and rejection sampling
+
+    @property
+    def draft_mode(self) -> str:
+        return "coupled" if self.acceptance == "drafter_invariant" else self.draft_sampling
+
+
+class StepOutput(NamedTuple):
+    tokens: jax.Array  # [B, K+1] int32: the first n_emit are new committed tokens
+    n_emit: jax.Array  # [B] int32
+    n_accepted: jax.Array  # [B] int32 drafts accepted (before stop/length truncation)
+    done: jax.Array  # [B] bool: finished in this step
+    logprobs: jax.Array  # [B, K+1] float32 under the target's sampling distribution
+    raw_logprobs: jax.Array  # [B, K+1] float32 log_softmax of the raw target logits
+
+
+def _noise_if_sampling(temperature, make):
+    """Skips noise generation when every row is greedy (it would be ignored)."""
+    shape = jax.eval_shape(make)
+    return jax.lax.cond(jnp.any(temperature > 0), make, lambda: jnp.zeros(shape.shape, shape.dtype))
+
+
+def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
+              target_params, draft_params, state: DecodeState):
+    """One speculative round with K drafts over slots 0..B-1."""
+    tokens = state.tokens[:B]
+    length, limit, active = state.length[:B], state.limit[:B], state.active[:B]
+    temperature, top_k, top_p = state.temperature[:B], state.top_k[:B], state.top_p[:B]
+    seed, stop_ids = state.seed[:B], state.stop_ids[:B]
+    draft_kv, draft_len = state.draft_kv, state.draft_len[:B]
+
+    # 1. draft
+    q = None
+    if K > 0 and opts.method == "draft_model":
+        drafts, q, draft_kv, draft_len = drafters.propose_with_draft_model(
+            draft_graph, draft_params, draft_kv, tokens, length, draft_len, active,
+            (temperature, top_k, top_p, seed), K, opts.draft_mode, opts.catchup_chunk, opts.backend)
+    elif K > 0 and opts.method == "ngram":
+        drafts = drafters.propose_ngram(tokens, length, K, opts.ngram_min, opts.ngram_max)
+    else:
+        drafts = jnp.zeros((B, 0), jnp.int32)
+
+    # 2. verify
+    pending = drafters.gather_tokens(tokens, length[:, None] - 1)
+    positions = jnp.where(active[:, None], length[:, None] - 1 + jnp.arange(K + 1), -1)
+    logits, target_kv = forward(target_graph, target_params, jnp.concatenate([pending, drafts], 1),
+                                positions, state.target_kv, attn_backend=opts.backend)
+    V = logits.shape[-1]
+    token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
+    proc = sampling.processed_logits(logits, temperature, top_k, top_p)
+    target_noise = _noise_if_sampling(
+        temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
+
+    # 3. accept
+    if opts.acceptance == "drafter_invariant" or K == 0:
+        # K = 0 in either mode is plain sampling with the same per-position noise.
+        target_tokens = sampling.gumbel_argmax(proc, target_noise, temperature)
+        n_acc, out_tokens = kernels.coupled_accept_xla(target_tokens, drafts)
+    else:
+        p = sampling.sampling_probs(logits, temperature, top_k, top_p)
+        uniforms = _noise_if_sampling(
+            temperature, lambda: sampling.uniform_noise(seed, token_pos[:, :K], sampling.STREAM_ACCEPT))
+        n_acc, out_tokens = kernels.rejection_sample(p, q, drafts, uniforms, target_noise,
+                                                     backend=opts.backend)
+
+    logprobs = jnp.take_along_axis(jax.nn.log_softmax(proc, -1), out_tokens[..., None], -1)[..., 0]
+    raw_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), out_tokens[..., None], -1)[..., 0]
+
+    # 4. commit
+    n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)
+    j = jnp.arange(K + 1)
+    is_stop = jnp.any((out_tokens[..., None] == stop_ids[:, None, :]) & (stop_ids[:, None, :] >= 0), -1)
+    is_stop &= j[None, :] < n_emit[:, None]
+    has_stop = jnp.any(is_stop, axis=1)
+    n_emit = jnp.where(has_stop, jnp.argmax(is_stop, axis=1) + 1, n_emit)
+    new_length = length + n_emit
+    done = active & (has_stop | (new_length >= limit))
+    write_at = jnp.where(j[None, :] < n_emit[:, None], length[:, None] + j, state.capacity)
+    new_tokens = state.tokens.at[jnp.arange(B)[:, None], write_at].set(out_tokens, mode="drop")
+    if K > 0 and opts.method == "draft_model":
+        # fed drafts d_1..d_{K-1} are valid in the draft cache up to the first rejection
+        draft_len = jnp.minimum(draft_len + jnp.minimum(n_acc, K - 1), new_length)
+
+    max_k = state.proposed_per_pos.shape[0]
+    counted = jnp.arange(max_k) < K
+    proposed = state.proposed_per_pos + jnp.where(counted, jnp.sum(active), 0)
+    accepted = state.accepted_per_pos + jnp.where(
+        counted, jnp.sum(active[:, None] & (n_acc[:, None] > jnp.arange(max_k)), 0), 0)
+
+    new_state = state._replace(
+        tokens=new_tokens,
+        length=state.length.at[:B].set(new_length),
+        draft_len=state.draft_len.at[:B].set(draft_len),
+        active=state.active.at[:B].set(active & ~done),
+        accepted_per_pos=accepted.astype(jnp.int32),
+        proposed_per_pos=proposed.astype(jnp.int32),
+        target_kv=target_kv,
+        draft_kv=draft_kv,
+    )
+    return new_state, StepOutput(out_tokens, n_emit, n_acc, done, logprobs, raw_logprobs)
+
+
+def prefill(target_graph, draft_graph, opts: StepOptions, target_params, draft_params,
+            state: DecodeState, rows, chunk, start, count, model_end):
+    """Writes a chunk of prompt tokens for N slots and runs target (and draft) over them.
+
+    rows [N] slots; chunk [N, C] tokens at positions start[N] + 0..C-1, of which the
+    first count[N] are real. The models process only positions < model_end[N] (the
+    prompt minus its last, pending, token). Rows with count 0 are padding.
+    """
+    C = chunk.shape[1]
+    pos = start[:, None] + jnp.arange(C)
+    real = jnp.arange(C)[None, :] < count[:, None]
+    tokens = state.tokens.at[rows[:, None], jnp.where(real, pos, state.capacity)].set(chunk, mode="drop")
+    model_pos = jnp.where(real & (pos < model_end[:, None]), pos, -1)
+    _, target_kv = forward(target_graph, target_params, chunk, model_pos, state.target_kv, rows=rows,
+                           attn_backend=opts.backend)
+    draft_kv = state.draft_kv
+    if opts.method == "draft_model":
+        _, draft_kv = forward(draft_graph, draft_params, chunk, model_pos, draft_kv, rows=rows,
+                              attn_backend=opts.backend)
+    return state._replace(tokens=tokens, target_kv=target_kv, draft_kv=draft_kv)
+
+
+class SlotInit(NamedTuple):
+    """Per-slot fields set when requests are admitted; arrays of N rows."""
+
+    rows: jax.Array  # [N] int32, out of range (>= num_slots) for padding
+    length: jax.Array
+    limit: jax.Array
+    draft_len: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    seed: jax.Array
+    stop_ids: jax.Array  # [N, MAX_STOP_IDS]
+
+
+def admit(state: DecodeState, init: SlotInit) -> DecodeState:
+    def put(x, value):
+        return x.at[init.rows].set(value, mode="drop")
+
+    return state._replace(
+        length=put(state.length, init.length),
+        limit=put(state.limit, init.limit),
+        draft_len=put(state.draft_len, init.draft_len),
+        active=put(state.active, jnp.ones_like(init.length, bool)),
+        temperature=put(state.temperature, init.temperature),
+        top_k=put(state.top_k, init.top_k),
+        top_p=put(state.top_p, init.top_p),
+        seed=put(state.seed, init.seed),
+        stop_ids=put(state.stop_ids, init.stop_ids),
+    )
+
+
+def move_slot(state: DecodeState, src, dst) -> DecodeState:
+    """Copies slot src into slot dst (one row of every array, KV included) and frees src;
+    keeps live requests packed in slots 0..n-1."""
+    def mv(x):
+        return x.at[dst].set(x[src])
+
+    moved = state._replace(
+        **{f: mv(getattr(state, f)) for f in (
+            "tokens", "length", "limit", "draft_len", "active", "temperature", "top_k", "top_p",
+            "seed", "stop_ids")},
+        target_kv=jax.tree.map(mv, state.target_kv),
+        draft_kv=jax.tree.map(mv, state.draft_kv),
+    )
+    return moved._replace(active=moved.active.at[src].set(False))
+
+
+def release_slot(state: DecodeState, slot) -> DecodeState:
+    return state._replace(active=state.active.at[slot].set(False))

@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny random model pairs and an independent plain-decoding oracle."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dsd_jax import models
+
+
+def tiny_config(**kw) -> models.ModelConfig:
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=8, rope_theta=10000.0)
+    base.update(kw)
+    return models.ModelConfig(**base)
+
+
+def scaled(model, factor: float):
+    """Sharper logits make random models' greedy paths less degenerate."""
+    graph, params = nnx.split(model)
+    params = jax.tree.map(lambda x: x * factor if x.ndim == 2 else x, params)
+    return nnx.merge(graph, params)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    target = models.init_model(tiny_config(), seed=0)
+    draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate_size=32,
+                                          num_heads=2, num_kv_heads=1), seed=1)
+    return target, draft
+
+
+@functools.lru_cache(maxsize=None)
+def _full_forward(graph, length):
+    def run(params, tokens, n):
+        pos = jnp.where(jnp.arange(length) < n, jnp.arange(length), -1)[None]
+        kv = models.init_kv_cache(graph_config[graph], 1, length)
+        logits, _ = models.forward(graph, params, tokens[None], pos, kv)
+        return logits[0, n - 1]
+    return jax.jit(run)
+
+
+graph_config: dict = {}
+
+
+def oracle_logits(model, tokens: list[int], length: int = 128) -> np.ndarray:
+    """Next-token logits from a fresh full-sequence forward (no incremental KV cache)."""
+    graph, params = nnx.split(model)
+    graph_config[graph] = model.config
+    padded = np.zeros(length, np.int32)
+    padded[:len(tokens)] = tokens
+    return np.asarray(_full_forward(graph, length)(params, padded, len(tokens)))
+
+
+def greedy_reference(model, prompt: list[int], max_tokens: int, stop_ids=()) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(max_tokens):
+        tok = int(np.argmax(oracle_logits(model, seq)))
+        out.append(tok)
+        seq.append(tok)
+        if tok in stop_ids:
+            break
+    return out

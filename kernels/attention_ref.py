@@ -27,6 +27,9 @@ def verify_attention_xla(q, k_cache, v_cache, q_positions):
     visible = jnp.arange(S)[None, None, :] <= q_positions[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bhgts,bhsd->bthgd", weights.astype(v_cache.dtype), v_cache,
+    # Output in "bhgtd" order, then transpose: written directly as "bthgd", XLA:CPU emits a
+    # dot that its runtime rejects for bf16 x bf16 -> f32 ("Unsupported element type for
+    # DotThunk").
+    out = jnp.einsum("bhgts,bhsd->bhgtd", weights.astype(v_cache.dtype), v_cache,
                      preferred_element_type=jnp.float32)
-    return out.reshape(B, T, Hq, D).astype(q.dtype)
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, D).astype(q.dtype)

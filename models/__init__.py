@@ -1,7 +1,8 @@
 """The decoder model family, its loaders and the built-in model pair."""
 
 from .config import ModelConfig, SUPPORTED_MODEL_TYPES
+from .hf import load_hf, load_tokenizer
 from .transformer import KVCache, Transformer, forward, init_kv_cache, init_model, num_params
 
 __all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "KVCache", "Transformer", "forward",
-           "init_kv_cache", "init_model", "num_params"]
+           "init_kv_cache", "init_model", "num_params", "load_hf", "load_tokenizer"]

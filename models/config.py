@@ -96,13 +96,25 @@ class ModelConfig:
             )
         except KeyError as e:
             raise ValueError(f"config.json is missing required field {e.args[0]!r}") from None
+        # Features this model family does not implement: refuse rather than load wrong numbers.
+        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r} (supported: silu)")
+        if hf.get("mlp_bias"):
+            raise ValueError("unsupported: mlp_bias=true")
+        if model_type != "qwen2" and hf.get("attention_bias"):
+            raise ValueError(f"unsupported: attention_bias=true for {model_type} (o_proj bias)")
+        if hf.get("use_sliding_window"):
+            raise ValueError("unsupported: use_sliding_window=true (sliding-window attention)")
         scaling = hf.get("rope_scaling") or None
         rope_theta = hf.get("rope_theta")
         rope_params = hf.get("rope_parameters")  # transformers >= 5 nests RoPE settings here
         if isinstance(rope_params, dict):
             rope_theta = rope_params.get("rope_theta", rope_theta)
-            if rope_params.get("rope_type", "default") != "default":
+            if rope_params.get("rope_type", rope_params.get("type", "default")) != "default":
                 scaling = rope_params
+        for src in (hf, rope_params if isinstance(rope_params, dict) else {}, scaling or {}):
+            if float(src.get("partial_rotary_factor", 1.0)) != 1.0:
+                raise ValueError("unsupported: partial_rotary_factor != 1")
         if scaling:
             rope_type = scaling.get("rope_type", scaling.get("type"))
             if rope_type not in ("llama3", "default"):
@@ -118,7 +130,7 @@ class ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+            qkv_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases (and no o_proj bias)
             qk_norm=model_type == "qwen3",
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             dtype=dtype,

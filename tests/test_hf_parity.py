@@ -1,0 +1,312 @@
+"""Parity of `models.load_hf` models with Hugging Face transformers (torch, CPU, fp32).
+
+Tiny random Llama (llama3 RoPE scaling, untied), Qwen2 (qkv bias, tied) and Qwen3
+(q/k norm, explicit head_dim) checkpoints, all with GQA, are written with
+`save_pretrained` into tmp dirs and loaded back. Weights are re-drawn with a large
+std and norm weights / biases are randomised, so attention is sharp (RoPE and
+masking errors show) and every norm and bias matters.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from flax import nnx  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from dsd_jax import models  # noqa: E402
+from dsd_jax.models import forward, init_kv_cache, load_hf, load_tokenizer  # noqa: E402
+
+VOCAB = 97
+PROMPT_LENS = (9, 3, 14)
+PREFILL_LENS = (4, 1, 8)  # then token-by-token decode up to PROMPT_LENS
+CAPACITY = 24
+FP32_TOL = 1e-4
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+              max_position_embeddings=128)
+ARCHS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(
+        tie_word_embeddings=False, rope_theta=10000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(
+        tie_word_embeddings=True, rope_theta=1000.0)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(
+        tie_word_embeddings=False, head_dim=24, rope_theta=1000000.0)),
+}
+
+
+def _make_hf(arch: str, seed: int = 0):
+    cfg_cls, model_cls, extra = ARCHS[arch]
+    torch.manual_seed(seed)
+    cfg = cfg_cls(**COMMON, **extra, attn_implementation="eager")
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+            else:
+                p.normal_(0.0, 0.25)
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """arch -> (checkpoint dir, HF torch model)."""
+    out = {}
+    for arch in ARCHS:
+        model = _make_hf(arch)
+        path = tmp_path_factory.mktemp(arch)
+        model.save_pretrained(path, safe_serialization=True)
+        out[arch] = (str(path), model)
+    return out
+
+
+def _prompts(seed: int = 1):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, size=n).astype(np.int32) for n in PROMPT_LENS]
+
+
+def _hf_logits(model, prompts):
+    """HF logits of each prompt run on its own (no padding): list of [L, V]."""
+    with torch.no_grad():
+        return [model(torch.tensor(p[None], dtype=torch.long)).logits[0].float().numpy()
+                for p in prompts]
+
+
+_fwd = jax.jit(forward, static_argnums=0)
+
+
+def _batch(prompts, starts, stops):
+    """Right-padded [B, T] tokens/positions for prompt[start:stop] per row; padding is -1."""
+    T = max(max(b - a for a, b in zip(starts, stops)), 1)
+    tokens = np.zeros((len(prompts), T), np.int32)
+    positions = np.full((len(prompts), T), -1, np.int32)
+    for i, (p, a, b) in enumerate(zip(prompts, starts, stops)):
+        tokens[i, :b - a] = p[a:b]
+        positions[i, :b - a] = np.arange(a, b)
+    return jnp.asarray(tokens), jnp.asarray(positions)
+
+
+def _full_forward(model, prompts):
+    graphdef, params = nnx.split(model)
+    kv = init_kv_cache(model.config, len(prompts), CAPACITY)
+    tokens, positions = _batch(prompts, [0] * len(prompts), [len(p) for p in prompts])
+    logits, _ = _fwd(graphdef, params, tokens, positions, kv)
+    return [np.asarray(logits[i, :len(p)]) for i, p in enumerate(prompts)]
+
+
+def _prefill_then_decode(model, prompts):
+    """Prefill PREFILL_LENS as one padded batch, then decode one token per step via the cache."""
+    graphdef, params = nnx.split(model)
+    kv = init_kv_cache(model.config, len(prompts), CAPACITY)
+    tokens, positions = _batch(prompts, [0] * len(prompts), PREFILL_LENS)
+    logits, kv = _fwd(graphdef, params, tokens, positions, kv)
+    out = [[np.asarray(logits[i, :n])] for i, n in enumerate(PREFILL_LENS)]
+    for step in range(max(len(p) - n for p, n in zip(prompts, PREFILL_LENS))):
+        pos = [n + step for n in PREFILL_LENS]
+        tokens, positions = _batch(prompts, pos, [min(q + 1, len(p)) for q, p in zip(pos, prompts)])
+        logits, kv = _fwd(graphdef, params, tokens, positions, kv)
+        for i, (q, p) in enumerate(zip(pos, prompts)):
+            if q < len(p):
+                out[i].append(np.asarray(logits[i, :1]))
+    return [np.concatenate(rows) for rows in out]
+
+
+def _max_diff(ours, ref):
+    assert [o.shape for o in ours] == [r.shape for r in ref]
+    return max(float(np.max(np.abs(o - r))) for o, r in zip(ours, ref))
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_logits_match_hf(checkpoints, arch):
+    path, hf_model = checkpoints[arch]
+    model = load_hf(path)
+    cfg = model.config
+    assert cfg.model_type == arch and cfg.num_kv_heads == 2 and cfg.num_heads == 4
+    assert cfg.tie_word_embeddings == (arch == "qwen2")
+    assert cfg.qkv_bias == (arch == "qwen2") and cfg.qk_norm == (arch == "qwen3")
+    if arch == "qwen3":
+        assert cfg.head_dim == 24
+    if arch == "llama":
+        assert cfg.rope_scaling_dict["rope_type"] == "llama3"
+
+    prompts = _prompts()
+    ref = _hf_logits(hf_model, prompts)
+    assert max(float(np.abs(r).max()) for r in ref) > 1.0  # weights big enough to be a real test
+    full = _max_diff(_full_forward(model, prompts), ref)
+    decode = _max_diff(_prefill_then_decode(model, prompts), ref)
+    print(f"{arch}: max |logit diff| full={full:.2e} prefill+decode={decode:.2e}")
+    assert full < FP32_TOL, full
+    assert decode < FP32_TOL, decode
+
+
+def test_sharded_checkpoint_loads_identically(checkpoints, tmp_path):
+    path, hf_model = checkpoints["llama"]
+    hf_model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+    assert not os.path.exists(tmp_path / "model.safetensors")
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]) > 1
+    single, sharded = nnx.state(load_hf(path)), nnx.state(load_hf(tmp_path))
+    assert jax.tree.structure(single) == jax.tree.structure(sharded)
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_bfloat16_model_close_to_float32(checkpoints, arch):
+    path, hf_model = checkpoints[arch]
+    m32, m16 = load_hf(path), load_hf(path, dtype="bfloat16")
+    leaves = jax.tree.leaves(nnx.state(m16, nnx.Param))
+    assert all(x.dtype == jnp.bfloat16 for x in leaves)
+    prompts = _prompts()
+    ref = _full_forward(m32, prompts)
+    # Tolerance: bf16 keeps 8 mantissa bits (rounding 2^-9 ~ 0.2% per op). With these
+    # deliberately sharp random weights (attention scores ~10-20), those errors move the
+    # softmax and compound to ~2-5% of the logit scale: HF's own bf16 twin shows the same
+    # error. So the bound is relative to HF's bf16-vs-fp32 error on the same prompts
+    # (x1.5, as the rounding points differ) and, absolutely, 10% of the largest |logit|.
+    hf16 = _hf_logits(copy.deepcopy(hf_model).to(torch.bfloat16), prompts)
+    hf_err = _max_diff(hf16, ref)
+    scale = max(float(np.abs(r).max()) for r in ref)
+    runs = [("full", _full_forward)] + ([("prefill+decode", _prefill_then_decode)]
+                                        if arch == "llama" else [])  # same code path: once
+    for mode, run in runs:
+        ours = run(m16, prompts)
+        assert all(o.dtype == np.float32 and np.isfinite(o).all() for o in ours)
+        diff = _max_diff(ours, ref)
+        print(f"{arch} bf16 vs fp32 ({mode}): max |diff|={diff:.3f} (HF bf16: {hf_err:.3f}), "
+              f"logit scale={scale:.2f}")
+        assert diff <= 1.5 * hf_err + 1e-2 and diff < 0.1 * scale, (diff, hf_err, scale)
+
+
+def test_bfloat16_checkpoint_loads(checkpoints, tmp_path):
+    path, hf_model = checkpoints["qwen3"]
+    _make_hf("qwen3").to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
+    m = load_hf(tmp_path)  # bf16 on disk -> fp32 params, exactly the bf16-rounded values
+    ref = load_hf(path)
+    w, w_ref = np.asarray(m.layers[0].wq[...]), np.asarray(ref.layers[0].wq[...])
+    assert w.dtype == np.float32
+    np.testing.assert_array_equal(w, w_ref.astype(jnp.bfloat16).astype(np.float32))
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+def _copy(src, dst):
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return dst
+
+
+def test_unknown_model_type(checkpoints, tmp_path):
+    d = _copy(checkpoints["llama"][0], tmp_path / "ckpt")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"gpt2.*llama, qwen2, qwen3"):
+        load_hf(d)
+
+
+def _rewrite_weights(d, fn):
+    tensors = load_file(d / "model.safetensors")
+    fn(tensors)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_missing_tensor(checkpoints, tmp_path):
+    d = _copy(checkpoints["qwen2"][0], tmp_path / "ckpt")
+    _rewrite_weights(d, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
+    with pytest.raises(ValueError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.bias'"):
+        load_hf(d)
+
+
+def test_untied_model_without_lm_head(checkpoints, tmp_path):
+    d = _copy(checkpoints["qwen3"][0], tmp_path / "ckpt")
+    _rewrite_weights(d, lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(ValueError, match=r"missing tensor 'lm_head\.weight'"):
+        load_hf(d)
+
+
+def test_shape_mismatch(checkpoints, tmp_path):
+    d = _copy(checkpoints["llama"][0], tmp_path / "ckpt")
+    name = "model.layers.0.mlp.up_proj.weight"
+    _rewrite_weights(d, lambda t: t.__setitem__(name, np.zeros((95, 64), np.float32)))
+    with pytest.raises(ValueError, match=r"up_proj\.weight.*\(95, 64\).*expected \(96, 64\)"):
+        load_hf(d)
+
+
+def test_unexpected_tensor_is_an_error(checkpoints, tmp_path):
+    d = _copy(checkpoints["llama"][0], tmp_path / "ckpt")
+    _rewrite_weights(d, lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.bias",
+                                                np.zeros((64,), np.float32)))
+    with pytest.raises(ValueError, match=r"o_proj\.bias"):
+        load_hf(d)
+
+
+def test_bad_paths(checkpoints, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_hf(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        load_hf(tmp_path / "file")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_hf(empty)
+    shutil.copy(os.path.join(checkpoints["llama"][0], "config.json"), empty / "config.json")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_hf(empty)
+    with pytest.raises(ValueError, match="dtype"):
+        load_hf(checkpoints["llama"][0], dtype="float16")
+
+
+def test_load_tokenizer(checkpoints, tmp_path):
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+
+    path = checkpoints["llama"][0]
+    assert load_tokenizer(path) is None
+    d = _copy(path, tmp_path / "ckpt")
+    tok = Tokenizer(tok_models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    loaded = load_tokenizer(d)
+    assert loaded.encode("hello world foo").ids == [1, 2, 0]
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(tmp_path / "nope")
+
+
+def test_exported():
+    assert models.load_hf is load_hf and models.load_tokenizer is load_tokenizer
+
+
+def test_from_hf_config_variants():
+    base = dict(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    # transformers 4 layout (top-level rope_theta + rope_scaling) == transformers 5 layout.
+    old = models.ModelConfig.from_hf({**base, "rope_theta": 500000.0, "rope_scaling": scaling})
+    new = models.ModelConfig.from_hf({**base, "rope_parameters": {**scaling, "rope_theta": 500000.0}})
+    assert old == new and old.rope_theta == 500000.0 and old.head_dim == 16
+    assert models.ModelConfig.from_hf({**base, "model_type": "qwen2"}).qkv_bias
+    for bad, match in [({"attention_bias": True}, "attention_bias"), ({"hidden_act": "gelu"}, "gelu"),
+                       ({"mlp_bias": True}, "mlp_bias"),
+                       ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn")]:
+        with pytest.raises(ValueError, match=match):
+            models.ModelConfig.from_hf({**base, **bad})
+    with pytest.raises(ValueError, match="missing required field 'num_attention_heads'"):
+        models.ModelConfig.from_hf({k: v for k, v in base.items() if k != "num_attention_heads"})

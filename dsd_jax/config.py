@@ -1,0 +1,376 @@
+"""Speculative-decoding configuration (vLLM `speculative_config` names).
+
+`SpecConfig` is a frozen, fully validated value: every malformed input raises a
+`ValueError` whose message names the offending field (never a TypeError/KeyError
+from inside). Host-side only; this module does not import JAX.
+
+Controller modes (`SpecConfig.controller_mode`):
+
+- ``"none"``: ``method="none"``; K is always 0 (plain decoding).
+- ``"static"``: K = ``num_speculative_tokens`` every step.
+- ``"schedule"``: vLLM's ``num_speculative_tokens_per_batch_size``, a list of
+  inclusive ``[start_bs, end_bs, K]`` ranges, sorted and non-overlapping. A live
+  batch size that no range covers uses **K = 0** (a schedule is an allow-list:
+  "speculate this much in these ranges", so a gap means "do not speculate").
+- ``"goodput"``: ``dynamic`` is given; K = argmax_K AL(K) / ITL(B, K) from a
+  profile (see `dsd_jax.controller`).
+
+``disable_by_batch_size`` (vLLM V0's ``speculative_disable_by_batch_size``) forces
+K = 0 whenever the live batch size is greater than it; it applies on top of every
+mode (static, schedule and goodput).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+import reprlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["SpecConfig", "DynamicConfig", "METHODS", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES"]
+
+METHODS = ("draft_model", "ngram", "none")
+ACCEPTANCE_MODES = ("rejection", "drafter_invariant")
+DRAFT_SAMPLING_MODES = ("sample", "argmax")
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+_repr.maxlist = 8
+
+
+def _show(v: Any) -> str:
+    return f"{_repr.repr(v)} ({type(v).__name__})"
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def _int(name: str, v: Any, *, min_value: int | None = None, allow_none: bool = False) -> int | None:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"{name} must be an integer{' or null' if allow_none else ''}, got {_show(v)}")
+    v = int(v)
+    if min_value is not None and v < min_value:
+        raise ValueError(f"{name} must be >= {min_value}, got {v}")
+    return v
+
+
+def _float(name: str, v: Any, *, lo: float, hi: float | None = None, lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {_show(v)}")
+    try:
+        v = float(v)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if (v <= lo) if lo_open else (v < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v}")
+    return v
+
+
+def _choice(name: str, v: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{name} must be one of {list(choices)}, got {_show(v)}")
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {v!r}")
+    return v
+
+
+def _opt_str(name: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
+    if not isinstance(v, str):
+        raise ValueError(f"{name} must be a string or null, got {_show(v)}")
+    return v
+
+
+def _reject_unknown(where: str, d: Mapping, known: set[str]) -> None:
+    bad = [k for k in d if k not in known]
+    if bad:
+        names = ", ".join(repr(k) for k in bad)
+        raise ValueError(f"unknown key(s) in {where}: {names}; known keys: {sorted(known)}")
+
+
+def _schedule(v: Any, max_k: int) -> tuple[tuple[int, int, int], ...] | None:
+    name = "num_speculative_tokens_per_batch_size"
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, (list, tuple)):
+        raise ValueError(f"{name} must be a list of [start_bs, end_bs, K] triples, got {_show(v)}")
+    if len(v) == 0:
+        raise ValueError(f"{name} must not be empty (leave it unset, or use method='none' to disable speculation)")
+    out: list[tuple[int, int, int]] = []
+    for i, e in enumerate(v):
+        if isinstance(e, (str, bytes, Mapping)) or not isinstance(e, (list, tuple)) or len(e) != 3:
+            raise ValueError(f"{name}[{i}] must be a [start_bs, end_bs, K] triple, got {_show(e)}")
+        s = _int(f"{name}[{i}][0] (start_bs)", e[0], min_value=1)
+        t = _int(f"{name}[{i}][1] (end_bs)", e[1], min_value=1)
+        k = _int(f"{name}[{i}][2] (K)", e[2], min_value=0)
+        if s > t:
+            raise ValueError(f"{name}[{i}] = [{s}, {t}, {k}]: start_bs {s} > end_bs {t}")
+        if k > max_k:
+            raise ValueError(
+                f"{name}[{i}] = [{s}, {t}, {k}]: K {k} exceeds num_speculative_tokens (max K) = {max_k}"
+            )
+        out.append((s, t, k))
+    for i in range(1, len(out)):
+        (ps, pt, pk), (s, t, k) = out[i - 1], out[i]
+        if s < ps:
+            raise ValueError(
+                f"{name} must be sorted by start_bs: [{s}, {t}, {k}] (entry {i}) comes after [{ps}, {pt}, {pk}]"
+            )
+        if s <= pt:
+            raise ValueError(
+                f"{name} ranges overlap: [{ps}, {pt}, {pk}] (entry {i - 1}) and [{s}, {t}, {k}] (entry {i})"
+            )
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- DynamicConfig
+
+
+@dataclass(frozen=True)
+class DynamicConfig:
+    """Goodput-controller settings.
+
+    profile: path of the profile JSON (`dsd_jax.profile.Profile`); the controller
+        loads it when no `Profile` object is passed to it.
+    warmup_steps: number of observed steps with K > 0 before live acceptance
+        counts replace the profile's acceptance.
+    forgetting: weight of the newest step in the exponential average of the live
+        acceptance, in (0, 1]; 1 keeps only the last step.
+    margin: relative goodput gain needed to move off the current K (and off the
+        initial K = 0); hysteresis against flapping between near-tied Ks.
+    per_request: goodput = sum over requests of each request's own AL_r(K), divided
+        by ITL(B, K); per-request acceptance is tracked with the same forgetting.
+    """
+
+    profile: str | None = None
+    warmup_steps: int = 16
+    forgetting: float = 0.05
+    margin: float = 0.03
+    per_request: bool = False
+
+    _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request")
+
+    def __post_init__(self):
+        object.__setattr__(self, "profile", _opt_str("dynamic.profile", self.profile))
+        object.__setattr__(self, "warmup_steps", _int("dynamic.warmup_steps", self.warmup_steps, min_value=0))
+        object.__setattr__(
+            self, "forgetting", _float("dynamic.forgetting", self.forgetting, lo=0.0, hi=1.0, lo_open=True)
+        )
+        object.__setattr__(self, "margin", _float("dynamic.margin", self.margin, lo=0.0))
+        if not isinstance(self.per_request, bool):
+            raise ValueError(f"dynamic.per_request must be true or false, got {_show(self.per_request)}")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "DynamicConfig":
+        if not isinstance(d, Mapping):
+            raise ValueError(f"dynamic must be a dict (or null), got {_show(d)}")
+        _reject_unknown("dynamic", d, set(cls._FIELDS))
+        return cls(**{k: d[k] for k in cls._FIELDS if k in d})
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self._FIELDS}
+
+
+# --------------------------------------------------------------------------- SpecConfig
+
+# Keys vLLM spells differently -> our field name.
+_KEY_ALIASES = {
+    "speculative_disable_by_batch_size": "disable_by_batch_size",
+    "speculative_model": "model",
+    "num_speculative_tokens_per_bs": "num_speculative_tokens_per_batch_size",
+}
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """What to speculate with and how K is chosen (vLLM `speculative_config` names).
+
+    method: "draft_model" (a smaller model sharing the tokenizer), "ngram" (prompt
+        lookup) or "none" (plain decoding; `num_speculative_tokens` is forced to 0).
+    model: draft model path (informational; the engine receives the model itself).
+    num_speculative_tokens: max K (>= 1 unless method is "none").
+    num_speculative_tokens_per_batch_size: inclusive [start_bs, end_bs, K] ranges,
+        sorted, non-overlapping, start_bs >= 1, 0 <= K <= max K. Batch sizes no
+        range covers use K = 0.
+    disable_by_batch_size: K = 0 whenever the live batch size is > this.
+    acceptance: "rejection" (Leviathan et al.) or "drafter_invariant" (Gumbel-max
+        coupling: output token-identical to plain sampling with the same seed).
+    draft_sampling: "sample" (draft samples from q) or "argmax" (one-hot q).
+    prompt_lookup_min / prompt_lookup_max: n-gram sizes for method "ngram".
+    dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller.
+    """
+
+    method: str = "draft_model"
+    model: str | None = None
+    num_speculative_tokens: int = 4
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    disable_by_batch_size: int | None = None
+    acceptance: str = "rejection"
+    draft_sampling: str = "sample"
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
+    dynamic: DynamicConfig | None = None
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        method = _choice("method", self.method, METHODS)
+        set_("model", _opt_str("model", self.model))
+        n = _int("num_speculative_tokens", self.num_speculative_tokens, min_value=0)
+        if method == "none":
+            n = 0  # plain decoding: max K is 0 whatever was written
+        elif n == 0:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 1 for method {method!r} (use method='none' for plain decoding)"
+            )
+        set_("num_speculative_tokens", n)
+        set_("num_speculative_tokens_per_batch_size", _schedule(self.num_speculative_tokens_per_batch_size, n))
+        set_("disable_by_batch_size", _int("disable_by_batch_size", self.disable_by_batch_size, min_value=1,
+                                           allow_none=True))
+        _choice("acceptance", self.acceptance, ACCEPTANCE_MODES)
+        _choice("draft_sampling", self.draft_sampling, DRAFT_SAMPLING_MODES)
+        lo = _int("prompt_lookup_min", self.prompt_lookup_min, min_value=1)
+        hi = _int("prompt_lookup_max", self.prompt_lookup_max, min_value=1)
+        if lo > hi:
+            raise ValueError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
+        set_("prompt_lookup_min", lo)
+        set_("prompt_lookup_max", hi)
+        dyn = self.dynamic
+        if dyn is not None and not isinstance(dyn, DynamicConfig):
+            dyn = DynamicConfig.from_dict(dyn)
+        set_("dynamic", dyn)
+        if dyn is not None and self.num_speculative_tokens_per_batch_size is not None:
+            raise ValueError(
+                "dynamic and num_speculative_tokens_per_batch_size are mutually exclusive: "
+                "give a per-batch-size schedule or a goodput controller, not both"
+            )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def max_k(self) -> int:
+        """Largest K any step may use (0 for method "none")."""
+        return self.num_speculative_tokens
+
+    @property
+    def controller_mode(self) -> str:
+        """"none" | "static" | "schedule" | "goodput" (see the module docstring)."""
+        if self.method == "none":
+            return "none"
+        if self.dynamic is not None:
+            return "goodput"
+        if self.num_speculative_tokens_per_batch_size is not None:
+            return "schedule"
+        return "static"
+
+    def schedule_k(self, batch_size: int) -> int:
+        """K the schedule / static rule gives for a live batch size (no goodput).
+
+        Includes `disable_by_batch_size`. Not the hot path: the controller
+        precomputes this per batch size.
+        """
+        if self.method == "none" or batch_size <= 0:
+            return 0
+        if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
+            return 0
+        sched = self.num_speculative_tokens_per_batch_size
+        if sched is None:
+            return self.num_speculative_tokens
+        for s, t, k in sched:
+            if s <= batch_size <= t:
+                return k
+        return 0  # not covered by any range
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    _FIELDS = (
+        "method",
+        "model",
+        "num_speculative_tokens",
+        "num_speculative_tokens_per_batch_size",
+        "disable_by_batch_size",
+        "acceptance",
+        "draft_sampling",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+        "dynamic",
+    )
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "SpecConfig":
+        """Build from a vLLM-style `speculative_config` dict.
+
+        Accepts `speculative_disable_by_batch_size` / `speculative_model` as aliases;
+        `"method": null` (or no method) means "draft_model". Unknown keys are errors.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"speculative config must be a dict, got {_show(d)}")
+        for k in d:
+            if not isinstance(k, str):
+                raise ValueError(f"unknown key in speculative config: {k!r} (keys must be strings)")
+        known = set(cls._FIELDS) | set(_KEY_ALIASES)
+        _reject_unknown("speculative config", d, known)
+        kw: dict[str, Any] = {}
+        for k, v in d.items():
+            canon = _KEY_ALIASES.get(k, k)
+            if canon in kw and kw[canon] != v:
+                raise ValueError(f"{k!r} and {canon!r} are aliases but were given different values")
+            kw[canon] = v
+        if "method" in kw and kw["method"] is None:
+            del kw["method"]
+        if "dynamic" in kw and kw["dynamic"] is not None and not isinstance(kw["dynamic"], Mapping):
+            raise ValueError(f"dynamic must be a dict (or null), got {_show(kw['dynamic'])}")
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, src: str | os.PathLike) -> "SpecConfig":
+        """From JSON text (a string starting with '{') or a path to a JSON file."""
+        if isinstance(src, (bytes, bytearray)):
+            src = src.decode("utf-8", errors="replace")
+        if isinstance(src, str) and src.lstrip().startswith("{"):
+            where, text = "JSON string", src
+        elif isinstance(src, (str, os.PathLike)):
+            where = f"file {os.fspath(src)!r}"
+            try:
+                with open(src, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"cannot read speculative config {where}: {e}") from None
+        else:
+            raise ValueError(f"from_json expects JSON text or a path, got {_show(src)}")
+        try:
+            d = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"invalid JSON in speculative config {where}: {e}") from None
+        return cls.from_dict(d)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict with canonical keys; `from_dict(to_dict())` == self."""
+        out: dict[str, Any] = {}
+        for k in self._FIELDS:
+            v = getattr(self, k)
+            if k == "num_speculative_tokens_per_batch_size" and v is not None:
+                v = [list(e) for e in v]
+            elif k == "dynamic" and v is not None:
+                v = v.to_dict()
+            out[k] = v
+        return out
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    def replace(self, **changes) -> "SpecConfig":
+        return dataclasses.replace(self, **changes)

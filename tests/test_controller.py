@@ -1,0 +1,383 @@
+"""Controller: modes, goodput argmax, warm-up, forgetting, hysteresis, per-request."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dsd_jax.config import DynamicConfig, SpecConfig
+from dsd_jax.controller import Controller
+from dsd_jax.profile import Profile, ProfileMismatchWarning
+
+BS = [1, 2, 4, 8, 16, 32, 64]
+
+
+def _forward_ms(tokens):
+    """Target forward time vs tokens per forward, as measured on XLA:CPU (DESIGN.md 11)."""
+    return float(np.interp(tokens, [1, 8, 32, 256, 4096], [4.6, 5.5, 8.2, 42.0, 42.0 + 0.15 * 3840]))
+
+
+def realistic_profile(max_k=6, acceptance=(0.8, 0.65, 0.5, 0.4, 0.3, 0.25), ctx=None):
+    """Verify reads B * (K + 1) tokens; each draft step costs a little; KV reads grow with B * context."""
+    ks = list(range(max_k + 1))
+
+    def cell(b, k, c=0):
+        return _forward_ms(b * (k + 1)) + k * (1.2 + 0.04 * b) + 0.002 * c * b / 8
+
+    if ctx is None:
+        return Profile("cpu", BS, ks, [[cell(b, k) for k in ks] for b in BS], list(acceptance[:max_k]))
+    return Profile("cpu", BS, ks, [[[cell(b, k, c) for k in ks] for b in BS] for c in ctx],
+                   list(acceptance[:max_k]), context_lengths=ctx)
+
+
+def goodput_spec(max_k=6, **dyn):
+    return SpecConfig(num_speculative_tokens=max_k, dynamic=DynamicConfig(**dyn))
+
+
+def brute_goodput(profile, acc, b, ctx, kmax):
+    al = 1.0 + np.concatenate([[0.0], np.cumsum(acc[:kmax])])
+    return np.array([al[k] / profile.itl_ms(b, k, ctx) for k in range(kmax + 1)])
+
+
+# ---------------------------------------------------------------- simple modes
+
+
+def test_none_and_static():
+    c = Controller(SpecConfig(method="none"))
+    assert [c.choose_k(b) for b in (1, 64, 1000)] == [0, 0, 0]
+    c = Controller(SpecConfig(num_speculative_tokens=5), max_batch_size=8)
+    assert [c.choose_k(b) for b in (1, 8, 9, 1000)] == [5, 5, 5, 5]
+    assert c.choose_k(0) == 0
+    assert c.stats()["k_choices"][5] == 4
+
+
+def test_schedule_vllm_example():
+    spec = SpecConfig(num_speculative_tokens=3,
+                      num_speculative_tokens_per_batch_size=[[1, 64, 3], [65, 128, 1], [129, 512, 0]])
+    for max_b in (512, 64):  # precomputed table and the slow path above max_batch_size
+        c = Controller(spec, max_batch_size=max_b)
+        assert (c.choose_k(64), c.choose_k(65), c.choose_k(300)) == (3, 1, 0)
+        assert (c.choose_k(1), c.choose_k(128), c.choose_k(129), c.choose_k(600)) == (3, 1, 0, 0)
+        assert c.choose_k(np.int64(64)) == 3
+    gap = SpecConfig(num_speculative_tokens=3, num_speculative_tokens_per_batch_size=[[1, 4, 3], [9, 16, 2]])
+    c = Controller(gap, max_batch_size=16)
+    assert [c.choose_k(b) for b in (4, 5, 8, 9)] == [3, 0, 0, 2]
+
+
+def test_disable_by_batch_size_all_modes():
+    c = Controller(SpecConfig(num_speculative_tokens=4, disable_by_batch_size=8), max_batch_size=16)
+    assert [c.choose_k(b) for b in (1, 8, 9, 16, 100)] == [4, 4, 0, 0, 0]
+    spec = SpecConfig(num_speculative_tokens=3, disable_by_batch_size=100,
+                      num_speculative_tokens_per_batch_size=[[1, 64, 3], [65, 128, 1], [129, 512, 0]])
+    c = Controller(spec, max_batch_size=128)
+    assert (c.choose_k(64), c.choose_k(100), c.choose_k(101)) == (3, 1, 0)
+    # goodput: K = 0 above the threshold even where speculation would win.
+    spec = SpecConfig(num_speculative_tokens=6, disable_by_batch_size=2, dynamic=DynamicConfig(margin=0.0))
+    c = Controller(spec, realistic_profile())
+    assert c.choose_k(2) > 0 and c.choose_k(3) == 0 and c.choose_k(1) > 0 and c.choose_k(200) == 0
+
+
+def test_bad_arguments():
+    c = Controller(goodput_spec(), realistic_profile())
+    for bad in ("4", 2.5, None, True):
+        with pytest.raises(ValueError, match="batch_size"):
+            c.choose_k(bad)
+    with pytest.raises(ValueError, match="context_len"):
+        c.choose_k(4, "long")
+    with pytest.raises(ValueError, match="k must be"):
+        c.observe(7, [0])
+    with pytest.raises(ValueError, match="0..k=2"):
+        c.observe(2, [3, 0])
+    with pytest.raises(ValueError, match="0..k=2"):
+        c.observe(2, [-1])
+    with pytest.raises(ValueError, match="1-D"):
+        c.observe(2, [[1, 0]])
+    with pytest.raises(ValueError, match="integers"):
+        c.observe(2, [0.5])
+    with pytest.raises(ValueError, match="step_time_s"):
+        c.observe(2, [1], step_time_s=float("nan"))
+    with pytest.raises(ValueError, match="max_batch_size"):
+        Controller(goodput_spec(), realistic_profile(), max_batch_size=0)
+    with pytest.raises(ValueError, match="spec"):
+        Controller({"num_speculative_tokens": 3})
+
+
+def test_goodput_needs_profile(tmp_path):
+    with pytest.raises(ValueError, match="dynamic.profile"):
+        Controller(goodput_spec())
+    path = tmp_path / "p.json"
+    realistic_profile().save(path)
+    c = Controller(goodput_spec(profile=str(path)))  # loaded from dynamic.profile
+    assert c.profile.batch_sizes == BS
+    with pytest.raises(ValueError, match="nope.json"):
+        Controller(goodput_spec(profile=str(tmp_path / "nope.json")))
+    with pytest.warns(ProfileMismatchWarning, match="ngram"):
+        Controller(SpecConfig(method="ngram", dynamic={}), realistic_profile())
+
+
+def test_candidates_restricted_to_profile_ks():
+    p = realistic_profile(max_k=2, acceptance=(1.0, 1.0))
+    c = Controller(goodput_spec(max_k=6, margin=0.0), p)
+    assert c.choose_k(1) == 2  # perfect acceptance, but the profile stops at K = 2
+    c = Controller(goodput_spec(max_k=1, margin=0.0), realistic_profile(acceptance=(1.0,) * 6))
+    assert c.choose_k(1) == 1  # SpecConfig's max K caps it too
+
+
+# ---------------------------------------------------------------- goodput argmax
+
+
+@st.composite
+def random_profile(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    nb = draw(st.integers(1, 6))
+    max_k = draw(st.integers(1, 6))
+    nc = draw(st.integers(1, 3))
+    bs = sorted(rng.choice(np.arange(1, 80), nb, replace=False).tolist())
+    cs = sorted(rng.choice(np.arange(0, 4096), nc, replace=False).tolist())
+    table = rng.uniform(1.0, 50.0, (nc, nb, max_k + 1))
+    if draw(st.booleans()):  # realistic: monotone in K
+        table = np.sort(table, axis=-1)
+    acc = np.sort(rng.uniform(0, 1, max_k))[::-1]
+    return Profile("cpu", bs, list(range(max_k + 1)), table.tolist(), acc.tolist(), context_lengths=cs)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prof=random_profile(), spec_k=st.integers(1, 7), data=st.data())
+def test_choice_is_bruteforce_argmax(prof, spec_k, data):
+    kmax = min(spec_k, prof.max_k)
+    max_b = data.draw(st.integers(1, 96))
+    b = data.draw(st.integers(1, 120))
+    ctx = data.draw(st.one_of(st.none(), st.sampled_from(prof.context_lengths), st.integers(-100, 5000)))
+    c = Controller(goodput_spec(max_k=spec_k, margin=0.0), prof, max_batch_size=max_b)
+    k = c.choose_k(b, ctx)
+    g = brute_goodput(prof, np.asarray(prof.acceptance), b, c.context_bucket(ctx), kmax)
+    assert 0 <= k <= kmax
+    assert g[k] == pytest.approx(g.max(), rel=1e-12)
+    if ctx is None or ctx in prof.context_lengths:  # grid context: the bucket is exact
+        assert c.context_bucket(ctx) == (prof.context_lengths[0] if ctx is None else ctx)
+    np.testing.assert_allclose(c.predicted_goodput(b, ctx), g, rtol=1e-12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prof=random_profile(), margin=st.floats(0.0, 0.2), seq=st.lists(st.integers(1, 80), min_size=1, max_size=30))
+def test_hysteresis_stays_within_margin(prof, margin, seq):
+    c = Controller(goodput_spec(max_k=prof.max_k, margin=margin), prof, max_batch_size=64)
+    for b in seq:
+        k = c.choose_k(b)
+        g = brute_goodput(prof, np.asarray(prof.acceptance), b, None, prof.max_k)
+        assert g[k] * (1 + margin) >= g.max() * (1 - 1e-12)
+
+
+def test_realistic_profile_regime_change():
+    c = Controller(goodput_spec(margin=0.0), realistic_profile())
+    ks = [c.choose_k(b) for b in BS]
+    assert ks[0] >= 3 and ks[-1] <= 1 and ks == sorted(ks, reverse=True)
+
+
+def test_context_axis_changes_choice():
+    p = realistic_profile(ctx=[0, 8192])
+    c = Controller(goodput_spec(margin=0.0), p)
+    # Longer context: every K gets a fixed extra cost, which favours more drafts per step.
+    assert c.choose_k(16, 8192) >= c.choose_k(16, 0)
+    t = np.array(p.latency_ms)
+    t[1, :, 1:] *= 3.0  # speculation gets very expensive at long context
+    q = Profile("cpu", BS, list(range(7)), t.tolist(), p.acceptance, context_lengths=[0, 8192])
+    c = Controller(goodput_spec(margin=0.0), q)
+    assert c.choose_k(1, 0) > 0 and c.choose_k(1, 8192) == 0 and c.choose_k(1, 10**6) == 0
+    assert c.context_bucket(4096) == 4096 and c.context_bucket(-5) == 0 and c.context_bucket(9999) == 8192
+
+
+def test_batch_buckets_use_bucket_latency():
+    p = Profile("cpu", [1, 8], [0, 1], [[10.0, 11.0], [10.0, 30.0]], [0.9])
+    spec = goodput_spec(max_k=1, margin=0.0)
+    interp = Controller(spec, p, max_batch_size=8)
+    bucketed = Controller(spec, p, max_batch_size=8, batch_buckets=[1, 8])
+    # n = 2: interpolated ITL(K=1) = 13.86 -> 1.9/13.86 > 1/10: speculate; bucket 8 -> 1.9/30 < 1/10.
+    assert interp.choose_k(2) == 1 and bucketed.choose_k(2) == 0
+    with pytest.raises(ValueError, match="batch bucket"):
+        Controller(spec, p, max_batch_size=16, batch_buckets=[1, 8])
+
+
+# ---------------------------------------------------------------- live acceptance
+
+
+def test_warmup_switches_from_profile_to_live():
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.5, 0.4))
+    f = 0.25
+    c = Controller(goodput_spec(max_k=4, warmup_steps=3, forgetting=f), p)
+    prior = np.array(p.acceptance)
+    np.testing.assert_array_equal(c.acceptance_estimate(), prior)
+    steps = [[4, 0, 1, 2], [3, 3, 0, 1], [1, 2, 4, 4]]
+    A, N = np.zeros(4), np.zeros(4)
+    for i, acc in enumerate(steps):
+        c.observe(0, [0, 0, 0, 0])  # K = 0 steps do not count towards warm-up
+        np.testing.assert_array_equal(c.acceptance_estimate(), prior)
+        c.observe(4, acc)
+        A = (1 - f) * A + (np.asarray(acc)[:, None] >= np.arange(1, 5)).sum(0)
+        N = (1 - f) * N + len(acc)
+        if i < 2:
+            np.testing.assert_array_equal(c.acceptance_estimate(), prior)
+            assert not c.stats()["using_live_acceptance"]
+    np.testing.assert_allclose(c.acceptance_estimate(), A / N, rtol=1e-12)
+    assert c.stats()["using_live_acceptance"] and c.stats()["steps_observed"] == 6
+
+
+def test_unobserved_positions_extrapolated_from_profile_shape():
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
+    c = Controller(goodput_spec(max_k=4, warmup_steps=1), p)
+    c.observe(2, [2, 2, 1, 0])  # a_1 = 0.75, a_2 = 0.5 measured; a_3, a_4 never proposed
+    np.testing.assert_allclose(c.acceptance_estimate(), [0.75, 0.5, 0.5 * 0.4 / 0.6, 0.5 * 0.2 / 0.6])
+
+
+def test_forgetting_tracks_step_change_within_bound():
+    f, tol = 0.1, 0.05
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=f, margin=0.0),
+                   realistic_profile(max_k=4), max_batch_size=8)
+    for _ in range(60):  # drafts always accepted
+        c.observe(4, [4] * 8)
+    assert c.acceptance_estimate()[0] == pytest.approx(1.0)
+    k_high = c.choose_k(8)
+    assert k_high == 4
+    # Step change: nothing is accepted any more. The old data's weight after n steps
+    # is at most (1 - f)^n, so |estimate - 0| <= tol after n >= log(tol) / log(1 - f).
+    bound = math.ceil(math.log(tol / 1.0) / math.log(1.0 - f))
+    history = []
+    for n in range(1, bound + 1):
+        c.observe(4, [0] * 8)
+        history.append(c.acceptance_estimate()[0])
+    assert history[-1] <= tol
+    assert all(h <= (1 - f) ** (i + 1) + 1e-12 for i, h in enumerate(history))
+    assert history[bound // 2] > tol  # not instantaneous either
+    assert c.choose_k(8) == 0  # the tables were refreshed and the choice followed
+
+
+def test_tables_refresh_only_when_estimate_moves():
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.05), realistic_profile(max_k=4))
+    c.choose_k(8)
+    for _ in range(30):
+        c.observe(4, [2] * 8)
+    n = c.stats()["table_refreshes"]
+    assert n >= 1
+    for _ in range(50):  # stationary: the estimate has converged, no more rebuilds
+        c.observe(4, [2] * 8)
+        c.choose_k(8)
+    assert c.stats()["table_refreshes"] - n <= 2
+
+
+# ---------------------------------------------------------------- hysteresis
+
+
+def _tied_profile(eps):
+    """K=2 beats K=1 by eps at B=1; K=1 beats K=2 by eps at B=2. K=0 far behind."""
+    al1, al2 = 1.8, 2.3
+    itl1 = 12.0
+    t2_b1 = al2 / al1 * itl1 / (1 + eps)
+    t2_b2 = al2 / al1 * itl1 * (1 + eps)
+    return Profile("cpu", [1, 2], [0, 1, 2], [[10.0, itl1, t2_b1], [10.0, itl1, t2_b2]], [0.8, 0.5])
+
+
+def test_margin_prevents_flapping():
+    p = _tied_profile(0.01)
+    seq = [1, 2] * 50
+    flappy = Controller(goodput_spec(max_k=2, margin=0.0), p, max_batch_size=2)
+    ks = [flappy.choose_k(b) for b in seq]
+    assert ks == [2, 1] * 50
+    steady = Controller(goodput_spec(max_k=2, margin=0.03), p, max_batch_size=2)
+    ks = [steady.choose_k(b) for b in seq]
+    assert set(ks) == {2} and steady.stats()["k_choices"] == {0: 0, 1: 0, 2: 100}
+
+
+def test_starts_at_zero_unless_speculation_clearly_better():
+    def prof(gain):  # K=1 goodput = (1 + gain) * K=0 goodput
+        return Profile("cpu", [1, 4], [0, 1], [[10.0, 1.5 * 10.0 / (1 + gain)]] * 2, [0.5])
+
+    assert Controller(goodput_spec(max_k=1, margin=0.03), prof(0.01), max_batch_size=4).choose_k(1) == 0
+    assert Controller(goodput_spec(max_k=1, margin=0.03), prof(0.10), max_batch_size=4).choose_k(1) == 1
+    assert Controller(goodput_spec(max_k=1, margin=0.0), prof(0.01), max_batch_size=4).choose_k(1) == 1
+
+
+# ---------------------------------------------------------------- per-request
+
+
+def test_per_request_picks_larger_k_for_high_acceptance():
+    p = realistic_profile(max_k=6, acceptance=(0.5,) * 6)
+    glob = Controller(goodput_spec(warmup_steps=0, forgetting=0.2, margin=0.0), p)
+    per = Controller(goodput_spec(warmup_steps=0, forgetting=0.2, margin=0.0, per_request=True), p)
+    good, bad = [f"g{i}" for i in range(16)], [f"b{i}" for i in range(16)]
+    for _ in range(40):  # half the requests accept every draft, half none: pooled a_i = 0.5
+        for c in (glob, per):
+            c.observe(6, [6] * 16 + [0] * 16, request_ids=good + bad)
+    np.testing.assert_allclose(glob.acceptance_estimate(), 0.5)
+    k_glob = glob.choose_k(16, request_ids=good)
+    k_good = per.choose_k(16, request_ids=good)
+    assert k_glob == 0 and k_good >= 4
+    assert per.choose_k(16, request_ids=bad) == 0
+    assert per.choose_k(32, request_ids=good + bad) == glob.choose_k(32) == 0
+    np.testing.assert_allclose(per.request_acceptance("g0"), 1.0, atol=1e-3)
+    # A new request starts from the global estimate; forget_request frees its row.
+    k_new = per.choose_k(1, request_ids=["new"])
+    np.testing.assert_allclose(per.request_acceptance("new"), per.acceptance_estimate())
+    assert k_new == glob.choose_k(1)
+    per.forget_request("new")
+    per.forget_request("never-seen")
+    assert per.request_acceptance("new") is None
+    with pytest.raises(ValueError, match="request_ids"):
+        per.choose_k(3, request_ids=["a"])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prof=random_profile(), accs=st.lists(st.floats(0, 1), min_size=1, max_size=8))
+def test_per_request_is_bruteforce_argmax(prof, accs):
+    """goodput(K) = sum_r AL_r(K) / ITL(B, K), checked against a direct computation."""
+    kmax = prof.max_k
+    c = Controller(goodput_spec(max_k=kmax, margin=0.0, per_request=True), prof)
+    ids = [f"r{i}" for i in range(len(accs))]
+    c.choose_k(len(ids), request_ids=ids)  # registers rows at the prior
+    for rid, a in zip(ids, accs):
+        c._E[c._rows[rid], :kmax] = a  # white-box: set each request's estimate
+    b = len(ids)
+    k = c.choose_k(b, request_ids=ids)
+    al = np.array([sum(1 + kk * a for a in accs) for kk in range(kmax + 1)])
+    g = np.array([al[kk] / prof.itl_ms(b, kk) for kk in range(kmax + 1)])
+    assert g[k] == pytest.approx(g.max(), rel=1e-12)
+
+
+# ---------------------------------------------------------------- calibration / stats
+
+
+def test_calibration_stats():
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
+    c = Controller(goodput_spec(max_k=4, warmup_steps=100), p, max_batch_size=64)
+    s = c.stats()
+    assert s["itl_mape"] is None and s["al_mape"] is None and s["mode"] == "goodput"
+    pred = p.itl_ms(4, 2)
+    c.observe(2, [2, 2, 1, 1], step_time_s=pred / 1e3)  # exact ITL; AL meas 2.5 vs pred 2.4
+    s = c.stats()
+    assert s["itl_mape"] == pytest.approx(0.0, abs=1e-9)
+    assert s["al_mape"] == pytest.approx(100 * 0.1 / 2.5)
+    c.observe(2, [2, 2, 1, 1], step_time_s=1.1 * pred / 1e3)
+    assert c.stats()["itl_mape"] == pytest.approx(100 * (0.1 / 1.1) / 2)
+    c.observe(0, [0, 0, 0, 0], step_time_s=p.itl_ms(4, 0) / 1e3)  # K=0: no AL record
+    s = c.stats()
+    assert s["al_mape"] == pytest.approx(100 * 0.1 / 2.5) and s["steps_observed"] == 3
+    assert s["k_steps"] == {0: 1, 1: 0, 2: 2, 3: 0, 4: 0}
+    log = c.calibration_log()
+    assert len(log) == 3 and log[0]["pred_al"] == pytest.approx(2.4) and log[0]["meas_al"] == 2.5
+    assert set(s) >= {"mode", "steps_observed", "acceptance", "itl_mape", "al_mape", "k_choices"}
+    assert s["acceptance"] == pytest.approx([0.8, 0.6, 0.4, 0.2])
+
+
+def test_static_mode_tracks_acceptance_without_profile():
+    c = Controller(SpecConfig(num_speculative_tokens=3), max_batch_size=4)
+    assert np.isnan(c.acceptance_estimate()).all()
+    assert c.stats()["acceptance"] == [None, None, None]
+    c.observe(2, [2, 0], step_time_s=0.01)
+    est = c.acceptance_estimate()
+    assert est[:2].tolist() == [0.5, 0.5] and np.isnan(est[2])
+    assert c.stats()["itl_mape"] is None and c.stats()["al_mape"] is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c.stats()

@@ -69,3 +69,28 @@ def greedy_reference(model, prompt: list[int], max_tokens: int, stop_ids=()) -> 
         if tok in stop_ids:
             break
     return out
+
+
+class FixedK:
+    """A controller that plays a fixed K sequence (cycled); records what it saw."""
+
+    def __init__(self, ks):
+        self.ks = list(ks)
+        self.calls = 0
+        self.observed = []
+
+    def choose_k(self, batch_size, context_len=None, request_ids=None):
+        k = self.ks[self.calls % len(self.ks)]
+        self.calls += 1
+        return k
+
+    def observe(self, k, num_accepted, step_time_s=None, request_ids=None):
+        self.observed.append((k, np.asarray(num_accepted).copy()))
+
+
+def make_engine(target, draft, controller=None, max_batch_size=4, max_seq_len=64, **spec):
+    from dsd_jax import SpecConfig, SpecEngine
+    spec.setdefault("num_speculative_tokens", 4)
+    return SpecEngine(target, draft, SpecConfig(**spec), max_batch_size=max_batch_size,
+                      max_seq_len=max_seq_len, prefill_chunk=16,
+                      controller=controller or FixedK([spec["num_speculative_tokens"]]))

@@ -24,6 +24,7 @@ from flax import nnx
 
 from dsd_jax import compilation
 from dsd_jax.config import SpecConfig
+from dsd_jax.controller import Controller
 from dsd_jax.metrics import EngineStats
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
@@ -129,10 +130,11 @@ class SpecEngine:
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
                                  prefill_rows, prefill_chunks)
         if controller is None:
-            from dsd_jax.controller import Controller
-            controller = Controller(spec, profile, max_batch_size=max_batch_size)
+            controller = Controller(spec, profile, max_batch_size=max_batch_size,
+                                    batch_buckets=self.batch_buckets)
         self.controller = controller
         self.stats = EngineStats(self.max_k)
+        self._prefilled = False
         self._seed = seed
         self._request_ids = itertools.count()
 
@@ -156,6 +158,11 @@ class SpecEngine:
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Compiles every program up front; returns the number of programs."""
         return self.programs.compile_all(progress)
+
+    def metrics(self) -> dict:
+        """`stats` as a dict, with the controller's calibration (predicted vs measured)."""
+        ctl = getattr(self.controller, "stats", None)
+        return self.stats.to_dict(ctl() if callable(ctl) else None)
 
     # ---- requests -----------------------------------------------------------------------
     def _make_requests(self, prompts, sampling) -> list[_Request]:
@@ -259,7 +266,7 @@ class SpecEngine:
             live.pop()
             r.slot = -1
 
-    def _process(self, out, snapshot: list[_Request], k: int, t_dispatch: float) -> list:
+    def _process(self, out, snapshot: list[_Request], k: int, context: int) -> list:
         """Reads one step's outputs back (the only device->host copy in the loop)."""
         tokens, n_emit, n_acc, done, lp, raw = jax.device_get(
             (out.tokens, out.n_emit, out.n_accepted, out.done, out.logprobs, out.raw_logprobs))
@@ -284,9 +291,13 @@ class SpecEngine:
                 finished.append(r)
         if live_rows:
             accepted = n_acc[live_rows]
-            self.controller.observe(k, accepted, step_time_s=None,
-                                    request_ids=[snapshot[i].request_id for i in live_rows])
-            self.stats.record_step(k, len(snapshot), accepted, int(n_emit[live_rows].sum()), now)
+            dt = self.stats.record_step(k, len(live_rows), accepted, int(n_emit[live_rows].sum()), now)
+            # In the pipelined steady state the gap between two results is one step's
+            # time; a gap that contains a prefill is not.
+            self.controller.observe(k, accepted, step_time_s=None if self._prefilled else dt,
+                                    request_ids=[snapshot[i].request_id for i in live_rows],
+                                    context_len=context)
+            self._prefilled = False
         for r in finished:
             forget = getattr(self.controller, "forget_request", None)
             if forget:
@@ -305,14 +316,14 @@ class SpecEngine:
                     r.slot = len(live)
                     live.append(r)
                 self._admit(new)
+                self._prefilled = True
             dispatched = None
             if live:
                 k = self._choose_k(live)
                 b = _bucket(len(live), self.batch_buckets)
-                t0 = time.perf_counter()
                 self.state, out = self.programs.step(k, b)(self._target_params, self._draft_params,
                                                            self.state)
-                dispatched = (out, list(live), k, t0)
+                dispatched = (out, list(live), k, self._context_len(live))
             if inflight:
                 events, finished = self._process(*inflight)
                 yield from events
@@ -322,11 +333,14 @@ class SpecEngine:
                 inflight = None
         self.stats.end_run(requests)
 
+    @staticmethod
+    def _context_len(live: list[_Request]) -> int:
+        return max(len(r.prompt) + len(r.tokens) for r in live)
+
     def _choose_k(self, live: list[_Request]) -> int:
         if self.max_k == 0:
             return 0
-        context = max(len(r.prompt) + len(r.tokens) for r in live)
-        k = int(self.controller.choose_k(len(live), context_len=context,
+        k = int(self.controller.choose_k(len(live), context_len=self._context_len(live),
                                          request_ids=[r.request_id for r in live]))
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")

@@ -84,7 +84,7 @@ class FixedK:
         self.calls += 1
         return k
 
-    def observe(self, k, num_accepted, step_time_s=None, request_ids=None):
+    def observe(self, k, num_accepted, step_time_s=None, request_ids=None, **kw):
         self.observed.append((k, np.asarray(num_accepted).copy()))
 
 

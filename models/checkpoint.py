@@ -1,0 +1,171 @@
+"""Saving and restoring models with Orbax.
+
+A checkpoint is a directory::
+
+    path/config.json   the ModelConfig (`ModelConfig.to_dict`), so restore needs only the path
+    path/params/       an Orbax checkpoint of the NNX parameter state (a pure nested dict)
+
+`restore` checks the saved parameter tree against the one the config implies (names,
+shapes, dtypes) before reading any weights, and names the first mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import ModelConfig
+from .transformer import Transformer, init_model
+
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+
+
+def _pure_params(model: Transformer) -> dict:
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def _flatten(tree, prefix=()) -> dict:
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flatten(v, prefix + (str(k),)))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(_flatten(v, prefix + (str(i),)))
+    else:
+        out["/".join(prefix)] = tree
+    return out
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp
+    return ocp.StandardCheckpointer()
+
+
+def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = None,
+         overwrite: bool = False) -> Path:
+    """Saves `model` (its config and parameters) to the directory `path`.
+
+    dtype: optionally cast the parameters first ("float32" or "bfloat16"); the saved
+    config records the dtype the parameters are stored in.
+    overwrite: replace an existing checkpoint at `path` (otherwise that is an error).
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"save expects a dsd_jax.models.Transformer, got {type(model).__name__}")
+    path = Path(path).absolute()
+    cfg: ModelConfig = model.config
+    params = _pure_params(model)
+    if dtype is not None:
+        cfg = cfg.replace(dtype=dtype)  # validates the name
+        params = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), params)
+    if path.exists():
+        if not path.is_dir():
+            raise FileExistsError(f"checkpoint path {path} exists and is not a directory")
+        if any(path.iterdir()) and not overwrite:
+            raise FileExistsError(f"checkpoint directory {path} is not empty (pass overwrite=True)")
+    path.mkdir(parents=True, exist_ok=True)
+    ckptr = _checkpointer()
+    try:
+        ckptr.save(path / PARAMS_DIR, params, force=True)
+        ckptr.wait_until_finished()
+    finally:
+        ckptr.close()
+    (path / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    path = Path(path)
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path} is not a model checkpoint: {CONFIG_FILE} is missing")
+    try:
+        d = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"corrupt checkpoint config {cfg_file}: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"corrupt checkpoint config {cfg_file}: expected a JSON object")
+    try:
+        return ModelConfig.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"invalid checkpoint config {cfg_file}: {e}") from None
+
+
+def restore(path: str | os.PathLike, *, dtype: str | None = None) -> Transformer:
+    """Restores the model saved at `path` (see `save`).
+
+    dtype: optionally cast the restored parameters ("float32" or "bfloat16"); default:
+    the dtype they were saved in.
+    """
+    path = Path(path).absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"checkpoint path {path} is not a directory")
+    cfg = load_config(path)
+    params_dir = path / PARAMS_DIR
+    if not params_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint {path} has no parameters: {PARAMS_DIR}/ is missing")
+
+    abstract = nnx.eval_shape(lambda: init_model(cfg, 0))
+    abs_state = nnx.state(abstract, nnx.Param)
+    expected = _flatten(nnx.to_pure_dict(abs_state))
+
+    ckptr = _checkpointer()
+    try:
+        try:
+            meta = ckptr.metadata(params_dir)
+        except Exception as e:  # noqa: BLE001 - orbax raises various types for broken dirs
+            raise ValueError(f"cannot read the parameter checkpoint in {params_dir}: {e}") from None
+        tree = getattr(meta, "item_metadata", meta)
+        tree = getattr(tree, "tree", tree)
+        found = _flatten(dict(tree) if not isinstance(tree, dict) else tree)
+        missing = sorted(set(expected) - set(found))
+        extra = sorted(set(found) - set(expected))
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+            if extra:
+                parts.append(f"unexpected {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+            raise ValueError(f"checkpoint {path} does not match its config: parameter tree has "
+                             + "; ".join(parts))
+        for name, want in expected.items():
+            got = found[name]
+            if tuple(got.shape) != tuple(want.shape):
+                raise ValueError(f"checkpoint {path} does not match its config: parameter {name!r} "
+                                 f"has shape {tuple(got.shape)}, config implies {tuple(want.shape)}")
+            if jnp.dtype(got.dtype) != jnp.dtype(want.dtype):
+                raise ValueError(f"checkpoint {path} does not match its config: parameter {name!r} "
+                                 f"has dtype {jnp.dtype(got.dtype)}, config says {cfg.dtype}")
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(abs_state))
+        try:
+            pure = ckptr.restore(params_dir, target)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"cannot read the parameters in {params_dir}: {e}") from None
+    finally:
+        ckptr.close()
+
+    model = nnx.eval_shape(lambda: init_model(cfg, 0))
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+    if dtype is not None and dtype != cfg.dtype:
+        model = cast(model, dtype)
+    return model
+
+
+def cast(model: Transformer, dtype: str) -> Transformer:
+    """A copy of `model` with parameters (and config) in `dtype`."""
+    cfg = model.config.replace(dtype=dtype)
+    new = nnx.eval_shape(lambda: init_model(cfg, 0))
+    state = nnx.state(new, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), _pure_params(model)))
+    nnx.update(new, state)
+    return new

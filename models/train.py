@@ -1,0 +1,386 @@
+"""Trains the built-in target/draft pair on the CPython standard library.
+
+    python -m dsd_jax.models.train --out DIR --minutes 60 --seed 0
+
+Steps (all deterministic for a given seed and step counts):
+1. a byte-level BPE tokenizer (vocab 4096, `<|endoftext|>` = id 0) on the train split
+   (`DIR/tokenizer.json`; reused when present);
+2. the train split tokenized into one stream, files separated by `<|endoftext|>`;
+3. phase 1 (joint): each step trains the target on next-token cross-entropy and the
+   draft on `alpha * CE + (1 - alpha) * KL(target || draft)` against the target's
+   logits of the same batch (stop-gradient);
+4. phase 2 (distil): the target is frozen and the draft keeps distilling from it.
+
+Batches are windows of `seq_len + 1` tokens at offsets drawn from
+`numpy.random.default_rng(seed)`, so the data order depends only on the seed.
+Each phase uses AdamW with linear warm-up and cosine decay over its planned steps.
+With `--minutes`, the planned step counts are set from the measured step rate after a
+few steps (printed and written to `DIR/train_log.json`); pass them back as
+`--joint-steps/--distill-steps` (and `--minutes 0`) to reproduce a run step for step.
+Checkpoints (bf16, `models.save`) go to `DIR/target` and `DIR/draft` every
+`--ckpt-minutes` and at the end, so the job can be stopped at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from . import corpus
+from .checkpoint import save
+from .config import ModelConfig
+from .transformer import apply_rope, init_kv_cache, init_model, rms_norm, rope_inv_freq
+
+EOT = "<|endoftext|>"
+VOCAB_SIZE = 4096
+
+TARGET_CONFIG = ModelConfig(
+    vocab_size=VOCAB_SIZE, hidden_size=512, intermediate_size=1408, num_layers=8, num_heads=8,
+    num_kv_heads=2, head_dim=64, model_type="llama", rope_theta=10000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, max_position_embeddings=4096)
+DRAFT_CONFIG = ModelConfig(
+    vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=704, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=64, model_type="llama", rope_theta=10000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, max_position_embeddings=4096)
+
+
+def flops_per_token(cfg: ModelConfig, context: int = 0) -> int:
+    """Forward FLOPs per token (2 per multiply-add): the matmuls, the LM head, and
+    attention over `context` previous tokens."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    per_layer = 2 * (d * cfg.num_heads * hd + 2 * d * cfg.num_kv_heads * hd + cfg.num_heads * hd * d
+                     + 3 * d * cfg.intermediate_size)
+    attn = 2 * 2 * cfg.num_heads * hd * context
+    return cfg.num_layers * (per_layer + attn) + 2 * d * cfg.vocab_size
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    assert tok.token_to_id(EOT) == 0
+    return tok
+
+
+def encode_corpus(tok, texts: list[str]) -> np.ndarray:
+    ids = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(0)
+    return np.asarray(ids, dtype=np.uint16)
+
+
+# ----------------------------------------------------------------------------- model math
+
+def model_logits(model, tokens):
+    """Training forward over full sequences (positions 0..T-1): the same math as
+    `Transformer.__call__` (its helpers, its parameters) with plain causal attention
+    instead of the KV-cache scatter, which makes the backward pass cheaper. Parity with
+    the model's own forward is checked by `check_parity` and tests/test_builtin.py."""
+    cfg = model.config
+    B, T = tokens.shape
+    freqs = jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(cfg))
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[None]
+    cos, sin = jnp.cos(emb).astype(cfg.jnp_dtype), jnp.sin(emb).astype(cfg.jnp_dtype)
+    x = jnp.take(model.embed[...], tokens, axis=0)
+    for layer in model.layers:
+        h = rms_norm(x, layer.attn_norm[...], cfg.rms_norm_eps)
+        q, k, v = h @ layer.wq[...], h @ layer.wk[...], h @ layer.wv[...]
+        if cfg.qkv_bias:
+            q, k, v = q + layer.bq[...], k + layer.bk[...], v + layer.bv[...]
+        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, layer.q_norm[...], cfg.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm[...], cfg.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        x = x + attn.reshape(B, T, -1) @ layer.wo[...]
+        h = rms_norm(x, layer.mlp_norm[...], cfg.rms_norm_eps)
+        x = x + (jax.nn.silu(h @ layer.w_gate[...]) * (h @ layer.w_up[...])) @ layer.w_down[...]
+    x = rms_norm(x, model.final_norm[...], cfg.rms_norm_eps)
+    head = model.embed[...].T if cfg.tie_word_embeddings else model.lm_head[...]
+    return jnp.matmul(x, head, preferred_element_type=jnp.float32)
+
+
+def cached_logits(model, tokens):
+    """The model's own forward with a fresh KV cache of capacity T."""
+    B, T = tokens.shape
+    kv = init_kv_cache(model.config, B, T)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    logits, _ = model(tokens, positions, kv, attn_backend="xla")
+    return logits
+
+
+def check_parity(model, seed: int = 0, atol: float = 1e-4) -> float:
+    x = jax.random.randint(jax.random.key(seed), (2, 32), 0, model.config.vocab_size)
+    diff = float(jnp.max(jnp.abs(model_logits(model, x) - cached_logits(model, x))))
+    if not diff <= atol:
+        raise AssertionError(f"training forward differs from the model forward by {diff}")
+    return diff
+
+
+def cross_entropy(logits, labels):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
+
+
+def kl_target_draft(t_logits, d_logits):
+    t_logp = jax.nn.log_softmax(jax.lax.stop_gradient(t_logits), axis=-1)
+    d_logp = jax.nn.log_softmax(d_logits, axis=-1)
+    return jnp.mean(jnp.sum(jnp.exp(t_logp) * (t_logp - d_logp), axis=-1))
+
+
+def make_optimizer(lr: float, steps: int, warmup: int, weight_decay: float):
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, min(warmup, steps // 2)),
+                                               max(steps, 2), end_value=lr * 0.05)
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=weight_decay,
+                                   mask=decay_mask))
+
+
+def make_steps(t_graph, d_graph, t_opt, d_opt, alpha: float):
+    def draft_loss(d_params, t_logits, x, y):
+        d_logits = model_logits(nnx.merge(d_graph, d_params), x)
+        ce = cross_entropy(d_logits, y)
+        kl = kl_target_draft(t_logits, d_logits)
+        return alpha * ce + (1 - alpha) * kl, (ce, kl)
+
+    def target_loss(t_params, x, y):
+        logits = model_logits(nnx.merge(t_graph, t_params), x)
+        return cross_entropy(logits, y), logits
+
+    @jax.jit
+    def joint_step(t_params, d_params, t_state, d_state, batch):
+        x, y = batch[:, :-1], batch[:, 1:]
+        (t_ce, t_logits), t_grads = jax.value_and_grad(target_loss, has_aux=True)(t_params, x, y)
+        (_, (d_ce, kl)), d_grads = jax.value_and_grad(draft_loss, has_aux=True)(
+            d_params, t_logits, x, y)
+        t_upd, t_state = t_opt.update(t_grads, t_state, t_params)
+        d_upd, d_state = d_opt.update(d_grads, d_state, d_params)
+        return (optax.apply_updates(t_params, t_upd), optax.apply_updates(d_params, d_upd),
+                t_state, d_state, {"t_ce": t_ce, "d_ce": d_ce, "kl": kl})
+
+    @jax.jit
+    def distill_step(t_params, d_params, d_state, batch):
+        x, y = batch[:, :-1], batch[:, 1:]
+        t_logits = model_logits(nnx.merge(t_graph, t_params), x)
+        (_, (d_ce, kl)), d_grads = jax.value_and_grad(draft_loss, has_aux=True)(
+            d_params, t_logits, x, y)
+        d_upd, d_state = d_opt.update(d_grads, d_state, d_params)
+        return optax.apply_updates(d_params, d_upd), d_state, {
+            "t_ce": cross_entropy(t_logits, y), "d_ce": d_ce, "kl": kl}
+
+    return joint_step, distill_step
+
+
+# ----------------------------------------------------------------------------- driver
+
+def _save_atomic(graph, params, path: Path):
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save(nnx.merge(graph, params), tmp, dtype="bfloat16")
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--minutes", type=float, default=60.0,
+                    help="wall-clock budget for both phases (0: no limit, needs --joint-steps)")
+    ap.add_argument("--distill-fraction", type=float, default=0.2,
+                    help="share of the budget for phase 2 (draft-only distillation)")
+    ap.add_argument("--joint-steps", type=int, default=None, help="planned phase-1 steps")
+    ap.add_argument("--distill-steps", type=int, default=None, help="planned phase-2 steps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--alpha", type=float, default=0.2, help="draft loss: alpha*CE + (1-alpha)*KL")
+    ap.add_argument("--ckpt-minutes", type=float, default=5.0)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--rate-steps", type=int, default=8, help="steps timed to plan the budget")
+    args = ap.parse_args(argv)
+    if args.minutes <= 0 and args.joint_steps is None:
+        ap.error("--minutes 0 needs --joint-steps (and --distill-steps)")
+
+    t_start = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_lines = []
+
+    def log(msg):
+        line = f"[{time.time() - t_start:7.1f}s] {msg}"
+        print(line, flush=True)
+        log_lines.append(line)
+
+    # Tokenizer and data.
+    from tokenizers import Tokenizer
+    train_rel = corpus.train_files()
+    texts = corpus.read_texts(train_rel)
+    tok_path = out / "tokenizer.json"
+    if tok_path.exists():
+        tok = Tokenizer.from_file(str(tok_path))
+        log(f"tokenizer: reusing {tok_path}")
+    else:
+        tok = train_tokenizer(texts)
+        tok.save(str(tok_path))
+        log(f"tokenizer: trained on {len(texts)} files, vocab {tok.get_vocab_size()}")
+    stream = encode_corpus(tok, texts)
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    log(f"train split: {len(train_rel)} files, {n_bytes / 1e6:.2f} MB, {len(stream) / 1e6:.2f} M tokens "
+        f"({n_bytes / len(stream):.2f} bytes/token)")
+
+    rng = np.random.default_rng(args.seed)
+    L = args.seq_len + 1
+
+    def next_batch():
+        offs = rng.integers(0, len(stream) - L, size=args.batch)
+        return jnp.asarray(np.stack([stream[o:o + L] for o in offs]).astype(np.int32))
+
+    # Models.
+    target = init_model(TARGET_CONFIG, args.seed)
+    draft = init_model(DRAFT_CONFIG, args.seed + 1)
+    check_parity(target)
+    check_parity(draft)
+    t_graph, t_params = nnx.split(target, nnx.Param)
+    d_graph, d_params = nnx.split(draft, nnx.Param)
+    del target, draft
+    ft, fd = flops_per_token(TARGET_CONFIG, args.seq_len // 2), flops_per_token(DRAFT_CONFIG, args.seq_len // 2)
+    log(f"target {sum(x.size for x in jax.tree.leaves(t_params)) / 1e6:.2f} M params, "
+        f"draft {sum(x.size for x in jax.tree.leaves(d_params)) / 1e6:.2f} M params; "
+        f"forward FLOP/token at context {args.seq_len // 2}: {ft / 1e6:.1f} M vs {fd / 1e6:.1f} M "
+        f"(ratio {fd / ft:.3f})")
+
+    budget = args.minutes * 60.0 if args.minutes > 0 else math.inf
+    deadline = t_start + budget
+    joint_deadline = t_start + budget * (1 - args.distill_fraction)
+
+    def build(joint_steps, distill_steps):
+        t_opt = make_optimizer(args.lr, joint_steps, args.warmup, args.weight_decay)
+        d_opt = make_optimizer(args.draft_lr, joint_steps + distill_steps, args.warmup, args.weight_decay)
+        return t_opt, d_opt
+
+    record = {"args": vars(args), "target_config": TARGET_CONFIG.to_dict(),
+              "draft_config": DRAFT_CONFIG.to_dict(), "train_files": len(train_rel),
+              "train_tokens": int(len(stream)), "train_bytes": n_bytes}
+    last_ckpt = time.time()
+
+    def checkpoint(tag):
+        nonlocal last_ckpt
+        _save_atomic(t_graph, t_params, out / "target")
+        _save_atomic(d_graph, d_params, out / "draft")
+        record["log"] = log_lines[-400:]
+        (out / "train_log.json").write_text(json.dumps(record, indent=1))
+        last_ckpt = time.time()
+        log(f"checkpoint ({tag}) -> {out}/target, {out}/draft")
+
+    # Plan: the draft's optimizer runs over both phases (one schedule), the target's
+    # over phase 1. With a time budget, time a few steps with a provisional plan, then
+    # fix the plan (the provisional steps count towards it and use the same schedule
+    # values only approximately, which is why the plan is logged for reproduction).
+    joint_steps, distill_steps = args.joint_steps, args.distill_steps
+    if joint_steps is None:
+        t_opt, d_opt = build(10_000, 0)
+        joint_step, distill_step = make_steps(t_graph, d_graph, t_opt, d_opt, args.alpha)
+        b = next_batch()
+        s0 = time.time()
+        tp, dp, ts, ds, m = joint_step(t_params, d_params, t_opt.init(t_params), d_opt.init(d_params), b)
+        jax.block_until_ready(m)
+        log(f"joint step compiled in {time.time() - s0:.1f}s")
+        s0 = time.time()
+        for _ in range(args.rate_steps):
+            tp, dp, ts, ds, m = joint_step(tp, dp, ts, ds, b)
+        jax.block_until_ready(m)
+        joint_rate = args.rate_steps / (time.time() - s0)
+        s0 = time.time()
+        _, _, m = distill_step(t_params, d_params, d_opt.init(d_params), b)
+        jax.block_until_ready(m)
+        s0 = time.time()
+        ds2 = d_opt.init(d_params)
+        dp2 = d_params
+        for _ in range(args.rate_steps):
+            dp2, ds2, m = distill_step(t_params, dp2, ds2, b)
+        jax.block_until_ready(m)
+        distill_rate = args.rate_steps / (time.time() - s0)
+        del tp, dp, ts, ds, dp2, ds2
+        now = time.time()
+        joint_steps = max(10, int(joint_rate * (joint_deadline - now) * 0.93))
+        distill_steps = max(0, int(distill_rate * (deadline - joint_deadline) * 0.93))
+        log(f"measured {joint_rate:.3f} joint steps/s, {distill_rate:.3f} distill steps/s "
+            f"({args.batch}x{args.seq_len} tokens/step)")
+    distill_steps = distill_steps or 0
+    log(f"plan: --joint-steps {joint_steps} --distill-steps {distill_steps}")
+    record.update(joint_steps=joint_steps, distill_steps=distill_steps)
+
+    # Fresh start with the fixed plan and the seed's data order.
+    rng = np.random.default_rng(args.seed)
+    t_opt, d_opt = build(joint_steps, distill_steps)
+    joint_step, distill_step = make_steps(t_graph, d_graph, t_opt, d_opt, args.alpha)
+    t_state, d_state = t_opt.init(t_params), d_opt.init(d_params)
+
+    def run_phase(name, steps, step_fn, phase_deadline):
+        nonlocal t_params, d_params, t_state, d_state
+        acc, n_acc, s0, done = None, 0, time.time(), 0
+        for i in range(steps):
+            if time.time() > phase_deadline:
+                log(f"{name}: wall-clock budget reached after {i} of {steps} steps")
+                break
+            batch = next_batch()
+            if name == "joint":
+                t_params, d_params, t_state, d_state, m = step_fn(t_params, d_params, t_state, d_state, batch)
+            else:
+                d_params, d_state, m = step_fn(t_params, d_params, d_state, batch)
+            acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
+            n_acc += 1
+            done = i + 1
+            if done % args.log_every == 0 or done == steps:
+                mm = {k: float(v) / n_acc for k, v in acc.items()}
+                log(f"{name} {done}/{steps} t_ce {mm['t_ce']:.4f} d_ce {mm['d_ce']:.4f} "
+                    f"kl {mm['kl']:.4f} ({n_acc / (time.time() - s0):.3f} steps/s)")
+                record.setdefault("history", []).append({"phase": name, "step": done, **mm})
+                acc, n_acc, s0 = None, 0, time.time()
+            if time.time() - last_ckpt > args.ckpt_minutes * 60:
+                checkpoint(f"{name} step {done}")
+        record[f"{name}_steps_done"] = done
+        return done
+
+    run_phase("joint", joint_steps, joint_step, joint_deadline if args.minutes > 0 else math.inf)
+    run_phase("distill", distill_steps, distill_step, deadline if args.minutes > 0 else math.inf)
+    record["wall_seconds"] = time.time() - t_start
+    record["tokens_seen"] = {
+        "target": record["joint_steps_done"] * args.batch * args.seq_len,
+        "draft": (record["joint_steps_done"] + record["distill_steps_done"]) * args.batch * args.seq_len}
+    checkpoint("final")
+    log(f"done in {record['wall_seconds'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""Pallas verify attention: T = K+1 new queries per sequence against its KV cache.
+
+Same contract as `attention_ref.verify_attention_xla` (read its docstring): q
+[B, T, Hq, D], caches [B, Hkv, S, D] (head-major), q_positions [B, T]; query
+(b, t) sees cache entries 0..q_positions[b, t]. Softmax in float32, output in
+q's dtype. A query whose position is < 0 sees nothing and gets NaN, exactly like
+the reference (the models clamp positions to >= 0, so this never happens there).
+
+Both variants share one layout trick: the T new tokens of a sequence and the
+`group = Hq // Hkv` query heads that share a KV head form R = T * group query
+rows against ONE stream of K/V blocks, so each KV byte is read once per
+(sequence, kv head) whatever T and the GQA ratio are (flash-decoding with the
+query rows packed into the matmul's M dimension). Row r is token r // group,
+head r % group; rows are padded up to a hardware-friendly R_pad.
+
+Only the blocks below `lengths[b] = max_t q_positions[b, t] + 1` are read:
+
+* GPU (Pallas Triton): grid (B, Hkv, splits). Each program walks its share of
+  the *live* KV blocks of its sequence in a `fori_loop` with dynamic bounds
+  (split-K flash-decoding, the live blocks are divided evenly between splits so
+  short and long sequences both fill the SMs); masked loads (`other=0`) so a
+  cache length that is not a block multiple is safe. Partial (acc, m, l) per
+  split are merged by a tiny XLA epilogue; splits ~ one wave of programs over the
+  SMs (1 once B * Hkv >= #SMs). Block shapes are powers of two (Triton):
+  R_pad = max(16, next_pow2(R)) (tl.dot needs M >= 16; T <= 9 with group <= 8
+  gives R_pad <= 128, which fits registers), block_k = 128 (64 when R_pad >= 128,
+  to bound registers), head_dim 64/128.
+* TPU (Pallas Mosaic): grid (B, Hkv, cdiv(S, block_k)) with `lengths` and the
+  positions scalar-prefetched into SMEM (`PrefetchScalarGridSpec`). The K/V
+  index_map clamps the block index to the last live block, so the pipeline
+  issues no DMA for blocks past the length (same block index => no new copy) and
+  `pl.when` skips their compute. Online-softmax state lives in VMEM scratch
+  (m, l as [R_pad, 128] lane-replicated like the official flash kernel). Blocks
+  respect the (8, 128) tiling: R_pad is a multiple of 8 (f32) / 16 (bf16),
+  block_k = 512 (or S when S <= 512: a block equal to the full dim is legal),
+  head_dim is the full last dim.
+
+`platform` picks the variant ("gpu" | "tpu"; default `jax.default_backend()`, or
+"tpu" when interpreting on a CPU host), `interpret=True` (or a
+`pltpu.InterpretParams`, TPU variant only) runs it in the Pallas interpreter, so
+both variants are testable on CPU. Byte/FLOP floors: ROOFLINE.md.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+NEG_INF = float("-inf")
+TPU_BLOCK_K = 512
+DEFAULT_GPU_SMS = 132  # H100 SXM; used when no GPU is attached (lowering from CPU)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def resolve_platform(platform: str | None, interpret=False) -> str:
+    """"gpu" | "tpu": the Pallas variant to build.
+
+    Explicit `platform` wins ("cuda"/"rocm" mean "gpu"); otherwise the default backend;
+    interpreting on a CPU host with no platform given runs the TPU variant.
+    """
+    if platform is None:
+        platform = jax.default_backend()
+        if platform not in ("gpu", "tpu") and interpret is not False:
+            platform = "tpu"
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    if platform not in ("gpu", "tpu"):
+        raise ValueError(
+            f"no Pallas variant for platform {platform!r}: pass platform='gpu' or 'tpu' "
+            "(with interpret=True to run it on CPU), or use the XLA reference")
+    return platform
+
+
+def _dot_precision(dtype):
+    # float32 inputs: full-precision MXU/tensor-core passes (Triton would use TF32 by default).
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def _to_rows(q, hkv, r_pad):
+    """[B, T, Hq, D] -> [B, Hkv, R_pad, D], row = t * group + g (zero-padded rows)."""
+    B, T, Hq, D = q.shape
+    group = Hq // hkv
+    qr = q.reshape(B, T, hkv, group, D).transpose(0, 2, 1, 3, 4).reshape(B, hkv, T * group, D)
+    return jnp.pad(qr, ((0, 0), (0, 0), (0, r_pad - T * group), (0, 0)))
+
+
+def _from_rows(o, T, group):
+    B, hkv, _, D = o.shape
+    o = o[:, :, :T * group].reshape(B, hkv, T, group, D).transpose(0, 2, 1, 3, 4)
+    return o.reshape(B, T, hkv * group, D)
+
+
+# ----------------------------------------------------------------------------- GPU (Triton)
+
+def _gpu_kernel(len_ref, pos_ref, q_ref, k_ref, v_ref, *out_refs, block_k, splits, scale, prec):
+    from jax.experimental.pallas import triton as plgpu
+
+    j = pl.program_id(2)
+    length = len_ref[()]
+    num_blocks = lax.div(length + block_k - 1, block_k)      # non-negative: truncating div
+    lo = lax.div(j * num_blocks, splits)
+    hi = lax.div((j + 1) * num_blocks, splits)
+
+    q = q_ref[...]                      # [R_pad, D]
+    rowpos = pos_ref[...]               # [R_pad] int32
+    r_pad, d = q.shape
+    offs = jnp.arange(block_k, dtype=jnp.int32)
+
+    def body(i, carry):
+        acc, m, l = carry
+        start = pl.multiple_of(i * block_k, block_k)
+        cols = start + offs
+        live = (cols < length)[:, None]
+        k = plgpu.load(k_ref.at[pl.ds(start, block_k), :], mask=live, other=0.0)
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
+                            preferred_element_type=jnp.float32) * scale
+        s = jnp.where(cols[None, :] <= rowpos[:, None], s, NEG_INF)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)   # fully masked row: keep p = 0, no NaN
+        alpha = jnp.exp(m - m_safe)
+        p = jnp.exp(s - m_safe[:, None])
+        l = alpha * l + jnp.sum(p, axis=1)
+        v = plgpu.load(v_ref.at[pl.ds(start, block_k), :], mask=live, other=0.0)
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec,
+                             preferred_element_type=jnp.float32)
+        return acc * alpha[:, None] + pv, m_new, l
+
+    init = (jnp.zeros((r_pad, d), jnp.float32), jnp.full((r_pad,), NEG_INF, jnp.float32),
+            jnp.zeros((r_pad,), jnp.float32))
+    acc, m, l = lax.fori_loop(lo, hi, body, init)
+    if splits == 1:
+        (o_ref,) = out_refs
+        # l == 0 only for a position < 0: NaN, like the reference.
+        plgpu.store(o_ref, (acc / l[:, None]).astype(o_ref.dtype))
+    else:
+        for ref, val in zip(out_refs, (acc, m, l)):
+            plgpu.store(ref, val)
+
+
+def _gpu_num_sms() -> int:
+    try:
+        return int(jax.devices("gpu")[0].core_count)
+    except Exception:  # no GPU attached (lowering from CPU) or attribute missing
+        return DEFAULT_GPU_SMS
+
+
+def gpu_config(B, T, Hq, Hkv, S, D, num_splits=None, block_k=None):
+    """Static tiling for the Triton variant: (r_pad, block_k, splits, num_warps)."""
+    r = T * (Hq // Hkv)
+    r_pad = max(16, _next_pow2(r))
+    if block_k is None:
+        block_k = 128 if r_pad <= 64 else 64
+    if block_k < 16 or block_k & (block_k - 1):
+        raise ValueError(f"Triton block_k must be a power of two >= 16, got {block_k}")
+    num_warps = 4 if r_pad <= 32 else 8
+    if num_splits is None:
+        # About one wave of programs on the SMs (split-K only while B * Hkv < #SMs), at
+        # least 2 KV blocks per split at full S. A split's f32 partials, written and read
+        # back by the merge, cost 2 * R_pad * (D + 2) * 4 bytes (see ROOFLINE.md): worth it
+        # at small B, where too few programs cannot pull the HBM bandwidth.
+        want = -(-_gpu_num_sms() // (B * Hkv))
+        cap = max(1, (-(-S // block_k)) // 2)
+        num_splits = max(1, min(want, cap, 16))
+    return r_pad, block_k, int(num_splits), num_warps
+
+
+def _verify_attention_gpu(q, k_cache, v_cache, q_positions, *, interpret, num_splits=None,
+                          block_k=None):
+    from jax.experimental.pallas import triton as plgpu
+
+    B, T, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    if D & (D - 1):
+        raise ValueError(f"Triton verify attention needs a power-of-two head_dim, got {D}")
+    r_pad, block_k, splits, num_warps = gpu_config(B, T, Hq, Hkv, S, D, num_splits, block_k)
+
+    pos = jnp.minimum(q_positions.astype(jnp.int32), S - 1)
+    lengths = jnp.clip(jnp.max(pos, axis=1) + 1, 0, S).astype(jnp.int32)
+    rowpos = jnp.repeat(pos, group, axis=1)                                   # [B, T*group]
+    rowpos = jnp.pad(rowpos, ((0, 0), (0, r_pad - T * group)), mode="edge")  # pad rows: finite
+    qr = _to_rows(q, Hkv, r_pad)
+
+    kernel = functools.partial(_gpu_kernel, block_k=block_k, splits=splits,
+                               scale=D ** -0.5, prec=_dot_precision(q.dtype))
+    in_specs = [
+        pl.BlockSpec((None,), lambda b, h, j: (b,)),
+        pl.BlockSpec((None, r_pad), lambda b, h, j: (b, 0)),
+        pl.BlockSpec((None, None, r_pad, D), lambda b, h, j: (b, h, 0, 0)),
+        pl.BlockSpec((None, None, S, D), lambda b, h, j: (b, h, 0, 0)),
+        pl.BlockSpec((None, None, S, D), lambda b, h, j: (b, h, 0, 0)),
+    ]
+    if splits == 1:
+        out_shape = jax.ShapeDtypeStruct((B, Hkv, r_pad, D), q.dtype)
+        out_specs = pl.BlockSpec((None, None, r_pad, D), lambda b, h, j: (b, h, 0, 0))
+    else:
+        out_shape = (jax.ShapeDtypeStruct((B, Hkv, splits, r_pad, D), jnp.float32),
+                     jax.ShapeDtypeStruct((B, Hkv, splits, r_pad), jnp.float32),
+                     jax.ShapeDtypeStruct((B, Hkv, splits, r_pad), jnp.float32))
+        out_specs = (pl.BlockSpec((None, None, None, r_pad, D), lambda b, h, j: (b, h, j, 0, 0)),
+                     pl.BlockSpec((None, None, None, r_pad), lambda b, h, j: (b, h, j, 0)),
+                     pl.BlockSpec((None, None, None, r_pad), lambda b, h, j: (b, h, j, 0)))
+    out = pl.pallas_call(
+        kernel, grid=(B, Hkv, splits), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, interpret=interpret, name="verify_attention_triton",
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
+    )(lengths, rowpos, qr, k_cache, v_cache)
+    if splits == 1:
+        o = out
+    else:  # merge the split-K partials (tiny: B*Hkv*splits*R_pad*(D+2) floats)
+        acc, m, l = out
+        m_max = jnp.max(m, axis=2, keepdims=True)
+        m_safe = jnp.where(m_max == NEG_INF, 0.0, m_max)
+        w = jnp.exp(m - m_safe)                                  # [B, Hkv, splits, R_pad]
+        l_tot = jnp.sum(w * l, axis=2)
+        o = (jnp.sum(w[..., None] * acc, axis=2) / l_tot[..., None]).astype(q.dtype)
+    return _from_rows(o, T, group)
+
+
+# ----------------------------------------------------------------------------- TPU (Mosaic)
+
+def _tpu_kernel(len_ref, pos_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *,
+                block_k, T, group, S, scale, prec):
+    b = pl.program_id(0)
+    j = pl.program_id(2)
+    r_pad, d = acc_sc.shape
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, NEG_INF, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    length = len_ref[b]
+
+    @pl.when(j * block_k < length)
+    def _step():
+        q = q_ref[...]                                           # [R_pad, D]
+        k = k_ref[...]                                           # [block_k, D]
+        v = v_ref[...]
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
+                            preferred_element_type=jnp.float32) * scale   # [R_pad, block_k]
+        # Row r is token r // group: build its position from SMEM scalars with compares only
+        # (no vector integer division; T <= 9 static), on one 128-lane column, then tile.
+        rows = lax.broadcasted_iota(jnp.int32, (r_pad, 128), 0)
+        rowpos = jnp.full((r_pad, 128), pos_ref[b * T], jnp.int32)
+        for t in range(1, T):
+            rowpos = jnp.where(rows >= t * group, pos_ref[b * T + t], rowpos)
+        cols = j * block_k + lax.broadcasted_iota(jnp.int32, (r_pad, block_k), 1)
+        s = jnp.where(cols <= _lanes(rowpos, block_k), s, NEG_INF)
+
+        m_prev = m_sc[...]                                       # [R_pad, 128] lane-replicated
+        l_prev = l_sc[...]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        m_safe = jnp.where(m_next == NEG_INF, 0.0, m_next)
+        alpha = jnp.exp(m_prev - m_safe)
+        p = jnp.exp(s - _lanes(m_safe, block_k))
+        l_sc[...] = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+        m_sc[...] = m_next
+        if S % block_k:  # partial last block: rows past S are unspecified memory (0 * NaN = NaN)
+            vrow = j * block_k + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+            v = jnp.where(vrow < S, v, jnp.zeros_like(v))
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec,
+                             preferred_element_type=jnp.float32)
+        acc_sc[...] = acc_sc[...] * _lanes(alpha, d) + pv
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _finish():
+        o_ref[...] = (acc_sc[...] / _lanes(l_sc[...], d)).astype(o_ref.dtype)
+
+
+def _lanes(x, n):
+    """[R, 128] lane-replicated -> [R, n]: a slice, whole-vreg copies (the official flash
+    kernel's pattern) for multiples of 128, else a lane broadcast of column 0."""
+    if n <= x.shape[1]:
+        return x[:, :n]
+    if n % x.shape[1] == 0:
+        return jnp.tile(x, (1, n // x.shape[1]))
+    return jnp.broadcast_to(x[:, :1], (x.shape[0], n))
+
+
+def tpu_config(T, Hq, Hkv, S, dtype, block_k=None):
+    """Static tiling for the Mosaic variant: (r_pad, block_k)."""
+    r = T * (Hq // Hkv)
+    sublanes = 8 * max(1, 4 // jnp.dtype(dtype).itemsize)   # f32: 8, bf16: 16
+    r_pad = _round_up(r, sublanes)
+    block_k = TPU_BLOCK_K if block_k is None else block_k
+    if block_k >= S:
+        block_k = S                      # one block equal to the full dim: always legal
+    elif block_k % 128:
+        raise ValueError(f"TPU block_k must be a multiple of 128 (or >= S), got {block_k}")
+    return r_pad, block_k
+
+
+def _verify_attention_tpu(q, k_cache, v_cache, q_positions, *, interpret, block_k=None):
+    from jax.experimental.pallas import tpu as pltpu
+
+    B, T, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    r_pad, block_k = tpu_config(T, Hq, Hkv, S, q.dtype, block_k)
+    num_kv = pl.cdiv(S, block_k)
+
+    pos = jnp.minimum(q_positions.astype(jnp.int32), S - 1)
+    lengths = jnp.clip(jnp.max(pos, axis=1) + 1, 0, S).astype(jnp.int32)
+    qr = _to_rows(q, Hkv, r_pad)
+
+    def q_map(b, h, j, len_ref, pos_ref):
+        return (b, h, 0, 0)
+
+    def kv_map(b, h, j, len_ref, pos_ref):
+        last = jnp.maximum(pl.cdiv(len_ref[b], block_k) - 1, 0)
+        return (b, h, jnp.minimum(j, last), 0)
+
+    kernel = functools.partial(_tpu_kernel, block_k=block_k, T=T, group=group, S=S,
+                               scale=D ** -0.5, prec=_dot_precision(q.dtype))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(B, Hkv, num_kv),
+        in_specs=[pl.BlockSpec((None, None, r_pad, D), q_map),
+                  pl.BlockSpec((None, None, block_k, D), kv_map),
+                  pl.BlockSpec((None, None, block_k, D), kv_map)],
+        out_specs=pl.BlockSpec((None, None, r_pad, D), q_map),
+        scratch_shapes=[pltpu.VMEM((r_pad, 128), jnp.float32),
+                        pltpu.VMEM((r_pad, 128), jnp.float32),
+                        pltpu.VMEM((r_pad, D), jnp.float32)],
+    )
+    o = pl.pallas_call(
+        kernel, grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct((B, Hkv, r_pad, D), q.dtype),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=interpret, name="verify_attention_mosaic",
+    )(lengths, pos.reshape(-1), qr, k_cache, v_cache)
+    return _from_rows(o, T, group)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def verify_attention(q, k_cache, v_cache, q_positions, *, interpret=False, platform=None,
+                     block_k=None, num_splits=None):
+    """Pallas verify attention; see the module docstring and `verify_attention_xla`.
+
+    interpret: False, True, or (TPU variant) a `pltpu.InterpretParams`.
+    platform:  "gpu" | "tpu" | None (= `jax.default_backend()`; "tpu" when interpreting on CPU).
+    block_k:   KV block (GPU: power of two >= 16, default 128/64; TPU: multiple of 128,
+               default 512, or >= S for one full block).
+    num_splits: GPU split-K factor (None: from the SM count and shapes).
+    """
+    B, T, Hq, D = q.shape
+    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.shape[0] != B \
+            or k_cache.shape[3] != D:
+        raise ValueError(f"caches must be [B, Hkv, S, D]; got q {q.shape}, k {k_cache.shape}, "
+                         f"v {v_cache.shape}")
+    if Hq % k_cache.shape[1]:
+        raise ValueError(f"Hq={Hq} is not a multiple of Hkv={k_cache.shape[1]}")
+    if q_positions.shape != (B, T):
+        raise ValueError(f"q_positions must be [B, T] = {(B, T)}, got {q_positions.shape}")
+    platform = resolve_platform(platform, interpret)
+    if platform == "gpu":
+        if interpret not in (True, False):
+            raise ValueError("InterpretParams are for the TPU variant; use interpret=True")
+        return _verify_attention_gpu(q, k_cache, v_cache, q_positions, interpret=interpret,
+                                     num_splits=num_splits, block_k=block_k)
+    return _verify_attention_tpu(q, k_cache, v_cache, q_positions, interpret=interpret,
+                                 block_k=block_k)

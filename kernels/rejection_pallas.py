@@ -1,0 +1,335 @@
+"""Pallas rejection sampling: one fused pass over the vocabulary per (sequence, position).
+
+Same contract and the same tokens as `rejection_ref.rejection_sample_xla` (read its
+docstring). The vocabulary is the only big axis: p, q and the Gumbel noise are
+[B, K+1, V] with V ~ 128k-152k, so the kernel streams them once, tile by tile,
+and keeps per row only running scalars:
+
+* p(d_i), q(d_i)                  (a masked sum: exactly the gathered value),
+* max_v r_i(v)                    (r = max(p - q, 0); > 0 iff the residual has mass,
+                                   the reference's `sum(r) > 0`),
+* max / first argmax of log r_i + g_i   (recovered token),
+* max / first argmax of log p_i + g_i   (bonus token for i = K+1, and the
+                                   reference's fallback row when r has no mass).
+
+A running argmax only replaces its index on a strictly greater tile maximum and
+the tile's index is the smallest column attaining it, so ties resolve to the
+first maximal index exactly like `jnp.argmax`. Columns past V (the ragged last
+tile: V = 151936 or 128256 is not a tile multiple) score -inf and carry zero
+probability, which is the "pad with zero probability" rule without copying the
+inputs. `draft_probs=None` means one-hot q at the draft token: q is then built
+in-kernel from the token id and never read from memory.
+
+The accept test `u_i * q_i(d_i) < p_i(d_i)`, the first rejection and the token
+select need only those [B, K+1] scalars: a few-element XLA epilogue shared by both
+variants (the partials of the GPU split-vocab grid are merged there too).
+
+* GPU (Pallas Triton): grid (B, K+1, splits); a program walks its share of the
+  vocab tiles of one row in a `fori_loop` with masked loads. block_v = 2048 (a
+  power of two, as Triton requires), splits chosen so B*(K+1)*splits fills ~2
+  waves of SMs.
+* TPU (Pallas Mosaic): grid (B, V tiles), vocab axis "arbitrary"; blocks
+  (K+1, block_v) with block_v = 8192 (multiple of 128; the row dim is the full
+  K+1), draft ids scalar-prefetched into SMEM; running statistics live in the
+  lane-replicated [rows, 128] output blocks, resident across the vocab axis.
+  Only offset-0 row slices are used (rows 0..K-1 for the residual, all K+1 rows
+  for p), so no unaligned sublane access.
+
+No cumsum/sort/gather inside the kernels (Mosaic and Triton reject some of those;
+interpret mode would not notice): only elementwise ops, max/min/sum reductions
+and compares.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .attention_pallas import DEFAULT_GPU_SMS, _lanes, _next_pow2, resolve_platform
+from .rejection_ref import first_rejection
+
+NEG_INF = float("-inf")
+BIG_INDEX = 2 ** 31 - 1
+GPU_BLOCK_V = 2048
+TPU_BLOCK_V = 8192
+LANES = 128
+
+
+def _tile_argmax(scores, cols, keepdims=True):
+    """Max over the last axis and the smallest column attaining it."""
+    m = jnp.max(scores, axis=-1, keepdims=keepdims)
+    mb = m if keepdims else m[..., None] if scores.ndim > 1 else m
+    idx = jnp.min(jnp.where(scores == mb, cols, BIG_INDEX), axis=-1, keepdims=keepdims)
+    return m, idx
+
+
+# ----------------------------------------------------------------------------- GPU (Triton)
+
+def _gpu_kernel(d_ref, p_ref, n_ref, *rest, V, K, block_v, tiles_per_split, has_q):
+    from jax.experimental.pallas import triton as plgpu
+
+    if has_q:
+        q_ref, *out_refs = rest
+    else:
+        q_ref, out_refs = None, rest
+    res_best_ref, res_idx_ref, rmax_ref, pd_ref, qd_ref, p_best_ref, p_idx_ref = out_refs
+
+    i = pl.program_id(1)
+    s = pl.program_id(2)
+    d = d_ref[()]                               # draft token of this row (-1 for the bonus row)
+    num_tiles = pl.cdiv(V, block_v)
+    lo = s * tiles_per_split
+    hi = jnp.minimum(lo + tiles_per_split, num_tiles)
+    offs = jnp.arange(block_v, dtype=jnp.int32)
+
+    def body(t, carry):
+        res_best, res_idx, rmax, pd, qd, p_best, p_idx = carry
+        start = pl.multiple_of(t * block_v, block_v)
+        cols = start + offs
+        valid = cols < V
+        p = plgpu.load(p_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
+        g = plgpu.load(n_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
+        hit = cols == d
+        if has_q:
+            q = plgpu.load(q_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
+            q = jnp.where(i < K, q, 0.0)          # the bonus row has no draft distribution
+        else:
+            q = jnp.where(hit, 1.0, 0.0)
+        r = jnp.maximum(p - q, 0.0)
+        rs = jnp.where(valid, jnp.log(r) + g, NEG_INF)
+        ps = jnp.where(valid, jnp.log(p) + g, NEG_INF)
+        rm, ri = _tile_argmax(rs, cols, keepdims=False)   # scalars
+        pm, pi = _tile_argmax(ps, cols, keepdims=False)
+        better_r = rm > res_best
+        better_p = pm > p_best
+        return (jnp.where(better_r, rm, res_best), jnp.where(better_r, ri, res_idx),
+                jnp.maximum(rmax, jnp.max(r)),
+                pd + jnp.sum(jnp.where(hit, p, 0.0)), qd + jnp.sum(jnp.where(hit, q, 0.0)),
+                jnp.where(better_p, pm, p_best), jnp.where(better_p, pi, p_idx))
+
+    f0, i0 = jnp.float32(0.0), jnp.int32(0)
+    init = (jnp.float32(NEG_INF), i0, f0, f0, f0, jnp.float32(NEG_INF), i0)
+    out = lax.fori_loop(lo, hi, body, init)
+    for ref, val in zip(out_refs, out):
+        plgpu.store(ref, val)
+
+
+def gpu_config(B, K, V, block_v=None, num_splits=None):
+    """Static tiling for the Triton variant: (block_v, splits, tiles_per_split)."""
+    block_v = GPU_BLOCK_V if block_v is None else block_v
+    if block_v & (block_v - 1):
+        raise ValueError(f"Triton block_v must be a power of two, got {block_v}")
+    num_tiles = -(-V // block_v)
+    if num_splits is None:
+        try:
+            sms = int(jax.devices("gpu")[0].core_count)
+        except Exception:
+            sms = DEFAULT_GPU_SMS
+        num_splits = _next_pow2(-(-2 * sms // (B * (K + 1))))
+        num_splits = max(1, min(num_splits, num_tiles // 2 or 1, 32))
+    tiles_per_split = -(-num_tiles // num_splits)
+    num_splits = -(-num_tiles // tiles_per_split)     # drop empty splits
+    return block_v, num_splits, tiles_per_split
+
+
+def _stats_gpu(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret,
+               block_v, num_splits):
+    from jax.experimental.pallas import triton as plgpu
+
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    block_v, splits, tiles_per_split = gpu_config(B, K, V, block_v, num_splits)
+    has_q = draft_probs is not None and K > 0
+    d_ext = jnp.concatenate([draft_tokens.astype(jnp.int32),
+                             jnp.full((B, 1), -1, jnp.int32)], axis=1)       # [B, K+1]
+
+    row = pl.BlockSpec((None, None, V), lambda b, i, s: (b, i, 0))
+    in_specs = [pl.BlockSpec((None, None), lambda b, i, s: (b, i)), row, row]
+    args = [d_ext, target_probs, residual_noise]
+    if has_q:
+        in_specs.append(pl.BlockSpec((None, None, V),
+                                     lambda b, i, s: (b, jnp.minimum(i, K - 1), 0)))
+        args.append(draft_probs)
+    stat = pl.BlockSpec((None, None, None), lambda b, i, s: (b, i, s))
+    f32 = jax.ShapeDtypeStruct((B, K1, splits), jnp.float32)
+    i32 = jax.ShapeDtypeStruct((B, K1, splits), jnp.int32)
+    kernel = functools.partial(_gpu_kernel, V=V, K=K, block_v=block_v,
+                               tiles_per_split=tiles_per_split, has_q=has_q)
+    res_best, res_idx, rmax, pd, qd, p_best, p_idx = pl.pallas_call(
+        kernel, grid=(B, K1, splits), in_specs=in_specs, out_specs=(stat,) * 7,
+        out_shape=(f32, i32, f32, f32, f32, f32, i32), interpret=interpret,
+        name="rejection_sample_triton",
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    )(*args)
+    # Merge the vocab splits: first split attaining the max (splits are in vocab order).
+    res_token = _merge_argmax(res_best, res_idx)
+    p_token = _merge_argmax(p_best, p_idx)
+    return (res_token[:, :K], jnp.max(rmax, -1)[:, :K], jnp.sum(pd, -1)[:, :K],
+            jnp.sum(qd, -1)[:, :K], p_token)
+
+
+def _merge_argmax(best, idx):
+    m = jnp.max(best, axis=-1, keepdims=True)
+    first = jnp.argmax(best == m, axis=-1)[..., None]
+    return jnp.take_along_axis(idx, first, axis=-1)[..., 0]
+
+
+# ----------------------------------------------------------------------------- TPU (Mosaic)
+
+def _tpu_kernel(d_ref, p_ref, n_ref, *rest, V, K, block_v, has_q):
+    if has_q:
+        q_ref, *out_refs = rest
+    else:
+        q_ref, out_refs = None, list(rest)
+    if K:
+        res_best_ref, res_idx_ref, rmax_ref, pd_ref, qd_ref, p_best_ref, p_idx_ref = out_refs
+    else:
+        p_best_ref, p_idx_ref = out_refs
+    b = pl.program_id(0)
+    v = pl.program_id(1)
+
+    @pl.when(v == 0)
+    def _init():
+        p_best_ref[...] = jnp.full(p_best_ref.shape, NEG_INF, jnp.float32)
+        p_idx_ref[...] = jnp.zeros(p_idx_ref.shape, jnp.int32)
+        if K:
+            res_best_ref[...] = jnp.full(res_best_ref.shape, NEG_INF, jnp.float32)
+            res_idx_ref[...] = jnp.zeros(res_idx_ref.shape, jnp.int32)
+            for ref in (rmax_ref, pd_ref, qd_ref):
+                ref[...] = jnp.zeros(ref.shape, jnp.float32)
+
+    def update(best_ref, idx_ref, scores, cols):
+        m, idx = _tile_argmax(scores, cols)                  # [rows, 1]
+        best = best_ref[...]                                 # [rows, 128] lane-replicated
+        better = m > best
+        best_ref[...] = jnp.where(better, m, best)
+        idx_ref[...] = jnp.where(better, idx, idx_ref[...])
+
+    # All K+1 rows: log p + g (bonus token, and the no-residual-mass fallback).
+    shape = (K + 1, block_v)
+    cols = v * block_v + lax.broadcasted_iota(jnp.int32, shape, 1)
+    p = p_ref[...]
+    g = n_ref[...]
+    update(p_best_ref, p_idx_ref, jnp.where(cols < V, jnp.log(p) + g, NEG_INF), cols)
+
+    if K:  # rows 0..K-1 (an offset-0 slice): residual max(p - q, 0)
+        shape = (K, block_v)
+        cols = v * block_v + lax.broadcasted_iota(jnp.int32, shape, 1)
+        valid = cols < V
+        # Draft id of each row from SMEM scalars, built on one 128-lane column, then tiled.
+        rows = lax.broadcasted_iota(jnp.int32, (K, LANES), 0)
+        dcol = jnp.full((K, LANES), d_ref[b * K], jnp.int32)
+        for i in range(1, K):
+            dcol = jnp.where(rows == i, d_ref[b * K + i], dcol)
+        hit = cols == _lanes(dcol, block_v)
+        pk = p_ref[pl.ds(0, K), :]
+        gk = n_ref[pl.ds(0, K), :]
+        qk = q_ref[...] if has_q else jnp.where(hit, 1.0, 0.0).astype(jnp.float32)
+        r = jnp.maximum(pk - qk, 0.0)
+        update(res_best_ref, res_idx_ref, jnp.where(valid, jnp.log(r) + gk, NEG_INF), cols)
+        rmax_ref[...] = jnp.maximum(
+            rmax_ref[...], jnp.max(jnp.where(valid, r, 0.0), axis=1, keepdims=True))
+        pd_ref[...] += jnp.sum(jnp.where(hit, pk, 0.0), axis=1, keepdims=True)
+        if has_q:
+            qd_ref[...] += jnp.sum(jnp.where(hit, qk, 0.0), axis=1, keepdims=True)
+
+
+def tpu_config(V, block_v=None):
+    block_v = TPU_BLOCK_V if block_v is None else block_v
+    if block_v >= V:
+        return V, 1                        # one block equal to the full dim: always legal
+    if block_v % LANES:
+        raise ValueError(f"TPU block_v must be a multiple of {LANES}, got {block_v}")
+    return block_v, -(-V // block_v)
+
+
+def _stats_tpu(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret, block_v):
+    from jax.experimental.pallas import tpu as pltpu
+
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    block_v, num_tiles = tpu_config(V, block_v)
+    has_q = draft_probs is not None and K > 0
+
+    tile = lambda rows: pl.BlockSpec((None, rows, block_v), lambda b, v, d: (b, 0, v))
+    stat = lambda rows: pl.BlockSpec((None, rows, LANES), lambda b, v, d: (b, 0, 0))
+    in_specs = [tile(K1), tile(K1)] + ([tile(K)] if has_q else [])
+    f32 = lambda rows: jax.ShapeDtypeStruct((B, rows, LANES), jnp.float32)
+    i32 = lambda rows: jax.ShapeDtypeStruct((B, rows, LANES), jnp.int32)
+    out_shape = ([f32(K), i32(K), f32(K), f32(K), f32(K)] if K else []) + [f32(K1), i32(K1)]
+    out_specs = ([stat(K)] * 5 if K else []) + [stat(K1)] * 2
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(B, num_tiles), in_specs=in_specs, out_specs=out_specs)
+    kernel = functools.partial(_tpu_kernel, V=V, K=K, block_v=block_v, has_q=has_q)
+    d_flat = draft_tokens.astype(jnp.int32).reshape(-1)
+    if K == 0:
+        d_flat = jnp.zeros((1,), jnp.int32)   # SMEM operand must be non-empty
+    args = [d_flat, target_probs, residual_noise] + ([draft_probs] if has_q else [])
+    outs = pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        name="rejection_sample_mosaic",
+    )(*args)
+    outs = [o[..., 0] for o in outs]
+    if K:
+        res_best, res_idx, rmax, pd, qd, p_best, p_idx = outs
+        return res_idx, rmax, pd, qd, p_idx
+    p_best, p_idx = outs
+    empty = jnp.zeros((B, 0), jnp.float32)
+    return jnp.zeros((B, 0), jnp.int32), empty, empty, empty, p_idx
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual_noise, *,
+                     interpret=False, platform=None, block_v=None, num_splits=None):
+    """Pallas rejection sampler; same results as `rejection_sample_xla` for the same inputs.
+
+    interpret: False, True, or (TPU variant) a `pltpu.InterpretParams`.
+    platform:  "gpu" | "tpu" | None (= `jax.default_backend()`; "tpu" when interpreting on CPU).
+    block_v / num_splits: vocab tile (GPU: power of two; TPU: multiple of 128) and the GPU
+    vocab split factor; None picks the defaults (2048 / 8192, splits from the SM count).
+    """
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    if draft_tokens.shape != (B, K) or uniforms.shape != (B, K):
+        raise ValueError(f"draft_tokens/uniforms must be [B, K] = {(B, K)}, got "
+                         f"{draft_tokens.shape}, {uniforms.shape}")
+    if residual_noise.shape != target_probs.shape:
+        raise ValueError(f"residual_noise {residual_noise.shape} != target_probs "
+                         f"{target_probs.shape}")
+    if draft_probs is not None and draft_probs.shape != (B, K, V):
+        raise ValueError(f"draft_probs must be [B, K, V] = {(B, K, V)}, got {draft_probs.shape}")
+    target_probs = target_probs.astype(jnp.float32)
+    residual_noise = residual_noise.astype(jnp.float32)
+    if draft_probs is not None:
+        draft_probs = draft_probs.astype(jnp.float32)
+
+    platform = resolve_platform(platform, interpret)
+    if platform == "gpu":
+        if interpret not in (True, False):
+            raise ValueError("InterpretParams are for the TPU variant; use interpret=True")
+        res_token, rmax, p_at_d, q_at_d, p_token = _stats_gpu(
+            target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
+            block_v=block_v, num_splits=num_splits)
+    else:
+        res_token, rmax, p_at_d, q_at_d, p_token = _stats_tpu(
+            target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
+            block_v=block_v)
+
+    # Epilogue on [B, K+1] scalars: accept test, first rejection, token select.
+    if draft_probs is None:
+        q_at_d = jnp.ones_like(p_at_d)
+    num_accepted = first_rejection(uniforms * q_at_d < p_at_d)
+    recovered = jnp.where(rmax > 0, res_token, p_token[:, :K])
+    sampled = jnp.concatenate([recovered, p_token[:, K:]], axis=1).astype(jnp.int32)
+    if K == 0:  # plain decoding: the bonus token only
+        return num_accepted, sampled
+    padded_drafts = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], axis=1).astype(jnp.int32)
+    pos = jnp.arange(K + 1)[None, :]
+    tokens = jnp.where(pos < num_accepted[:, None], padded_drafts, sampled)
+    return num_accepted, tokens

@@ -1,0 +1,337 @@
+"""Pallas kernels vs their XLA references (interpret mode), and real lowering to GPU/TPU.
+
+Interpret mode checks the numbers on CPU; it accepts ops that Triton and Mosaic
+reject, so every kernel is also lowered for ("cuda",) and ("tpu",) from this CPU
+host at the real model shapes (abstract `ShapeDtypeStruct` args, nothing allocated),
+and the Triton module embedded in the CUDA lowering is parsed back and run through
+the MLIR verifier (Triton's op verifiers: power-of-two tensors, dot shapes, ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dsd_jax import kernels
+from dsd_jax.kernels import attention_pallas, rejection_pallas
+from dsd_jax.kernels.attention_ref import verify_attention_xla
+from dsd_jax.kernels.rejection_ref import rejection_sample_xla
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+TOL = {F32: 1e-5, BF16: 1e-2}
+
+
+# ----------------------------------------------------------------------------- attention
+
+def _positions(rng, B, T, S, kinds):
+    """Per-row query positions: kind "one" (length 1: first query at 0), "full" (last
+    query at S-1), "odd" (random odd length), "pad" (trailing padding queries clamped
+    to position 0, as the model does), "neg" (position -1: sees nothing -> NaN)."""
+    rows = []
+    for b in range(B):
+        kind = kinds[b % len(kinds)]
+        if kind == "neg":
+            rows.append(np.full(T, -1))
+            continue
+        if kind == "one":
+            start = 0
+        elif kind == "full":
+            start = S - T
+        else:
+            start = int(rng.integers(0, S - T + 1)) | 1
+            start = min(start, S - T)
+        pos = start + np.arange(T)
+        if kind == "pad" and T > 1:
+            pos[T // 2 + 1:] = 0
+        rows.append(pos)
+    return jnp.asarray(np.stack(rows), jnp.int32)
+
+
+def _attn_inputs(seed, B, T, Hq, Hkv, S, D, dtype, kinds):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((B, T, Hq, D)), dtype)
+    k = jnp.asarray(rng.standard_normal((B, Hkv, S, D)), dtype)
+    v = jnp.asarray(rng.standard_normal((B, Hkv, S, D)), dtype)
+    return q, k, v, _positions(rng, B, T, S, kinds)
+
+
+def _rel_err(out, ref):
+    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))   # NaN exactly where the ref has it
+    ok = ~np.isnan(ref)
+    return float(np.max(np.abs(out[ok] - ref[ok])) / np.max(np.abs(ref[ok])))
+
+
+# (platform, B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, row kinds): GQA ratios 1, 2, 4,
+# 7, 8; T 1..9; head_dim 64/128; S not a block multiple (ragged last block); GPU split-K.
+ATTN_CASES = [
+    ("gpu", 3, 1, 4, 4, 40, 64, F32, None, None, ("one", "full", "odd")),
+    ("gpu", 4, 5, 28, 4, 200, 128, F32, 64, 3, ("odd", "one", "full", "pad")),
+    ("gpu", 3, 9, 16, 2, 77, 128, BF16, 32, 2, ("full", "odd", "neg")),
+    ("gpu", 3, 3, 8, 4, 50, 64, BF16, 16, None, ("pad", "one", "odd")),
+    ("gpu", 2, 2, 32, 8, 129, 64, F32, 32, 4, ("odd", "full")),
+    ("tpu", 3, 1, 4, 4, 40, 64, F32, None, None, ("one", "full", "odd")),
+    ("tpu", 4, 5, 28, 4, 300, 128, F32, None, None, ("odd", "one", "full", "pad")),
+    ("tpu", 3, 9, 16, 2, 260, 128, BF16, 128, None, ("full", "odd", "neg")),
+    ("tpu", 3, 4, 16, 4, 64, 64, BF16, None, None, ("pad", "one", "odd")),
+    ("tpu", 2, 7, 16, 8, 256, 64, F32, 128, None, ("odd", "full")),
+]
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: "{}-T{}-Hq{}-Hkv{}-S{}-D{}-{}".format(
+    c[0], c[2], c[3], c[4], c[5], c[6], jnp.dtype(c[7]).name))
+def test_verify_attention_interpret_matches_reference(case):
+    platform, B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, kinds = case
+    q, k, v, pos = _attn_inputs(zlib.crc32(repr(case).encode()), B, T, Hq, Hkv, S, D, dtype, kinds)
+    ref = verify_attention_xla(q, k, v, pos)
+    out = attention_pallas.verify_attention(q, k, v, pos, interpret=True, platform=platform,
+                                            block_k=block_k, num_splits=num_splits)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert _rel_err(out, ref) < TOL[dtype]
+
+
+def test_verify_attention_tpu_interpreter_uninitialized_memory():
+    """The TPU interpreter fills reads past the array (the ragged last KV block) with NaN,
+    as unspecified memory on a real TPU may be: the kernel must mask them out."""
+    from jax.experimental.pallas import tpu as pltpu
+    q, k, v, pos = _attn_inputs(7, 2, 3, 4, 2, 300, 64, F32, ("full", "odd"))
+    params = pltpu.InterpretParams(out_of_bounds_reads="uninitialized", uninitialized_memory="nan")
+    out = attention_pallas.verify_attention(q, k, v, pos, interpret=params, platform="tpu",
+                                            block_k=128)
+    assert _rel_err(out, verify_attention_xla(q, k, v, pos)) < 1e-5
+
+
+def test_verify_attention_dispatch():
+    q, k, v, pos = _attn_inputs(3, 2, 2, 4, 2, 24, 64, F32, ("odd", "full"))
+    ref = kernels.verify_attention(q, k, v, pos, backend="xla")
+    out = jax.jit(functools.partial(kernels.verify_attention, backend="interpret"))(q, k, v, pos)
+    assert _rel_err(out, ref) < 1e-5
+    if jax.default_backend() == "cpu":
+        with pytest.raises(ValueError, match="no Pallas variant"):
+            kernels.verify_attention(q, k, v, pos, backend="pallas")
+
+
+# ----------------------------------------------------------------------------- rejection
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _rejection_inputs(seed, B, K, V, *, one_hot_q=False, greedy_rows=(), equal_rows=()):
+    """p close to q (so every acceptance count occurs), drafts sampled from q; some rows
+    greedy (one-hot p, argmax drafts) and some with p == q (no residual mass)."""
+    rng = np.random.default_rng(seed)
+    q = _softmax(2.0 * rng.standard_normal((B, K, V)))
+    p = _softmax(np.log(np.concatenate([q, _softmax(rng.standard_normal((B, 1, V)))], 1))
+                 + 0.7 * rng.standard_normal((B, K + 1, V)))
+    d = np.array([[rng.choice(V, p=q[b, i] / q[b, i].sum()) for i in range(K)]
+                  for b in range(B)], np.int32).reshape(B, K)
+    for b in equal_rows:
+        p[b, :K] = q[b]
+    for b in greedy_rows:
+        top = p[b].argmax(-1)
+        p[b] = 0.0
+        p[b, np.arange(K + 1), top] = 1.0
+        d[b] = np.where(rng.random(K) < 0.7, top[:K], d[b])      # mostly right, some wrong
+    if one_hot_q:
+        q = None
+    u = rng.random((B, K)).astype(np.float32)
+    g = rng.gumbel(size=(B, K + 1, V)).astype(np.float32)
+    return (jnp.asarray(p), None if q is None else jnp.asarray(q), jnp.asarray(d),
+            jnp.asarray(u), jnp.asarray(g))
+
+
+def _assert_same_tokens(args, platform, **kw):
+    n_ref, t_ref = rejection_sample_xla(*args)
+    n, t = rejection_pallas.rejection_sample(*args, interpret=True, platform=platform, **kw)
+    np.testing.assert_array_equal(np.asarray(n), np.asarray(n_ref))
+    np.testing.assert_array_equal(np.asarray(t), np.asarray(t_ref))
+    return np.asarray(n_ref)
+
+
+# (B, K, V, one-hot q, greedy rows, p == q rows, block_v, GPU splits); V never a tile multiple.
+REJ_CASES = [
+    (6, 4, 1000, False, (1,), (2,), 256, 3),
+    (6, 3, 700, True, (0, 4), (), 128, 2),
+    (3, 8, 520, False, (), (1,), 128, None),
+    (2, 1, 151936, False, (1,), (), None, None),     # real vocab, default tiles
+]
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+@pytest.mark.parametrize("case", REJ_CASES, ids=lambda c: "B{}-K{}-V{}{}".format(
+    c[0], c[1], c[2], "-onehotq" if c[3] else ""))
+def test_rejection_interpret_token_identical(case, platform):
+    B, K, V, one_hot_q, greedy, equal, block_v, splits = case
+    args = _rejection_inputs(B * 1000 + K * 10 + V, B, K, V, one_hot_q=one_hot_q,
+                             greedy_rows=greedy, equal_rows=equal)
+    kw = dict(block_v=block_v)
+    if platform == "gpu":
+        kw["num_splits"] = splits
+    _assert_same_tokens(args, platform, **kw)
+
+
+def test_rejection_acceptance_counts_vary():
+    """The random cases above really exercise accepts and rejects at every position."""
+    args = _rejection_inputs(0, 32, 4, 300)
+    n, _ = rejection_sample_xla(*args)
+    assert len(set(np.asarray(n).tolist())) >= 4
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_rejection_ties_break_to_first_index(platform):
+    """Zero noise and equal probabilities: argmax must pick the first maximal index, also
+    when the tied entries sit in different vocab tiles and different GPU splits."""
+    B, K, V = 2, 2, 600
+    p = np.zeros((B, K + 1, V), np.float32)
+    # block_v 128, GPU splits of 2 tiles: ties across tiles of one split (5, 200) and
+    # across splits (300, 599).
+    p[:, :, [5, 200, 300, 599]] = 1 / 4
+    p[1, 2] = 0.0
+    p[1, 2, [450, 260, 130]] = 1 / 3           # bonus: 260/450 share a split, 130 wins
+    d = np.full((B, K), 7, np.int32)           # p(d) = 0: always rejected
+    q = np.zeros((B, K, V), np.float32)
+    q[:, :, 7] = 1.0
+    args = (jnp.asarray(p), jnp.asarray(q), jnp.asarray(d), jnp.zeros((B, K), jnp.float32),
+            jnp.zeros((B, K + 1, V), jnp.float32))
+    kw = dict(block_v=128) | ({"num_splits": 3} if platform == "gpu" else {})
+    _assert_same_tokens(args, platform, **kw)
+    n, t = rejection_pallas.rejection_sample(*args, interpret=True, platform=platform, **kw)
+    assert np.asarray(t)[:, 0].tolist() == [5, 5]
+    assert np.asarray(t)[1, 2] == 130
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_rejection_k0_bonus_only(platform):
+    """K = 0 (plain decoding): the token is argmax(log p + g). (The XLA reference returns
+    a [B, 0] token array for K = 0, so compare with the definition instead.)"""
+    args = _rejection_inputs(5, 3, 0, 300)
+    n, t = rejection_pallas.rejection_sample(*args, interpret=True, platform=platform,
+                                             block_v=128)
+    want = jnp.argmax(jnp.log(args[0]) + args[4], axis=-1)
+    np.testing.assert_array_equal(np.asarray(n), 0)
+    np.testing.assert_array_equal(np.asarray(t), np.asarray(want))
+
+
+def test_rejection_dispatch():
+    args = _rejection_inputs(11, 3, 2, 200, one_hot_q=True)
+    n_ref, t_ref = kernels.rejection_sample(*args, backend="xla")
+    n, t = jax.jit(functools.partial(kernels.rejection_sample, backend="interpret"))(*args)
+    np.testing.assert_array_equal(np.asarray(t), np.asarray(t_ref))
+    np.testing.assert_array_equal(np.asarray(n), np.asarray(n_ref))
+
+
+# ----------------------------------------------------------------------------- lowering
+
+# name: (Hq, Hkv, head_dim, vocab)
+MODELS = {
+    "llama-3.1-8b": (32, 8, 128, 128256),
+    "qwen2.5-7b": (28, 4, 128, 152064),
+    "qwen3-8b": (32, 8, 128, 151936),
+}
+LOWER_B, LOWER_T, LOWER_S = 8, 5, 2048
+LOWERING = {"cuda": "gpu", "tpu": "tpu"}
+
+
+def _lower(fn, args, lowering_platform):
+    """Lower for a platform this host does not have. Skips (with the exact reason) only when
+    this jax build has no Pallas lowering for it; any other failure is a real bug."""
+    try:
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=(lowering_platform,))
+    except ValueError as e:  # raised by pallas_call when its Triton/Mosaic backend is missing
+        if "Cannot lower pallas_call on platform" in str(e):
+            pytest.skip(f"this jax build cannot lower Pallas for {lowering_platform}: {e}")
+        raise
+
+
+def _check_lowered(lowered, lowering_platform):
+    text = lowered.as_text()
+    if lowering_platform == "tpu":
+        assert "tpu_custom_call" in text
+        return
+    modules = _triton_modules(lowered)
+    assert modules, "no Triton kernel call in the CUDA lowering (Mosaic GPU chosen?)"
+    for blob in modules:
+        _verify_triton(blob)
+
+
+def _triton_modules(lowered):
+    from jax._src.lib.mlir import ir
+    blobs = []
+
+    def walk(op):
+        if op.name == "stablehlo.custom_call":
+            target = ir.StringAttr(op.attributes["call_target_name"]).value
+            if "triton" in target:
+                key = "mhlo.backend_config" if "mhlo.backend_config" in op.attributes \
+                    else "backend_config"
+                blobs.append(ir.StringAttr(ir.DictAttr(op.attributes[key])["ir"]).value_bytes)
+        return ir.WalkResult.ADVANCE
+
+    lowered.compiler_ir("stablehlo").operation.walk(walk)
+    return blobs
+
+
+def _verify_triton(blob):
+    from jax._src.interpreters import mlir
+    from jax._src.lib import triton
+    from jax._src.lib.mlir import ir
+    ctx = mlir.make_ir_context()
+    triton.dialect.register_dialect(ctx)
+    with ctx:
+        module = ir.Module.parse(blob)
+        assert module.operation.verify()
+
+
+@pytest.mark.parametrize("lowering_platform", list(LOWERING))
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_verify_attention_lowers(model, dtype, lowering_platform):
+    Hq, Hkv, D, _ = MODELS[model]
+    B, T, S = LOWER_B, LOWER_T, LOWER_S
+    sds = jax.ShapeDtypeStruct
+    args = (sds((B, T, Hq, D), dtype), sds((B, Hkv, S, D), dtype), sds((B, Hkv, S, D), dtype),
+            sds((B, T), jnp.int32))
+    fn = functools.partial(attention_pallas.verify_attention,
+                           platform=LOWERING[lowering_platform])
+    _check_lowered(_lower(fn, args, lowering_platform), lowering_platform)
+
+
+@pytest.mark.parametrize("lowering_platform", list(LOWERING))
+@pytest.mark.parametrize("one_hot_q", [False, True], ids=["q", "onehotq"])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_rejection_lowers(model, one_hot_q, lowering_platform):
+    V = MODELS[model][3]
+    B, K = LOWER_B, LOWER_T - 1
+    sds = jax.ShapeDtypeStruct
+    args = (sds((B, K + 1, V), F32), None if one_hot_q else sds((B, K, V), F32),
+            sds((B, K), jnp.int32), sds((B, K), F32), sds((B, K + 1, V), F32))
+    fn = functools.partial(rejection_pallas.rejection_sample, platform=LOWERING[lowering_platform])
+    _check_lowered(_lower(fn, args, lowering_platform), lowering_platform)
+
+
+@pytest.mark.parametrize("lowering_platform", list(LOWERING))
+def test_odd_shapes_lower(lowering_platform):
+    """Edge shapes: T = 9 with GQA 7 (63 rows), T = 1, head_dim 64, cache lengths that are
+    not a block multiple (max_seq_len + max_k + 1; S < 128; 128 < S < 512 as one block),
+    K = 0 and K = 8 rejection, a small vocab that is one non-128-multiple block."""
+    sds = jax.ShapeDtypeStruct
+    platform = LOWERING[lowering_platform]
+    for (B, T, Hq, Hkv, S, D) in [(3, 9, 28, 4, 2057, 128), (1, 1, 8, 8, 100, 64),
+                                  (2, 3, 16, 2, 300, 64)]:
+        args = (sds((B, T, Hq, D), BF16), sds((B, Hkv, S, D), BF16), sds((B, Hkv, S, D), BF16),
+                sds((B, T), jnp.int32))
+        fn = functools.partial(attention_pallas.verify_attention, platform=platform)
+        _check_lowered(_lower(fn, args, lowering_platform), lowering_platform)
+    for K, V in ((0, 151936), (8, 151936), (3, 1000)):
+        B = 3
+        args = (sds((B, K + 1, V), F32), sds((B, K, V), F32), sds((B, K), jnp.int32),
+                sds((B, K), F32), sds((B, K + 1, V), F32))
+        fn = functools.partial(rejection_pallas.rejection_sample, platform=platform)
+        _check_lowered(_lower(fn, args, lowering_platform), lowering_platform)

@@ -43,7 +43,7 @@ def rejection_sample_xla(target_probs, draft_probs, draft_tokens, uniforms, resi
     scores = jnp.log(residual) + residual_noise  # log 0 = -inf: never chosen
     sampled = jnp.argmax(scores, axis=-1).astype(jnp.int32)  # [B, K+1]
 
-    padded_drafts = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], axis=1)
+    padded_drafts = jnp.concatenate([draft_tokens, jnp.zeros_like(sampled[:, :1])], axis=1)
     pos = jnp.arange(K + 1)[None, :]
     tokens = jnp.where(pos < num_accepted[:, None], padded_drafts, sampled)
     return num_accepted, tokens

@@ -1,0 +1,131 @@
+"""Engine behaviour: continuous batching, queueing, bad input, RL rollout conventions."""
+
+import numpy as np
+import pytest
+
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
+from dsd_jax.compilation import compilation_count
+from dsd_jax.rollout import to_padded_arrays
+from conftest import FixedK, greedy_reference, make_engine, scaled, tiny_config
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return scaled(tiny_pair[0], 3.0), tiny_pair[1]
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    return make_engine(*pair, method="draft_model", max_seq_len=48)
+
+
+def test_bad_input_is_refused_and_nothing_else_is_affected(engine, pair):
+    engine.controller = FixedK([2])
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[1, 2], []])
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.generate([list(range(1, 49))])
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate([[1, 999]])
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="tokenizer"):
+        engine.generate(["def f():"])
+    with pytest.raises(ValueError, match="SamplingParams"):
+        engine.generate([[1], [2]], [SamplingParams()])
+    # after the refusals the engine still serves correctly
+    out = engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=8))
+    assert out[0].token_ids == greedy_reference(pair[0], [1, 2, 3], 8)
+
+
+def test_k_outside_compiled_range_and_bucket_errors(engine):
+    engine.controller = FixedK([5])
+    with pytest.raises(ValueError, match="K=5"):
+        engine.generate([[1, 2]], SamplingParams(max_tokens=3))
+    with pytest.raises(ValueError, match="bucket"):
+        engine.programs.step(1, 128)
+
+
+def test_invalid_configs():
+    target = models.init_model(tiny_config(), 0)
+    other_vocab = models.init_model(tiny_config(vocab_size=32), 0)
+    with pytest.raises(ValueError, match="draft"):
+        SpecEngine(target, None, SpecConfig(method="draft_model"))
+    with pytest.raises(ValueError, match="vocab"):
+        SpecEngine(target, other_vocab, SpecConfig(method="draft_model"))
+    with pytest.raises(ValueError, match="max_batch_size"):
+        SpecEngine(target, None, SpecConfig(method="none"), max_batch_size=0)
+
+
+def test_queueing_mixed_sampling_and_rollout_arrays(engine, pair):
+    """More requests than slots queue and are admitted while others run; greedy and
+    sampled rows share a batch without affecting each other."""
+    engine.controller = FixedK([0, 3, 1, 4])
+    prompts = [[i % 60 + 1, 3, 5][: 1 + i % 3] for i in range(10)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, top_k=5 * (i % 3), max_tokens=4 + i,
+                             seed=i) for i in range(10)]
+    outs = engine.generate(prompts, params, return_logprobs=True)
+    for p, sp, o in zip(prompts, params, outs):
+        assert len(o.token_ids) == sp.max_tokens and o.finish_reason == "length"
+        assert len(o.logprobs) == len(o.token_ids) and all(lp <= 0 for lp in o.logprobs)
+        if sp.temperature == 0:
+            assert o.token_ids == greedy_reference(pair[0], p, sp.max_tokens)
+    # reproducible for fixed seeds, whatever the batch composition
+    again = engine.generate(prompts[:3], params[:3])
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs[:3]]
+
+    arrays = to_padded_arrays(outs, pad_id=0)
+    assert arrays["prompt_tokens"].shape == (10, 3)
+    assert arrays["completion_mask"].sum() == sum(len(o.token_ids) for o in outs)
+    assert (arrays["prompt_mask"][:, -1]).all()  # left-padded prompts end at the boundary
+    np.testing.assert_allclose(arrays["completion_logprobs"][9, :13], outs[9].logprobs)
+    with pytest.raises(ValueError):
+        to_padded_arrays(outs, pad_id=0, completion_len=2)
+
+
+def test_stream_yields_tokens_in_order(engine, pair):
+    engine.controller = FixedK([2])
+    got = {}
+    for index, new in engine.stream([[1, 2, 3], [4]], SamplingParams(temperature=0.0, max_tokens=7)):
+        got.setdefault(index, []).extend(new)
+    assert got[0] == greedy_reference(pair[0], [1, 2, 3], 7)
+    assert got[1] == greedy_reference(pair[0], [4], 7)
+
+
+def test_batch_shrinking_rollout_without_recompilation(pair):
+    """64 requests with heavy-tailed lengths: every token correct, the live batch shrinks
+    to a long tail, and nothing compiles after warm-up (batch 1 -> 64 -> 1, K changing)."""
+    target, draft = pair
+    engine = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=2),
+                        max_batch_size=64, max_seq_len=80, prefill_chunk=16,
+                        controller=FixedK([2, 0, 1, 2, 2, 0]))
+    engine.warmup()
+    before = compilation_count()
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(np.ceil(rng.lognormal(1.5, 0.9, size=64)), 70).astype(int)
+    prompts = [[int(x) for x in rng.integers(1, 64, size=1 + i % 5)] for i in range(64)]
+    engine.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=5))
+    outs = engine.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=int(n)) for n in lengths])
+    engine.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=5))
+    assert compilation_count() == before
+    for p, n, o in zip(prompts, lengths, outs):
+        assert o.token_ids == greedy_reference(target, p, int(n))
+    batch_trace = [t["batch_size"] for t in engine.stats.trace]
+    assert max(batch_trace) == 64 and batch_trace[-2] == 1  # then the final 1-request run
+    assert sum(b <= 4 for b in batch_trace) >= 5  # a long tail of small batches
+
+
+def test_pallas_interpret_backend_matches_xla(pair):
+    target, draft = pair
+    prompts = [[1, 2, 3], [7, 8]]
+    sp = SamplingParams(temperature=0.0, max_tokens=5)
+    outs = {}
+    for backend in ("xla", "interpret"):
+        engine = SpecEngine(target, draft, SpecConfig(num_speculative_tokens=2), max_batch_size=2,
+                            max_seq_len=32, prefill_chunk=16, backend=backend, controller=FixedK([2]))
+        outs[backend] = [o.token_ids for o in engine.generate(prompts, sp)]
+    assert outs["interpret"] == outs["xla"]

@@ -1,0 +1,126 @@
+"""Sampled speculative decoding is distributed exactly as the target's sampling
+distribution; drafter-invariant mode reproduces plain sampling token for token."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dsd_jax import SamplingParams, kernels, models, sampling
+from conftest import FixedK, make_engine, oracle_logits, scaled, tiny_config
+
+VOCAB = 8
+PROMPT = [1, 5, 2]
+N_SAMPLES = 2000
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    target = scaled(models.init_model(tiny_config(vocab_size=VOCAB), seed=3), 6.0)
+    draft = scaled(models.init_model(tiny_config(vocab_size=VOCAB, num_layers=1), seed=4), 6.0)
+    return target, draft
+
+
+def exact_joint(model, sp: SamplingParams) -> np.ndarray:
+    """P(t1, t2 | PROMPT) under the target's processed distribution, by enumeration."""
+    def probs(seq):
+        logits = jnp.asarray(oracle_logits(model, seq))[None]
+        return np.asarray(sampling.sampling_probs(logits, jnp.array([sp.temperature]),
+                                                  jnp.array([sp.top_k]), jnp.array([sp.top_p])))[0]
+    p1 = probs(PROMPT)
+    return np.stack([p1[a] * probs(PROMPT + [a]) for a in range(VOCAB)])
+
+
+def tv_threshold(joint: np.ndarray, n: int, quantile=0.999, reps=2000) -> float:
+    """The `quantile` of total-variation distance between n multinomial draws from
+    `joint` and `joint` itself: an exact-sampler passes with probability `quantile`."""
+    rng = np.random.default_rng(0)
+    flat = joint.ravel().astype(np.float64)
+    flat /= flat.sum()
+    draws = rng.multinomial(n, flat, size=reps) / n
+    return float(np.quantile(0.5 * np.abs(draws - flat).sum(1), quantile))
+
+
+def empirical_joint(outs) -> np.ndarray:
+    counts = np.zeros((VOCAB, VOCAB))
+    for o in outs:
+        counts[o.token_ids[0], o.token_ids[1]] += 1
+    return counts / counts.sum()
+
+
+SAMPLING = {
+    "temperature": SamplingParams(temperature=1.0, max_tokens=2),
+    "top_k": SamplingParams(temperature=0.8, top_k=3, max_tokens=2),
+    "top_p": SamplingParams(temperature=1.0, top_p=0.7, max_tokens=2),
+}
+
+
+@pytest.mark.parametrize("draft_sampling", ["sample", "argmax"])
+def test_sampled_output_matches_target_distribution(small_vocab_pair, draft_sampling):
+    target, draft = small_vocab_pair
+    engine = make_engine(target, draft, method="draft_model", draft_sampling=draft_sampling,
+                         max_batch_size=64)
+    for (name, sp), k in itertools.product(SAMPLING.items(), (1, 4)):
+        engine.controller = FixedK([k])
+        params = [SamplingParams(**{**sp.__dict__, "seed": 1000 * k + i}) for i in range(N_SAMPLES)]
+        outs = engine.generate([PROMPT] * N_SAMPLES, params)
+        exact = exact_joint(target, sp)
+        tv = 0.5 * np.abs(empirical_joint(outs) - exact).sum()
+        threshold = tv_threshold(exact, N_SAMPLES)
+        assert tv < threshold, (name, k, draft_sampling, tv, threshold)
+        # the test has power: the draft's own distribution is far outside the threshold
+        assert 0.5 * np.abs(exact_joint(draft, sp) - exact).sum() > 2 * threshold
+
+
+def test_rejection_kernel_first_token_is_exactly_p():
+    """One accept/reject round over many noise draws: the emitted token ~ p_1 exactly."""
+    n, V = 100_000, 6
+    key = jax.random.key(0)
+    kp, kq, kd, ku, kn = jax.random.split(key, 5)
+    p = jax.nn.softmax(2 * jax.random.normal(kp, (V,)))
+    q = jax.nn.softmax(2 * jax.random.normal(kq, (V,)))
+    drafts = jax.random.categorical(kd, jnp.log(q), shape=(n, 1)).astype(jnp.int32)
+    target = jnp.broadcast_to(p, (n, 2, V))
+    draft = jnp.broadcast_to(q, (n, 1, V))
+    uniforms = jax.random.uniform(ku, (n, 1))
+    noise = jax.random.gumbel(kn, (n, 2, V))
+    _, tokens = kernels.rejection_sample_xla(target, draft, drafts, uniforms, noise)
+    freq = np.bincount(np.asarray(tokens[:, 0]), minlength=V) / n
+    assert np.abs(freq - np.asarray(p)).max() < 4 * np.sqrt(0.25 / n)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_drafter_invariant_equals_plain_sampling(small_vocab_pair, method):
+    target, draft = small_vocab_pair
+    prompts = [[1, 5, 2], [3], [2, 2, 7, 1, 2, 2, 7, 1, 2]]
+    params = [SamplingParams(temperature=1.0, max_tokens=20, seed=11),
+              SamplingParams(temperature=0.7, top_k=4, max_tokens=20, seed=12),
+              SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=13)]
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0)
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    schedules = [[1], [4], [0, 3, 0, 0, 4, 1, 2, 0]]
+    rng = np.random.default_rng(0)
+    schedules.append(list(rng.integers(0, 5, size=30)))
+    engine = make_engine(target, draft if method == "draft_model" else None, method=method,
+                         acceptance="drafter_invariant")
+    for schedule in schedules:
+        engine.controller = FixedK(schedule)
+        assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule
+
+
+def test_drafter_invariant_acceptance_vs_rejection(small_vocab_pair):
+    """Reports both modes' acceptance (the coupling accepts less: it needs exact
+    agreement of two Gumbel-argmaxes rather than min(1, p/q))."""
+    target, draft = small_vocab_pair
+    rates = {}
+    params = [SamplingParams(temperature=1.0, max_tokens=16, seed=i) for i in range(64)]
+    for mode in ("rejection", "drafter_invariant"):
+        ctl = FixedK([4])
+        engine = make_engine(target, draft, controller=ctl, method="draft_model", acceptance=mode,
+                             max_batch_size=64)
+        engine.generate([PROMPT] * 64, params)
+        rates[mode] = engine.metrics()["acceptance_per_position"][0]
+    print("first-position acceptance:", rates)
+    assert 0 < rates["drafter_invariant"] <= rates["rejection"] + 0.1

@@ -164,6 +164,11 @@ class SpecEngine:
         ctl = getattr(self.controller, "stats", None)
         return self.stats.to_dict(ctl() if callable(ctl) else None)
 
+    def fingerprints(self) -> dict[str, str]:
+        """Model fingerprints (role -> str) as profiles record them (`dsd_jax.profiler`)."""
+        from dsd_jax.profiler import engine_fingerprints
+        return engine_fingerprints(self)
+
     # ---- requests -----------------------------------------------------------------------
     def _make_requests(self, prompts, sampling) -> list[_Request]:
         if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):

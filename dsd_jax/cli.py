@@ -1,0 +1,592 @@
+"""The `dsd-jax` command line: `profile`, `generate`, `bench`, `demo`.
+
+    dsd-jax profile --target T --draft D --context-lengths 128,512 --out profile.json
+    dsd-jax generate --prompts prompts.txt --profile profile.json --temperature 0 > out.jsonl
+    dsd-jax bench --quick --json bench.json
+    dsd-jax demo --out-dir ./dsd_jax_demo
+
+Models: `--target DIR` / `--draft DIR` are checkpoints written by
+`dsd_jax.models.save`; `--hf-target DIR` / `--hf-draft DIR` are local Hugging Face
+safetensors directories (`dsd_jax.models.load_hf`); with neither, the built-in pair
+(`dsd_jax.models.builtin()`). Everything runs in this process (no subprocess, no
+shell). Every bad argument is a `SystemExit` whose message names the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import warnings
+from typing import Any
+
+__all__ = ["main", "build_parser"]
+
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
+
+
+# --------------------------------------------------------------------------- errors and paths
+
+def _fail(cmd: str, flag: str | None, msg: str):
+    where = f"{flag}: " if flag else ""
+    raise SystemExit(f"dsd-jax {cmd}: error: {where}{msg}")
+
+
+def _existing_file(cmd: str, flag: str, path: str) -> str:
+    if not os.path.exists(path):
+        _fail(cmd, flag, f"no such file: {path!r}")
+    if not os.path.isfile(path):
+        _fail(cmd, flag, f"{path!r} is not a file")
+    return path
+
+
+def _existing_dir(cmd: str, flag: str, path: str) -> str:
+    if not os.path.exists(path):
+        _fail(cmd, flag, f"no such directory: {path!r}")
+    if not os.path.isdir(path):
+        _fail(cmd, flag, f"{path!r} is not a directory")
+    return path
+
+
+def _output_file(cmd: str, flag: str, path: str) -> str:
+    if os.path.isdir(path):
+        _fail(cmd, flag, f"{path!r} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _fail(cmd, flag, f"the directory of {path!r} does not exist ({parent!r})")
+    return path
+
+
+def _output_dir(cmd: str, flag: str, path: str) -> str:
+    if os.path.exists(path) and not os.path.isdir(path):
+        _fail(cmd, flag, f"{path!r} exists and is not a directory")
+    return path
+
+
+# --------------------------------------------------------------------------- argparse types
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return out
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not out or any(not math.isfinite(x) for x in out):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers, got {text!r}")
+    return out
+
+
+def _str_list(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+# --------------------------------------------------------------------------- shared setup
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models (default: the built-in pair)")
+    g.add_argument("--target", metavar="DIR", help="target checkpoint saved by dsd_jax.models.save")
+    g.add_argument("--draft", metavar="DIR", help="draft checkpoint saved by dsd_jax.models.save")
+    g.add_argument("--hf-target", metavar="DIR", help="target: local Hugging Face safetensors directory")
+    g.add_argument("--hf-draft", metavar="DIR", help="draft: local Hugging Face safetensors directory")
+    g.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json (default: the HF dir's or the "
+                   "built-in one)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="parameter dtype (default float32)")
+
+
+def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help="vLLM-style speculative config: a JSON string or a path to a JSON file "
+                        "(default: draft model, num_speculative_tokens 4)")
+    g.add_argument("--max-batch-size", type=_positive_int, default=max_batch,
+                   help=f"live request slots (default {max_batch})")
+    g.add_argument("--max-seq-len", type=_positive_int, default=max_seq,
+                   help=f"prompt + output tokens per request (default {max_seq})")
+    g.add_argument("--prefill-chunk", type=_positive_int, default=256, help="prompt chunk (default 256)")
+    g.add_argument("--backend", choices=("auto", "xla", "pallas", "interpret"), default="auto",
+                   help="kernel backend (default auto)")
+    g.add_argument("--compilation-cache-dir", metavar="DIR",
+                   help="persistent XLA compilation cache (makes the next start fast)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (request i uses seed + i)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _load_spec(cmd: str, args, has_draft: bool):
+    from dsd_jax.config import SpecConfig
+    if args.speculative_config is None:
+        if not has_draft:
+            _fail(cmd, "--draft", "the default speculative method 'draft_model' needs a draft model: pass "
+                  "--draft/--hf-draft, or --speculative-config '{\"method\": \"ngram\"}' (or \"none\")")
+        return SpecConfig()
+    src = args.speculative_config
+    if not src.lstrip().startswith("{"):
+        _existing_file(cmd, "--speculative-config", src)
+    try:
+        spec = SpecConfig.from_json(src)
+    except ValueError as e:
+        _fail(cmd, "--speculative-config", str(e))
+    if spec.method == "draft_model" and not has_draft:
+        _fail(cmd, "--draft", "speculative method 'draft_model' needs a draft model (--draft or --hf-draft)")
+    return spec
+
+
+def _load_models(cmd: str, args, need_draft: bool = True):
+    """(target, draft or None, tokenizer or None, source)."""
+    from dsd_jax import models
+    if args.target and args.hf_target:
+        _fail(cmd, "--target", "give --target or --hf-target, not both")
+    if args.draft and args.hf_draft:
+        _fail(cmd, "--draft", "give --draft or --hf-draft, not both")
+    tokenizer, target, draft, source = None, None, None, "custom"
+
+    def load(flag, path, hf):
+        _existing_dir(cmd, flag, path)
+        try:
+            return models.load_hf(path, dtype=args.dtype) if hf else models.restore(path, dtype=args.dtype)
+        except (OSError, ValueError, TypeError) as e:
+            _fail(cmd, flag, f"cannot load the model in {path!r}: {e}")
+
+    if args.target or args.hf_target:
+        hf = bool(args.hf_target)
+        target = load("--hf-target" if hf else "--target", args.hf_target or args.target, hf)
+        if hf:
+            try:
+                tokenizer = models.load_tokenizer(args.hf_target)
+            except Exception:  # noqa: BLE001  (a broken tokenizer.json: only text I/O needs it)
+                tokenizer = None
+    else:
+        if args.draft or args.hf_draft:
+            _fail(cmd, "--target", "a custom draft needs a custom target (--target or --hf-target)")
+        try:
+            from dsd_jax.models import builtin
+            target, draft, tokenizer = builtin(dtype=args.dtype)
+        except (ImportError, OSError, ValueError) as e:
+            _fail(cmd, "--target", f"the built-in model pair is not available ({e}); pass --target/--draft "
+                  "(dsd_jax.models.save checkpoints) or --hf-target/--hf-draft")
+        source = "builtin"
+    if args.draft or args.hf_draft:
+        hf = bool(args.hf_draft)
+        draft = load("--hf-draft" if hf else "--draft", args.hf_draft or args.draft, hf)
+    if args.tokenizer:
+        _existing_file(cmd, "--tokenizer", args.tokenizer)
+        try:
+            from tokenizers import Tokenizer
+            tokenizer = Tokenizer.from_file(args.tokenizer)
+        except Exception as e:  # noqa: BLE001
+            _fail(cmd, "--tokenizer", f"cannot read {args.tokenizer!r}: {e}")
+    return target, draft, tokenizer, source
+
+
+def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
+    from dsd_jax import SpecEngine
+    if args.compilation_cache_dir:
+        _output_dir(cmd, "--compilation-cache-dir", args.compilation_cache_dir)
+    try:
+        return SpecEngine(target, draft if spec.method == "draft_model" else None, spec,
+                          max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+                          tokenizer=tokenizer, prefill_chunk=args.prefill_chunk, profile=profile,
+                          backend=args.backend, compilation_cache_dir=args.compilation_cache_dir,
+                          seed=args.seed or 0)
+    except ValueError as e:
+        _fail(cmd, None, f"cannot build the engine: {e}")
+
+
+def _progress_bar(args, total: int, desc: str, unit: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                disable=True if args.no_progress else None)
+
+
+# --------------------------------------------------------------------------- prompts
+
+def read_prompts(cmd: str, flag: str, path: str | None) -> list[dict]:
+    """Prompts as dicts {"prompt": str} or {"prompt_token_ids": [...]}.
+
+    A file whose first non-blank line starts with '{' (or named *.jsonl) is JSONL, one
+    object per line with "prompt" or "prompt_token_ids"; otherwise every non-blank line
+    is one text prompt (its line break removed). None or "-" reads stdin.
+    """
+    if path is None or path == "-":
+        if path is None and sys.stdin.isatty():
+            _fail(cmd, flag, "no prompts: pass --prompts FILE or pipe prompts on stdin")
+        text, name = sys.stdin.read(), "stdin"
+    else:
+        _existing_file(cmd, flag, path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            _fail(cmd, flag, f"cannot read {path!r}: {e}")
+        name = repr(path)
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip()), "")
+    jsonl = first.lstrip().startswith("{") or (path or "").endswith(".jsonl")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            out.append({"prompt": line})
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            _fail(cmd, flag, f"{name} line {i}: invalid JSON ({e})")
+        if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_token_ids" in obj):
+            _fail(cmd, flag, f"{name} line {i}: expected an object with exactly one of "
+                  "\"prompt\" (string) or \"prompt_token_ids\" (list of ints)")
+        if "prompt" in obj:
+            if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+                _fail(cmd, flag, f"{name} line {i}: \"prompt\" must be a non-empty string")
+            out.append({"prompt": obj["prompt"]})
+        else:
+            ids = obj["prompt_token_ids"]
+            if (not isinstance(ids, list) or not ids
+                    or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+                _fail(cmd, flag, f"{name} line {i}: \"prompt_token_ids\" must be a non-empty list of "
+                      "non-negative integers")
+            out.append({"prompt_token_ids": ids})
+    if not out:
+        _fail(cmd, flag, f"no prompts in {name}")
+    return out
+
+
+def _encode_prompts(cmd: str, flag: str, prompts: list[dict], tokenizer) -> list[list[int]]:
+    ids = []
+    for i, p in enumerate(prompts):
+        if "prompt_token_ids" in p:
+            ids.append(list(p["prompt_token_ids"]))
+        else:
+            if tokenizer is None:
+                _fail(cmd, flag, "text prompts need a tokenizer (--tokenizer FILE, or use JSONL with "
+                      "\"prompt_token_ids\")")
+            enc = tokenizer.encode(p["prompt"]).ids
+            if not enc:
+                _fail(cmd, flag, f"prompt {i} encodes to no tokens")
+            ids.append(enc)
+    return ids
+
+
+# --------------------------------------------------------------------------- profile
+
+def cmd_profile(args) -> int:
+    cmd = "profile"
+    _output_file(cmd, "--out", args.out)
+    if args.prompts:
+        _existing_file(cmd, "--prompts", args.prompts)
+    target, draft, tokenizer, source = _load_models(cmd, args)
+    spec = _load_spec(cmd, args, draft is not None)
+    if spec.dynamic is not None:
+        spec = spec.replace(dynamic=None)  # profiling runs fixed Ks; no profile needed yet
+    if args.context_lengths is None:
+        ctx = [c for c in (128, 512) if c <= args.max_seq_len] or [max(1, args.max_seq_len // 2)]
+    else:
+        ctx = sorted(set(args.context_lengths))
+        bad = [c for c in ctx if not 1 <= c <= args.max_seq_len]
+        if bad:
+            _fail(cmd, "--context-lengths", f"{bad} outside 1..--max-seq-len ({args.max_seq_len})")
+    prompts = None
+    if args.prompts:
+        prompts = _encode_prompts(cmd, "--prompts", read_prompts(cmd, "--prompts", args.prompts), tokenizer)
+    elif source == "builtin" and spec.max_k > 0:
+        try:
+            from dsd_jax.models import heldout_prompts
+            prompts = _encode_prompts(cmd, "--prompts", [{"prompt": p} for p in heldout_prompts(args.num_prompts)],
+                                      tokenizer)
+        except (ImportError, OSError, ValueError) as e:
+            _fail(cmd, "--prompts", f"the built-in held-out prompts are not available ({e}); pass --prompts FILE")
+    elif spec.max_k > 0:
+        print("dsd-jax profile: note: no --prompts given; acceptance is measured on random token prompts "
+              "(only meaningful for random models)", file=sys.stderr)
+
+    engine = _make_engine(cmd, args, target, draft, tokenizer, spec)
+    from dsd_jax.profiler import format_profile, profile_engine
+    n_cells = len(ctx) * len(engine.batch_buckets) * (engine.max_k + 1)
+    total = n_cells + (len(args.temperatures) if engine.max_k > 0 else 0)
+    bar = _progress_bar(args, total, "profile (B, K, context) cells", "cell")
+
+    def progress(done, total_):
+        bar.update(done - bar.n)
+        if done == n_cells and total_ > n_cells:
+            bar.set_description("profile acceptance runs")
+
+    try:
+        prof = profile_engine(engine, context_lengths=ctx, repeats=args.repeats,
+                              warmup_reps=args.warmup_reps, prompts=prompts,
+                              acceptance_max_tokens=args.acceptance_max_tokens,
+                              temperatures=args.temperatures, progress=progress,
+                              seed=args.seed or 0)
+    except ValueError as e:
+        _fail(cmd, None, str(e))
+    finally:
+        bar.close()
+    prof.meta["model_source"] = source
+    prof.save(args.out)
+    print(format_profile(prof))
+    secs = prof.meta.get("profiler_seconds", {})
+    print(f"wrote {args.out} (latency {secs.get('latency')} s, acceptance {secs.get('acceptance')} s)",
+          file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- generate
+
+def _eos_ids(tokenizer) -> list[int]:
+    if tokenizer is None:
+        return []
+    out = []
+    for name in EOS_CANDIDATES:
+        try:
+            tid = tokenizer.token_to_id(name)
+        except Exception:  # noqa: BLE001
+            tid = None
+        if tid is not None and tid not in out:
+            out.append(int(tid))
+    return out
+
+
+def cmd_generate(args) -> int:
+    cmd = "generate"
+    from dsd_jax import DynamicConfig, SamplingParams
+    from dsd_jax.profile import Profile, ProfileMismatchWarning
+    if args.out:
+        _output_file(cmd, "--out", args.out)
+    for flag, path in (("--stats", args.stats), ("--trace", args.trace)):
+        if path:
+            _output_file(cmd, flag, path)
+    if args.profile:
+        _existing_file(cmd, "--profile", args.profile)
+    raw_prompts = read_prompts(cmd, "--prompts", args.prompts)
+    target, draft, tokenizer, _ = _load_models(cmd, args)
+    spec = _load_spec(cmd, args, draft is not None)
+    prompts = _encode_prompts(cmd, "--prompts", raw_prompts, tokenizer)
+
+    profile = None
+    profile_path = args.profile or (spec.dynamic.profile if spec.dynamic is not None else None)
+    flag = "--profile" if args.profile else "--speculative-config"
+    if profile_path and not args.profile:
+        _existing_file(cmd, flag, profile_path)  # dynamic.profile in the speculative config
+    if profile_path:
+        if spec.method == "none":
+            _fail(cmd, flag, "a profile drives the goodput controller; it needs a speculative method "
+                  "(the speculative config says method 'none')")
+        if spec.num_speculative_tokens_per_batch_size is not None:
+            _fail(cmd, flag, "the speculative config has a per-batch-size schedule; a profile "
+                  "(goodput controller) and a schedule are mutually exclusive")
+        from dsd_jax.profiler import device_kind, model_fingerprint
+        fps = {"target": model_fingerprint(target)}
+        if spec.method == "draft_model":
+            fps["draft"] = model_fingerprint(draft)
+        try:
+            profile = Profile.load(profile_path, expect_fingerprints=fps, expect_device_kind=device_kind())
+        except ValueError as e:
+            _fail(cmd, flag, str(e))
+        eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None
+        if isinstance(eng, dict) and eng.get("max_seq_len") not in (None, args.max_seq_len):
+            warnings.warn(f"profile {profile_path!r} was measured with max_seq_len {eng.get('max_seq_len')} "
+                          f"but this run uses --max-seq-len {args.max_seq_len}: the KV-cache size changes "
+                          "step latency; re-profile with the same --max-seq-len", ProfileMismatchWarning,
+                          stacklevel=1)
+        if args.max_batch_size > profile.max_batch_size:
+            warnings.warn(f"profile {profile_path!r} covers batch sizes up to {profile.max_batch_size} but "
+                          f"--max-batch-size is {args.max_batch_size}: larger batches reuse the largest "
+                          "profiled latency; re-profile with the same --max-batch-size",
+                          ProfileMismatchWarning, stacklevel=1)
+        dyn = spec.dynamic or DynamicConfig()
+        spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
+
+    stop = list(args.stop_token_ids or [])
+    if not args.ignore_eos:
+        stop += [t for t in _eos_ids(tokenizer) if t not in stop]
+    try:
+        sampling = [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                   max_tokens=args.max_tokens, stop_token_ids=stop,
+                                   seed=None if args.seed is None else args.seed + i)
+                    for i in range(len(prompts))]
+    except ValueError as e:
+        _fail(cmd, None, f"invalid sampling flags: {e}")
+
+    engine = _make_engine(cmd, args, target, draft, tokenizer, spec, profile=profile)
+    if args.warmup:
+        bar = _progress_bar(args, None, "compile", "program")
+        engine.warmup(lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n)))
+        bar.close()
+    bar = _progress_bar(args, len(prompts), "generate", "req")
+    try:
+        outs = engine.generate(prompts, sampling, return_logprobs=args.logprobs,
+                               progress=lambda n: bar.update(n - bar.n))
+    except ValueError as e:
+        _fail(cmd, None, str(e))
+    finally:
+        bar.close()
+
+    f = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for raw, ids, o in zip(raw_prompts, prompts, outs):
+            rec: dict[str, Any] = {"prompt": raw.get("prompt"), "prompt_token_ids": ids, "text": o.text,
+                                   "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+            if args.logprobs:
+                rec["logprobs"] = o.logprobs
+                rec["raw_logprobs"] = o.raw_logprobs
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    finally:
+        if f is not sys.stdout:
+            f.close()
+        else:
+            f.flush()
+    if args.stats:
+        with open(args.stats, "w", encoding="utf-8") as sf:
+            json.dump(engine.metrics(), sf, indent=1, default=float)
+            sf.write("\n")
+    if args.trace:
+        engine.stats.save_trace(args.trace)
+    return 0
+
+
+# --------------------------------------------------------------------------- bench / demo
+
+def _lazy_bench(cmd: str):
+    try:
+        from dsd_jax import bench
+    except ModuleNotFoundError as e:
+        if e.name in ("dsd_jax.bench",):
+            _fail(cmd, None, "dsd_jax.bench is not part of this installation")
+        raise
+    return bench
+
+
+def cmd_bench(args) -> int:
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            _output_file("bench", flag, path)
+    if args.profile:
+        _existing_file("bench", "--profile", args.profile)
+    return _lazy_bench("bench").main(args) or 0
+
+
+def cmd_demo(args) -> int:
+    _output_dir("demo", "--out-dir", args.out_dir)
+    args.full = not args.quick
+    return _lazy_bench("demo").demo(args) or 0
+
+
+# --------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsd-jax", description="Dynamic speculative decoding for JAX/XLA.")
+    sub = parser.add_subparsers(dest="command", metavar="{profile,generate,bench,demo}")
+
+    p = sub.add_parser("profile", help="measure step latency per (batch, K, context) and draft acceptance",
+                       description="Profile the engine in process and write a profile JSON for the "
+                                   "goodput controller (SpecConfig dynamic.profile / generate --profile).")
+    _add_model_flags(p)
+    _add_engine_flags(p, max_batch=16, max_seq=1024)
+    p.add_argument("--context-lengths", type=_int_list, metavar="N,N,...",
+                   help="context lengths to time (default 128,512, those <= --max-seq-len)")
+    p.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per cell (median; default 7)")
+    p.add_argument("--warmup-reps", type=_nonneg_int, default=2, help="untimed calls per cell (default 2)")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="acceptance prompts (same format as generate; default: the built-in held-out prompts)")
+    p.add_argument("--num-prompts", type=_positive_int, default=16,
+                   help="built-in held-out prompts to use (default 16)")
+    p.add_argument("--acceptance-max-tokens", type=_positive_int, default=64,
+                   help="tokens generated per prompt in the acceptance runs (default 64)")
+    p.add_argument("--temperatures", type=_float_list, default=[0.0], metavar="T,T,...",
+                   help="acceptance run temperatures; the first is the profile's default (default 0)")
+    p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
+    p.set_defaults(func=cmd_profile)
+
+    g = sub.add_parser("generate", help="generate completions for prompts (JSONL out)",
+                       description="Generate for each prompt; one JSON object per line out.")
+    _add_model_flags(g)
+    _add_engine_flags(g, max_batch=16, max_seq=1024)
+    g.add_argument("--prompts", metavar="FILE",
+                   help="one prompt per line, or JSONL with {\"prompt\": ...} / {\"prompt_token_ids\": [...]}; "
+                        "default or '-': stdin")
+    g.add_argument("--out", metavar="FILE", help="JSONL output (default stdout)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    g.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off (default)")
+    g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")
+    g.add_argument("--max-tokens", type=_positive_int, default=64, help="tokens per request (default 64)")
+    g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the tokenizer's end-of-text token")
+    g.add_argument("--logprobs", action="store_true", help="write per-token logprobs")
+    g.add_argument("--profile", metavar="FILE", help="profile JSON: use the goodput controller")
+    g.add_argument("--warmup", action="store_true", help="compile every program before generating")
+    g.add_argument("--stats", metavar="FILE", help="write engine.metrics() as JSON")
+    g.add_argument("--trace", metavar="FILE", help="write the per-step trace as JSON")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="benchmark vanilla / static-K / dynamic decoding",
+                       description="Benchmark configurations over batch sizes.")
+    _add_model_flags(b)
+    b.add_argument("--quick", action="store_true", help="a small, fast run")
+    b.add_argument("--json", metavar="FILE", help="write results as JSON")
+    b.add_argument("--plot", metavar="FILE.png", help="write a plot")
+    b.add_argument("--profile", metavar="FILE", help="profile JSON for the dynamic configuration")
+    b.add_argument("--batch-sizes", type=_int_list, metavar="1,2,4,...", help="batch sizes")
+    b.add_argument("--configs", type=_str_list, metavar="vanilla,static-1,...,dynamic",
+                   help="configurations to run")
+    b.add_argument("--repeats", type=_positive_int, help="repeats per point")
+    b.add_argument("--max-tokens", type=_positive_int, help="tokens per request")
+    b.set_defaults(func=cmd_bench)
+
+    d = sub.add_parser("demo", help="profile + benchmark the built-in pair and write a report",
+                       description="Run the end-to-end demo.")
+    d.add_argument("--out-dir", default="./dsd_jax_demo", metavar="DIR", help="default ./dsd_jax_demo")
+    mode = d.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="quick", action="store_true", default=True,
+                      help="small, fast run (default)")
+    mode.add_argument("--full", dest="quick", action="store_false", help="the full run")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""In-process profiler: measured step latency ITL(context, B, K) and draft acceptance.
+
+    from dsd_jax.profiler import profile_engine
+    prof = profile_engine(engine, context_lengths=(128, 512), prompts=token_id_lists)
+    prof.save("profile.json")          # then SpecConfig(dynamic=DynamicConfig(profile=...))
+
+Latency: for every batch bucket B of the engine, every K in 0..max_k and every
+context length, the engine's own compiled (K, B) step program is run on a synthetic
+device state (B live slots holding that many random committed tokens, draft cache
+caught up) and timed with `jax.block_until_ready`: `warmup_reps` untimed calls, then
+the median of `repeats` timed calls. The step program donates and advances the state,
+so a small donated reset program (not timed) puts `length`/`draft_len`/`active` back
+before every call: each rep runs at exactly the same context. The profiler borrows
+the engine's state buffers for this (no second KV cache is allocated) and leaves the
+engine idle (no live slots) afterwards, so do not call it while a `generate` is in
+progress.
+
+Acceptance: the engine generates from `prompts` with K = max_k at every step (a
+recording controller is swapped in, then the engine's own is restored), and
+``a_i = P(num_accepted >= i)`` is counted over every (step, live row), for each
+temperature in `temperatures`.
+
+Fingerprints: `model_fingerprint` hashes a model's config and parameters; a profile
+loaded with ``Profile.load(path, expect_fingerprints=engine.fingerprints(),
+expect_device_kind=jax.devices()[0].device_kind)`` warns loudly when it was measured
+for other weights or another device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dsd_jax.metrics import EngineStats
+from dsd_jax.profile import Profile
+from dsd_jax.sampling import SamplingParams
+
+__all__ = ["profile_engine", "model_fingerprint", "engine_fingerprints", "device_kind",
+           "format_profile"]
+
+
+# --------------------------------------------------------------------------- fingerprints
+
+def _config_dict(config: Any) -> Any:
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise ValueError(f"cannot fingerprint a model config of type {type(config).__name__}")
+
+
+def model_fingerprint(model_or_config_params) -> str:
+    """Stable fingerprint of a model: ``"<config hash>.<params hash>"`` (16 hex digits each).
+
+    Accepts a `dsd_jax.models.Transformer` (any NNX module with a ``config``) or a
+    ``(config, params)`` pair, where params is an `nnx.State` or a nested dict of arrays
+    (e.g. the state from `nnx.split`). The config part is the SHA-256 of the config dict
+    as canonical JSON; the params part is the SHA-256 over every leaf in path order
+    (its path, dtype, shape and raw bytes). Two fingerprints with equal first halves are
+    the same architecture with different weights. Costs one device-to-host copy of the
+    weights (leaf by leaf).
+    """
+    if isinstance(model_or_config_params, tuple) and len(model_or_config_params) == 2:
+        config, params = model_or_config_params
+    elif isinstance(model_or_config_params, nnx.Module):
+        config, params = getattr(model_or_config_params, "config", None), nnx.state(model_or_config_params)
+        if config is None:
+            raise ValueError("model_fingerprint needs a model with a .config (or a (config, params) pair)")
+    else:
+        raise ValueError("model_fingerprint expects a model or a (config, params) pair, got "
+                         f"{type(model_or_config_params).__name__}")
+    cfg_json = json.dumps(_config_dict(config), sort_keys=True, separators=(",", ":"), default=str)
+    cfg_hash = hashlib.sha256(cfg_json.encode()).hexdigest()[:16]
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    h = hashlib.sha256()
+    for path, leaf in sorted(leaves, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        arr = np.asarray(jax.device_get(leaf))
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(f"|{arr.dtype.name}|{arr.shape}|".encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return f"{cfg_hash}.{h.hexdigest()[:16]}"
+
+
+def engine_fingerprints(engine) -> dict[str, str]:
+    """``{"target": ..., "draft": ...}`` (draft only with a draft model) for an engine."""
+    out = {"target": model_fingerprint((engine.target_config, engine._target_params))}
+    if engine.draft_config is not None and engine._draft_params is not None:
+        out["draft"] = model_fingerprint((engine.draft_config, engine._draft_params))
+    return out
+
+
+def device_kind() -> str:
+    return jax.devices()[0].device_kind
+
+
+# --------------------------------------------------------------------------- latency
+
+def _reset(state, batch, context):
+    """Rows < batch live at `context` committed tokens (draft caught up); others idle."""
+    n = state.length.shape[0]
+    live = jnp.arange(n) < batch
+    big = jnp.int32(state.capacity)  # never reaches its limit while profiling
+    return state._replace(
+        length=jnp.where(live, context, 0).astype(jnp.int32),
+        draft_len=jnp.where(live, jnp.maximum(context - 1, 0), 0).astype(jnp.int32),
+        limit=jnp.where(live, big, 0).astype(jnp.int32),
+        active=live,
+    )
+
+
+def _fill(state, key, vocab, temperature):
+    """Random committed tokens everywhere; greedy or sampling rows; no stop ids."""
+    return state._replace(
+        tokens=jax.random.randint(key, state.tokens.shape, 0, vocab, jnp.int32),
+        temperature=jnp.full_like(state.temperature, temperature),
+        top_k=jnp.zeros_like(state.top_k),
+        top_p=jnp.ones_like(state.top_p),
+        seed=jnp.arange(state.seed.shape[0], dtype=jnp.uint32),
+        stop_ids=jnp.full_like(state.stop_ids, -1),
+    )
+
+
+def _idle(state):
+    return state._replace(length=jnp.zeros_like(state.length), limit=jnp.zeros_like(state.limit),
+                          draft_len=jnp.zeros_like(state.draft_len),
+                          active=jnp.zeros_like(state.active))
+
+
+_reset_jit = jax.jit(_reset, donate_argnums=0)
+_fill_jit = jax.jit(_fill, donate_argnums=0, static_argnums=2)
+_idle_jit = jax.jit(_idle, donate_argnums=0)
+
+
+def _state_usable(state) -> bool:
+    return not any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
+
+
+# --------------------------------------------------------------------------- acceptance
+
+class _AcceptanceRecorder:
+    """Controller stand-in: always K = max_k; counts P(num_accepted >= i)."""
+
+    def __init__(self, max_k: int):
+        self.max_k = max_k
+        self.rows = 0
+        self.hits = np.zeros(max_k, np.int64)  # rows with num_accepted >= i, i = 1..max_k
+        self.steps = 0
+
+    def choose_k(self, batch_size, context_len=None, request_ids=None):
+        return self.max_k
+
+    def observe(self, k, num_accepted, step_time_s=None, request_ids=None, **kw):
+        if k != self.max_k:
+            return
+        acc = np.asarray(num_accepted, np.int64).reshape(-1)
+        self.steps += 1
+        self.rows += acc.size
+        self.hits += (acc[:, None] >= np.arange(1, self.max_k + 1)).sum(0)
+
+    def acceptance(self) -> list[float]:
+        if self.rows == 0:
+            raise RuntimeError("the acceptance run observed no speculative step")
+        return (self.hits / self.rows).tolist()
+
+
+def _random_prompts(vocab: int, n: int = 8, length: int = 16, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=length).tolist() for _ in range(n)]
+
+
+def _measure_acceptance(engine, prompts, temperature: float, max_tokens: int) -> tuple[list[float], int]:
+    rec = _AcceptanceRecorder(engine.max_k)
+    saved_ctl, saved_stats = engine.controller, engine.stats
+    engine.controller, engine.stats = rec, EngineStats(engine.max_k)
+    try:
+        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i)
+                  for i in range(len(prompts))]
+        engine.generate(prompts, params)
+    finally:
+        engine.controller, engine.stats = saved_ctl, saved_stats
+    return rec.acceptance(), rec.rows
+
+
+def _prepare_prompts(engine, prompts, max_tokens: int) -> list:
+    out = []
+    keep = engine.max_seq_len - max(1, min(max_tokens, engine.max_seq_len // 2))
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if engine.tokenizer is None:
+                raise ValueError("string prompts need an engine with a tokenizer (or pass token-id lists)")
+            p = engine.tokenizer.encode(p).ids
+        p = [int(t) for t in p]
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        out.append(p[-keep:])
+    return out
+
+
+# --------------------------------------------------------------------------- profile_engine
+
+def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: int = 7,
+                   warmup_reps: int = 2, prompts: Sequence | None = None,
+                   acceptance_max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
+                   progress: Callable[[int, int], None] | None = None,
+                   latency_temperature: float = 0.0, seed: int = 0) -> Profile:
+    """Profiles `engine` (a `SpecEngine`) and returns a `Profile` (not saved).
+
+    context_lengths: committed tokens per slot in the latency runs (each in
+        1..engine.max_seq_len; sorted and de-duplicated).
+    repeats / warmup_reps: timed and untimed calls per (context, B, K) cell; the cell
+        is the median of the timed calls, in milliseconds.
+    prompts: token-id lists (or strings, with a tokenizer) for the acceptance runs;
+        None uses 8 random 16-token prompts (only meaningful for random models: pass
+        prompts representative of your workload). Each prompt keeps its last tokens
+        if it would not fit in max_seq_len with room to generate.
+    acceptance_max_tokens: tokens generated per prompt in the acceptance runs.
+    temperatures: one acceptance run each; the first fills ``acceptance``.
+    progress: ``progress(done, total)`` after each latency cell and each acceptance run.
+    latency_temperature: sampling temperature of the synthetic rows (0 = greedy; > 0
+        also times the noise generation of sampling).
+    """
+    context_lengths = sorted({int(c) for c in context_lengths})
+    if not context_lengths:
+        raise ValueError("context_lengths must not be empty")
+    if context_lengths[0] < 1 or context_lengths[-1] > engine.max_seq_len:
+        raise ValueError(f"context lengths must be in 1..max_seq_len={engine.max_seq_len}, got "
+                         f"{context_lengths}")
+    if int(repeats) < 1 or int(warmup_reps) < 0:
+        raise ValueError(f"need repeats >= 1 and warmup_reps >= 0, got {repeats}, {warmup_reps}")
+    if int(acceptance_max_tokens) < 1:
+        raise ValueError(f"acceptance_max_tokens must be >= 1, got {acceptance_max_tokens}")
+    temperatures = [float(t) for t in temperatures]
+    if not temperatures or any(not (t >= 0.0) or t != t for t in temperatures):
+        raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {temperatures}")
+    buckets = list(engine.batch_buckets)
+    ks = list(range(engine.max_k + 1))
+    do_acceptance = engine.max_k > 0
+    total = len(context_lengths) * len(buckets) * len(ks) + (len(temperatures) if do_acceptance else 0)
+    done = 0
+    t_start = time.perf_counter()
+
+    # (a) latency on a synthetic state (the engine's own buffers, borrowed).
+    table = np.zeros((len(context_lengths), len(buckets), len(ks)))
+    tp, dp = engine._target_params, engine._draft_params
+    state = engine.state
+    engine.state = None  # borrowed: the step programs donate it
+    try:
+        state = _fill_jit(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
+                          float(latency_temperature))
+        for ci, ctx in enumerate(context_lengths):
+            for bi, b in enumerate(buckets):
+                for k in ks:
+                    step = engine.programs.step(k, b)  # compiles on first use
+                    times = []
+                    for rep in range(int(warmup_reps) + int(repeats)):
+                        state = _reset_jit(state, np.int32(b), np.int32(ctx))
+                        jax.block_until_ready(state)
+                        t0 = time.perf_counter()
+                        state, out = step(tp, dp, state)
+                        jax.block_until_ready((state, out))
+                        if rep >= warmup_reps:
+                            times.append(time.perf_counter() - t0)
+                    table[ci, bi, k] = statistics.median(times) * 1e3
+                    done += 1
+                    if progress:
+                        progress(done, total)
+    finally:
+        if state is not None and _state_usable(state):
+            engine.state = _idle_jit(state)
+        else:  # a failed call left the donated buffers deleted: start from a fresh state
+            from dsd_jax.state import init_state
+            engine.state = init_state(engine.target_config, engine.draft_config, engine.max_batch_size,
+                                      engine.capacity, engine.max_k)
+    latency_s = time.perf_counter() - t_start
+
+    # (b) acceptance with K = max_k at every step.
+    acceptance: list[float] = []
+    by_temp: dict[str, list[float]] | None = None
+    rows_observed: dict[str, int] = {}
+    prompt_source = "given"
+    if prompts is None:
+        prompt_source = "random"
+        prompts = _random_prompts(engine.target_config.vocab_size, seed=seed)
+    t_acc = time.perf_counter()
+    if do_acceptance:
+        prompts = _prepare_prompts(engine, prompts, int(acceptance_max_tokens))
+        if not prompts:
+            raise ValueError("prompts must not be empty")
+        by_temp = {}
+        for t in temperatures:
+            a, rows = _measure_acceptance(engine, prompts, t, int(acceptance_max_tokens))
+            by_temp[str(t)] = a
+            rows_observed[str(t)] = rows
+            done += 1
+            if progress:
+                progress(done, total)
+        acceptance = by_temp[str(temperatures[0])]
+    acceptance_s = time.perf_counter() - t_acc
+
+    return Profile(
+        device_kind=device_kind(),
+        platform=jax.devices()[0].platform,
+        jax_version=jax.__version__,
+        method=engine.spec.method,
+        fingerprints=engine_fingerprints(engine),
+        batch_sizes=buckets,
+        ks=ks,
+        context_lengths=context_lengths,
+        latency_ms=table.tolist(),
+        acceptance=acceptance,
+        acceptance_by_temperature=by_temp,
+        meta={
+            "context_lengths": context_lengths,
+            "repeats": int(repeats),
+            "warmup_reps": int(warmup_reps),
+            "latency_temperature": float(latency_temperature),
+            "num_prompts": len(prompts),
+            "prompt_source": prompt_source,
+            "acceptance_max_tokens": int(acceptance_max_tokens),
+            "acceptance_rows_observed": rows_observed,
+            "engine": {
+                "max_batch_size": engine.max_batch_size,
+                "max_seq_len": engine.max_seq_len,
+                "capacity": engine.capacity,
+                "batch_buckets": buckets,
+                "spec": engine.spec.to_dict(),
+            },
+            "profiler_seconds": {"latency": round(latency_s, 3), "acceptance": round(acceptance_s, 3)},
+        },
+    )
+
+
+def format_profile(prof: Profile) -> str:
+    """A human-readable table of the profile (ms per step; AL and goodput per K)."""
+    lines = [f"device {prof.device_kind} ({prof.platform}), jax {prof.jax_version}, method {prof.method}"]
+    if prof.acceptance:
+        lines.append("acceptance a_i = P(accepted >= i): " + " ".join(f"{a:.3f}" for a in prof.acceptance))
+        for t, a in (prof.acceptance_by_temperature or {}).items():
+            lines.append(f"  temperature {t}: " + " ".join(f"{x:.3f}" for x in a))
+    al = np.concatenate([[1.0], 1.0 + np.cumsum(prof.acceptance)])
+    head = "   B | " + " ".join(f"K={k:<7d}" for k in prof.ks) + " | best K (goodput tok/s/row)"
+    for ci, ctx in enumerate(prof.context_lengths):
+        lines.append(f"context {ctx}: step latency ms")
+        lines.append(head)
+        for bi, b in enumerate(prof.batch_sizes):
+            row = prof.latency_ms[ci][bi]
+            good = al / np.asarray(row) * 1e3
+            best = int(np.argmax(good))
+            lines.append(f"{b:4d} | " + " ".join(f"{x:<9.3f}" for x in row)
+                         + f" | {best} ({good[best]:.0f})")
+    return "\n".join(lines)

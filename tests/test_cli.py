@@ -1,0 +1,222 @@
+"""`dsd-jax` CLI, in process: profile -> goodput engine, generate JSONL, clear errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from dsd_jax import DynamicConfig, SamplingParams, SpecConfig, SpecEngine, cli, models
+from dsd_jax.profile import Profile, ProfileMismatchWarning
+from dsd_jax.profiler import device_kind, model_fingerprint
+from conftest import scaled
+
+PROMPT_IDS = [[1, 2, 3], [5, 6, 7, 8, 9], [3, 3, 3, 9]]
+ENGINE_FLAGS = ["--max-batch-size", "2", "--max-seq-len", "48", "--prefill-chunk", "16", "--no-progress"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """A persistent compilation cache for this module's engines (same programs, new
+    engines); the global JAX settings are restored afterwards."""
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    old = {k: getattr(jax.config, k) for k in keys}
+    path = tmp_path_factory.getbasetemp() / "dsd_compile_cache"
+    from dsd_jax.compilation import enable_persistent_cache
+    enable_persistent_cache(str(path))
+    yield str(path)
+    for k, v in old.items():
+        jax.config.update(k, v)
+
+
+@pytest.fixture(scope="module")
+def files(tiny_pair, tmp_path_factory):
+    """Saved tiny checkpoints, a word-level tokenizer and prompt files."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    root = tmp_path_factory.mktemp("cli")
+    target, draft = tiny_pair
+    target = scaled(target, 3.0)
+    models.save(target, root / "target")
+    models.save(draft, root / "draft")
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.save(str(root / "tokenizer.json"))
+    (root / "prompts.txt").write_text("".join(" ".join(f"w{t}" for t in p) + "\n\n" for p in PROMPT_IDS))
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt_token_ids": p}) for p in PROMPT_IDS))
+    return types.SimpleNamespace(root=root, target=str(root / "target"), draft=str(root / "draft"),
+                                 tokenizer=str(root / "tokenizer.json"), txt=str(root / "prompts.txt"),
+                                 jsonl=str(root / "prompts.jsonl"), models=(target, draft))
+
+
+@pytest.fixture(scope="module")
+def profile_path(files, compile_cache):
+    out = files.root / "profile.json"
+    rc = cli.main(["profile", "--target", files.target, "--draft", files.draft,
+                   "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
+                   "--context-lengths", "24,8", "--repeats", "2", "--warmup-reps", "1",
+                   "--prompts", files.jsonl, "--acceptance-max-tokens", "8",
+                   "--compilation-cache-dir", compile_cache, "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_profile_round_trips(profile_path, files):
+    target, draft = files.models
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prof = Profile.load(profile_path, expect_fingerprints={"target": model_fingerprint(target),
+                                                              "draft": model_fingerprint(draft)},
+                            expect_device_kind=device_kind())
+    assert prof.batch_sizes == [1, 2] and prof.ks == [0, 1] and prof.context_lengths == [8, 24]
+    table = np.asarray(prof.latency_ms)
+    assert table.shape == (2, 2, 2) and np.all(np.isfinite(table)) and np.all(table > 0)
+    assert len(prof.acceptance) == 1 and 0.0 <= prof.acceptance[0] <= 1.0
+    assert prof.meta["num_prompts"] == len(PROMPT_IDS) and prof.meta["repeats"] == 2
+    with pytest.warns(ProfileMismatchWarning):
+        Profile.load(profile_path, expect_fingerprints={"target": model_fingerprint(draft)})
+
+
+def test_goodput_engine_with_profile_is_lossless(profile_path, files, compile_cache, tmp_path, capsys):
+    """An engine configured with the profile (acceptance made optimistic so the goodput
+    controller speculates, then learns the real, low acceptance and switches K) gives
+    the same greedy tokens as `dsd-jax generate` with method "none"."""
+    prof = Profile.load(profile_path)
+    d = prof.to_dict()
+    d["acceptance"] = [0.95]
+    d["latency_ms"] = [[[1.0, 1.2] for _ in prof.batch_sizes] for _ in prof.context_lengths]
+    optimistic = tmp_path / "optimistic.json"
+    Profile.from_dict(d).save(optimistic)
+    target, draft = models.restore(files.target), models.restore(files.draft)
+    spec = SpecConfig(num_speculative_tokens=1, dynamic=DynamicConfig(profile=str(optimistic), warmup_steps=2))
+    engine = SpecEngine(target, draft, spec, max_batch_size=2, max_seq_len=48, prefill_chunk=16,
+                        compilation_cache_dir=compile_cache)
+    outs = engine.generate(PROMPT_IDS, SamplingParams(temperature=0.0, max_tokens=12))
+    k_hist = engine.stats.k_hist
+    assert k_hist[1] > 0 and k_hist[0] > 0, k_hist  # speculated, then backed off
+
+    out = tmp_path / "plain.jsonl"
+    stats, trace = tmp_path / "stats.json", tmp_path / "trace.json"
+    rc = cli.main(["generate", "--target", files.target, "--speculative-config", '{"method": "none"}',
+                   *ENGINE_FLAGS, "--prompts", files.jsonl, "--temperature", "0", "--max-tokens", "12",
+                   "--logprobs", "--out", str(out), "--stats", str(stats), "--trace", str(trace)])
+    assert rc == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["token_ids"] for r in recs] == [o.token_ids for o in outs]
+    for r, p in zip(recs, PROMPT_IDS):
+        assert r["prompt_token_ids"] == p and r["prompt"] is None and r["text"] is None
+        assert r["finish_reason"] == "length" and len(r["logprobs"]) == 12
+    assert json.loads(stats.read_text())["tokens"] == 36
+    assert isinstance(json.loads(trace.read_text()), list)
+
+
+def test_generate_text_prompts_with_profile(profile_path, files, tmp_path, capsys):
+    """Text prompt file + tokenizer + --profile (goodput); JSONL to stdout."""
+    rc = cli.main(["generate", "--target", files.target, "--draft", files.draft, "--tokenizer", files.tokenizer,
+                   "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
+                   "--prompts", files.txt, "--temperature", "0", "--max-tokens", "5",
+                   "--profile", str(profile_path)])
+    assert rc == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in recs] == [" ".join(f"w{t}" for t in p) for p in PROMPT_IDS]
+    assert [r["prompt_token_ids"] for r in recs] == PROMPT_IDS
+    for r in recs:
+        assert len(r["token_ids"]) == 5 and r["text"] == " ".join(f"w{t}" for t in r["token_ids"])
+        assert "logprobs" not in r
+
+
+def _err(argv, capsys=None) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    code = e.value.code
+    if isinstance(code, str):
+        return code
+    return capsys.readouterr().err if capsys else ""
+
+
+def test_bad_paths_are_clear_errors(files, tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    m = _err(["profile", "--target", missing, "--draft", files.draft, "--out", str(tmp_path / "p.json")])
+    assert "--target" in m and "no such directory" in m
+    m = _err(["profile", "--target", files.txt, "--draft", files.draft, "--out", str(tmp_path / "p.json")])
+    assert "--target" in m and "not a directory" in m
+    m = _err(["profile", "--target", files.target, "--out", str(tmp_path / "no" / "p.json")])
+    assert "--out" in m and "does not exist" in m
+    m = _err(["profile", "--target", files.target, "--draft", files.draft, "--out", str(tmp_path)])
+    assert "--out" in m and "is a directory" in m
+    m = _err(["profile", "--target", str(files.root), "--draft", files.draft, "--out", str(tmp_path / "p.json")])
+    assert "--target" in m and "cannot load" in m
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", missing])
+    assert "--prompts" in m and "no such file" in m
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.txt,
+              "--profile", missing])
+    assert "--profile" in m
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.txt,
+              "--speculative-config", missing])
+    assert "--speculative-config" in m and "no such file" in m
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.txt,
+              "--speculative-config", '{"num_speculative_tokens": -1}'])
+    assert "--speculative-config" in m and "num_speculative_tokens" in m
+    m = _err(["generate", "--target", files.target, "--prompts", files.jsonl])
+    assert "--draft" in m  # default method draft_model needs a draft
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.txt])
+    assert "--prompts" in m and "tokenizer" in m  # text prompts without a tokenizer
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_token_ids": [1, 2]}\n{"text": "x"}\n')
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", str(bad)])
+    assert "--prompts" in m and "line 2" in m
+    m = _err(["generate", "--target", files.target, "--hf-target", files.target, "--prompts", files.jsonl])
+    assert "--target" in m and "not both" in m
+    m = _err(["profile", "--context-lengths", "8,x"], capsys)
+    assert "--context-lengths" in m
+
+
+def test_corrupted_profile_is_a_clear_cli_error(profile_path, files, tmp_path):
+    d = json.loads(profile_path.read_text())
+    d["latency_ms"][0][0][1] = 0.0
+    bad = tmp_path / "zero.json"
+    bad.write_text(json.dumps(d))
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl,
+              "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS, "--profile", str(bad)])
+    assert "--profile" in m and "positive finite latency" in m and "zero.json" in m
+
+
+def test_bench_and_demo_dispatch(monkeypatch, tmp_path, capsys):
+    seen = {}
+    fake = types.ModuleType("dsd_jax.bench")
+    fake.main = lambda args: seen.setdefault("bench", args) and 0
+    fake.demo = lambda args: seen.setdefault("demo", args) and 0
+    monkeypatch.setitem(sys.modules, "dsd_jax.bench", fake)
+    import dsd_jax
+    monkeypatch.setattr(dsd_jax, "bench", fake, raising=False)
+    assert cli.main(["bench", "--quick", "--json", str(tmp_path / "b.json"), "--batch-sizes", "1,2,4",
+                     "--configs", "vanilla,static-1,dynamic", "--repeats", "2", "--max-tokens", "16"]) == 0
+    a = seen["bench"]
+    assert a.quick and a.batch_sizes == [1, 2, 4] and a.configs == ["vanilla", "static-1", "dynamic"]
+    assert a.repeats == 2 and a.max_tokens == 16 and a.plot is None and a.profile is None
+    assert cli.main(["demo", "--full", "--out-dir", str(tmp_path / "demo")]) == 0
+    assert seen["demo"].quick is False and seen["demo"].full is True
+    assert seen["demo"].out_dir == str(tmp_path / "demo")
+    m = _err(["bench", "--plot", str(tmp_path / "missing" / "x.png")])
+    assert "--plot" in m
+    m = _err(["bench", "--profile", str(tmp_path / "missing.json")])
+    assert "--profile" in m
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for flag in ("--quick", "--json", "--plot", "--profile", "--batch-sizes", "--configs", "--repeats",
+                 "--max-tokens"):
+        assert flag in help_text
+
+
+def test_no_subcommand_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "profile" in capsys.readouterr().err

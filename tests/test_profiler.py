@@ -1,0 +1,204 @@
+"""In-process profiler: latency table, acceptance, fingerprints, engine left intact."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine
+from dsd_jax import profiler as prof_lib
+from dsd_jax.profile import Profile, ProfileMismatchWarning
+from conftest import FixedK, scaled
+
+K = 1
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9], [3, 3, 3, 9], [10, 11]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """Shares compiled programs with test_cli (same tiny engine); restored afterwards."""
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    old = {k: getattr(jax.config, k) for k in keys}
+    from dsd_jax.compilation import enable_persistent_cache
+    enable_persistent_cache(str(tmp_path_factory.getbasetemp() / "dsd_compile_cache"))
+    yield
+    for k, v in old.items():
+        jax.config.update(k, v)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    target, draft = tiny_pair
+    return scaled(target, 3.0), draft
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    return SpecEngine(*pair, SpecConfig(num_speculative_tokens=K), max_batch_size=2, max_seq_len=48,
+                      prefill_chunk=16, controller=FixedK([K]))
+
+
+@pytest.fixture(scope="module")
+def run(engine):
+    """(outputs before, profile, progress calls, outputs after)."""
+    before = [o.token_ids for o in engine.generate(PROMPTS, GREEDY)]
+    ctl, stats = engine.controller, engine.stats
+    calls = []
+    prof = prof_lib.profile_engine(engine, context_lengths=(24, 8), repeats=3, warmup_reps=1,
+                                   prompts=PROMPTS, acceptance_max_tokens=10,
+                                   temperatures=(0.0, 1.0), progress=lambda d, t: calls.append((d, t)))
+    assert engine.controller is ctl and engine.stats is stats  # restored
+    after = [o.token_ids for o in engine.generate(PROMPTS, GREEDY)]
+    return before, prof, calls, after
+
+
+def test_latency_table_shape_and_positive(run, engine):
+    _, prof, _, _ = run
+    assert prof.batch_sizes == list(engine.batch_buckets) == [1, 2]
+    assert prof.ks == list(range(K + 1))
+    assert prof.context_lengths == [8, 24]
+    table = np.asarray(prof.latency_ms)
+    assert table.shape == (2, 2, K + 1)
+    assert np.all(np.isfinite(table)) and np.all(table > 0)
+    assert prof.device_kind == jax.devices()[0].device_kind
+    assert prof.platform == jax.devices()[0].platform and prof.jax_version == jax.__version__
+    assert prof.method == "draft_model"
+    m = prof.meta
+    assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["num_prompts"] == len(PROMPTS)
+    assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
+
+
+def test_progress_reports_every_cell(run):
+    _, _, calls, _ = run
+    total = 2 * 2 * (K + 1) + 2  # cells + one acceptance run per temperature
+    assert calls == [(i, total) for i in range(1, total + 1)]
+
+
+def test_engine_left_usable_and_unchanged(run, engine):
+    before, _, _, after = run
+    assert before == after
+    assert not bool(np.asarray(engine.state.active).any())
+
+
+def test_acceptance_matches_engine_statistics(run, engine):
+    """a_i from the profiler equals accepted/proposed counted by the engine at K = max_k."""
+    _, prof, _, _ = run
+    assert set(prof.acceptance_by_temperature) == {"0.0", "1.0"}
+    assert prof.acceptance == prof.acceptance_by_temperature["0.0"]
+    engine.controller = FixedK([K])
+    engine.stats.reset()
+    engine.generate(PROMPTS, [SamplingParams(temperature=0.0, max_tokens=10, seed=i)
+                              for i in range(len(PROMPTS))])
+    assert engine.stats.acceptance_per_position() == pytest.approx(prof.acceptance, abs=1e-12)
+    rows = prof.meta["acceptance_rows_observed"]["0.0"]
+    assert rows == engine.stats.proposed_per_pos[0]
+
+
+def test_recorder_counts_unconditional_acceptance():
+    rec = prof_lib._AcceptanceRecorder(3)
+    rec.observe(3, np.array([0, 1, 3, 2]))
+    rec.observe(3, np.array([3]))
+    rec.observe(0, np.array([0, 0]))  # not a max-K step: ignored
+    assert rec.acceptance() == pytest.approx([4 / 5, 3 / 5, 2 / 5])
+    assert prof_lib._AcceptanceRecorder(2).choose_k(7) == 2
+    with pytest.raises(RuntimeError):
+        prof_lib._AcceptanceRecorder(2).acceptance()
+
+
+def test_round_trip_and_compatibility(run, engine, tmp_path):
+    _, prof, _, _ = run
+    path = tmp_path / "p.json"
+    prof.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = Profile.load(path, expect_fingerprints=engine.fingerprints(),
+                              expect_device_kind=prof_lib.device_kind())
+    assert loaded.to_dict() == prof.to_dict()
+    with pytest.warns(ProfileMismatchWarning, match="fingerprint mismatch"):
+        Profile.load(path, expect_fingerprints={**engine.fingerprints(), "target": "0" * 16 + ".x"})
+    with pytest.warns(ProfileMismatchWarning, match="device kind"):
+        Profile.load(path, expect_device_kind="TPU v9")
+
+
+@pytest.mark.parametrize("corrupt, match", [
+    (lambda d: d["latency_ms"][0][1].__setitem__(0, 0.0), "positive finite latency"),
+    (lambda d: d["latency_ms"][1][0].__setitem__(1, float("nan")), "positive finite latency"),
+    (lambda d: d["latency_ms"][0][1].pop(), "missing cells"),
+    (lambda d: d["latency_ms"].pop(), "missing cells"),
+    (lambda d: d.pop("fingerprints"), "missing key"),
+    (lambda d: d["acceptance"].__setitem__(0, 1.5), "probability"),
+])
+def test_corrupted_profile_is_a_clear_error(run, tmp_path, corrupt, match):
+    _, prof, _, _ = run
+    d = prof.to_dict()
+    corrupt(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))  # NaN is written as the (non-standard) token NaN
+    with pytest.raises(ValueError, match=match) as e:
+        Profile.load(path)
+    assert "bad.json" in str(e.value)
+
+
+def test_fingerprints(pair, engine):
+    target, draft = pair
+    fp = prof_lib.model_fingerprint(target)
+    assert fp == prof_lib.model_fingerprint(target)  # stable
+    assert engine.fingerprints() == {"target": fp, "draft": prof_lib.model_fingerprint(draft)}
+    from flax import nnx
+    graph, params = nnx.split(target)
+    assert prof_lib.model_fingerprint((target.config, params)) == fp
+    assert prof_lib.model_fingerprint((target.config, nnx.to_pure_dict(params))) == fp
+    other = prof_lib.model_fingerprint(scaled(target, 1.01))
+    cfg_part, params_part = fp.split(".")
+    assert other.split(".")[0] == cfg_part and other.split(".")[1] != params_part
+    assert prof_lib.model_fingerprint((draft.config, params)).split(".")[0] != cfg_part
+    with pytest.raises(ValueError):
+        prof_lib.model_fingerprint("nope")
+
+
+def test_argument_validation(engine):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        prof_lib.profile_engine(engine, context_lengths=(49,))
+    with pytest.raises(ValueError, match="context lengths"):
+        prof_lib.profile_engine(engine, context_lengths=(0,))
+    with pytest.raises(ValueError, match="repeats"):
+        prof_lib.profile_engine(engine, repeats=0, context_lengths=(8,))
+    with pytest.raises(ValueError, match="temperatures"):
+        prof_lib.profile_engine(engine, temperatures=(), context_lengths=(8,))
+
+
+def test_failure_mid_profile_leaves_a_working_engine(engine, monkeypatch):
+    real = engine.programs.step
+    calls = {"n": 0}
+
+    def flaky(k, b):
+        exe = real(k, b)
+
+        def run_step(*args):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("boom")
+            return exe(*args)
+        return run_step
+
+    monkeypatch.setattr(engine.programs, "step", flaky)
+    with pytest.raises(RuntimeError, match="boom"):
+        prof_lib.profile_engine(engine, context_lengths=(8,), repeats=1, warmup_reps=0)
+    monkeypatch.undo()
+    engine.controller = FixedK([K])
+    outs = engine.generate(PROMPTS[:1], GREEDY)
+    assert len(outs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_format_profile(run):
+    _, prof, _, _ = run
+    text = prof_lib.format_profile(prof)
+    assert "context 8" in text and "context 24" in text and "K=1" in text
+    assert not math.isnan(prof.acceptance[0])

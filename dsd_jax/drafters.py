@@ -66,11 +66,12 @@ def propose_with_draft_model(draft_graph, draft_params, kv, tokens, length, draf
         if mode == "argmax":
             return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
         stream = sampling.STREAM_TARGET if mode == "coupled" else sampling.STREAM_DRAFT
-        noise = sampling.gumbel_noise(seed, position[:, None], stream, logits.shape[-1])[:, 0]
+        noise = sampling.noise_if_sampling(temperature, lambda: sampling.gumbel_noise(
+            seed, position[:, None], stream, logits.shape[-1])[:, 0])
         token = sampling.gumbel_argmax(proc, noise, temperature)
         if mode == "coupled":
             return token, None
-        return token, sampling.sampling_probs(logits, temperature, top_k, top_p)
+        return token, sampling.probs_from_processed(proc, temperature)
 
     first, q_first = propose(logits[:, -1], length)
 

@@ -65,8 +65,14 @@ def _expand(param, logits):
 def filter_logits(logits, top_k, top_p):
     """Top-k then top-p on (temperature-scaled) logits; filtered entries become -inf.
 
-    Ties at a threshold are all kept, identically in every path.
+    Ties at a threshold are all kept, identically in every path. The vocabulary sort
+    is skipped when no row filters (it would dominate a small model's step).
     """
+    needed = jnp.any(jnp.asarray(top_k) > 0) | jnp.any(jnp.asarray(top_p) < 1.0)
+    return jax.lax.cond(needed, _filter_logits, lambda x, *_: x, logits, top_k, top_p)
+
+
+def _filter_logits(logits, top_k, top_p):
     V = logits.shape[-1]
     top_k, top_p = _expand(top_k, logits), _expand(top_p, logits)
     neg_inf = jnp.float32(-jnp.inf)
@@ -100,9 +106,14 @@ def processed_logprobs(logits, temperature, top_k, top_p):
 
 def sampling_probs(logits, temperature, top_k, top_p):
     """The distribution tokens are drawn from: one-hot argmax for greedy rows."""
-    greedy = _expand(temperature, logits) <= 0
-    probs = jax.nn.softmax(processed_logits(logits, temperature, top_k, top_p), axis=-1)
-    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=probs.dtype)
+    return probs_from_processed(processed_logits(logits, temperature, top_k, top_p), temperature)
+
+
+def probs_from_processed(processed, temperature):
+    """`sampling_probs` from already processed logits (argmax is unchanged by processing)."""
+    greedy = _expand(temperature, processed) <= 0
+    probs = jax.nn.softmax(processed, axis=-1)
+    one_hot = jax.nn.one_hot(jnp.argmax(processed, axis=-1), processed.shape[-1], dtype=probs.dtype)
     return jnp.where(greedy, one_hot, probs)
 
 
@@ -123,6 +134,13 @@ def uniform_noise(seeds, positions, stream: int):
     """Uniforms [B, T] in [0, 1) for each (seed, position)."""
     keys = position_keys(seeds, positions, stream)
     return jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32)))(keys)
+
+
+def noise_if_sampling(temperature, make):
+    """`make()` unless every row is greedy, where noise is ignored: then zeros, skipping
+    the random-number generation (a large share of a small model's step)."""
+    shape = jax.eval_shape(make)
+    return jax.lax.cond(jnp.any(temperature > 0), make, lambda: jnp.zeros(shape.shape, shape.dtype))
 
 
 def gumbel_argmax(logits, noise, temperature):

@@ -52,12 +52,6 @@ class StepOutput(NamedTuple):
     raw_logprobs: jax.Array  # [B, K+1] float32 log_softmax of the raw target logits
 
 
-def _noise_if_sampling(temperature, make):
-    """Skips noise generation when every row is greedy (it would be ignored)."""
-    shape = jax.eval_shape(make)
-    return jax.lax.cond(jnp.any(temperature > 0), make, lambda: jnp.zeros(shape.shape, shape.dtype))
-
-
 def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
               target_params, draft_params, state: DecodeState):
     """One speculative round with K drafts over slots 0..B-1."""
@@ -86,7 +80,7 @@ def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
     V = logits.shape[-1]
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
     proc = sampling.processed_logits(logits, temperature, top_k, top_p)
-    target_noise = _noise_if_sampling(
+    target_noise = sampling.noise_if_sampling(
         temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
 
     # 3. accept
@@ -95,8 +89,8 @@ def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
         target_tokens = sampling.gumbel_argmax(proc, target_noise, temperature)
         n_acc, out_tokens = kernels.coupled_accept_xla(target_tokens, drafts)
     else:
-        p = sampling.sampling_probs(logits, temperature, top_k, top_p)
-        uniforms = _noise_if_sampling(
+        p = sampling.probs_from_processed(proc, temperature)
+        uniforms = sampling.noise_if_sampling(
             temperature, lambda: sampling.uniform_noise(seed, token_pos[:, :K], sampling.STREAM_ACCEPT))
         n_acc, out_tokens = kernels.rejection_sample(p, q, drafts, uniforms, target_noise,
                                                      backend=opts.backend)

@@ -1,0 +1,813 @@
+"""`dsd-jax bench` and `dsd-jax demo`: vanilla vs static-K vs dynamic speculative decoding.
+
+One process. Every configuration runs on the same prompts, greedy (temperature 0),
+with the same output lengths, so all of them do the same useful work and their
+outputs must be token-identical to vanilla's (checked: ``"lossless"`` on every row;
+a fast wrong answer is worthless).
+
+Engines: `vanilla` is its own engine (``SpecConfig(method="none")``: target only, no
+draft state). Every speculative configuration shares **one** draft-model engine
+compiled for K = 0..max_k (max_k = 6 by default); a configuration is the controller
+object swapped into ``engine.controller`` before each run:
+
+- ``static-K``: the library's own static controller,
+  ``Controller(SpecConfig(method="draft_model", num_speculative_tokens=K))``;
+- ``dynamic``: the goodput controller,
+  ``Controller(SpecConfig(method="draft_model", num_speculative_tokens=max_k,
+  dynamic=DynamicConfig(profile=...)), profile, max_batch_size,
+  batch_buckets=engine.batch_buckets)``, with a profile made by
+  `dsd_jax.profiler.profile_engine` on this engine (or loaded with ``--profile``).
+
+The (K, bucket) program a step runs is the same executable whichever controller
+chose K, so sharing the engine changes no measured step; it saves compiling the
+grid once per configuration. A fresh controller is built for every timed run, so
+no configuration inherits another run's state (hysteresis, live acceptance).
+
+Method: every engine is warmed up (`engine.warmup()` compiles every program), then
+each configuration does one untimed run whose live batch shrinks through every
+bucket. Timed runs are interleaved: for each repeat, for each batch size, the
+configurations run in an order rotated by one each time, so slow drift of the
+machine (thermal, other processes) spreads over all of them. Reported numbers are
+medians over repeats.
+
+Workloads:
+
+- *sweep*: for each batch size B, B held-out prompts (token ids, truncated to
+  ``prompt_len``) generated together with fixed ``max_tokens``; small B runs several
+  prompt groups one after another (at least ``rows_per_point`` prompts per point) so
+  a single prompt's acceptance does not decide the point. tokens/s = generated tokens
+  / wall time of `generate` (prefill included); ``decode_tokens_per_s`` leaves out the
+  prefill and the first step (from the engine's per-step trace).
+- *rollout*: ``rollout_requests`` requests started together with heavy-tailed output
+  lengths (seeded lognormal, capped), so the live batch shrinks to a long tail as in
+  an RL rollout; makespan = wall time of the single `generate`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from dsd_jax.config import DynamicConfig, SpecConfig
+from dsd_jax.controller import Controller
+from dsd_jax.profile import Profile
+from dsd_jax.sampling import SamplingParams
+
+__all__ = ["run_bench", "main", "demo", "summarize", "format_table", "write_json", "write_plot",
+           "parse_config", "environment", "rollout_lengths", "QUICK", "FULL"]
+
+DEFAULT_MAX_K = 6
+
+# Settings of the two modes (every one can be overridden).
+FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
+            configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
+            repeats=3, max_tokens=64, prompt_len=128, rows_per_point=8,
+            rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
+            max_seq_len=448, profile_repeats=7, profile_warmup_reps=2, profile_prompts=16,
+            profile_max_tokens=64)
+QUICK = dict(batch_sizes=(1, 4, 16, 64),
+             configs=("vanilla", "static-2", "static-4", "dynamic"),
+             repeats=2, max_tokens=32, prompt_len=64, rows_per_point=4,
+             rollout_requests=32, rollout_prompt_len=48, rollout_median_tokens=24, rollout_max_tokens=144,
+             max_seq_len=208, profile_repeats=3, profile_warmup_reps=1, profile_prompts=8,
+             profile_max_tokens=48)
+
+
+# --------------------------------------------------------------------------- configurations
+
+def parse_config(name: str) -> tuple[str, int | None]:
+    """"vanilla" -> ("vanilla", None); "static-3" -> ("static", 3); "dynamic" -> ("dynamic", None)."""
+    if not isinstance(name, str):
+        raise ValueError(f"configuration names are strings, got {name!r}")
+    if name in ("vanilla", "dynamic"):
+        return name, None
+    if name.startswith("static-"):
+        try:
+            k = int(name[len("static-"):])
+        except ValueError:
+            k = -1
+        if k >= 1:
+            return "static", k
+    raise ValueError(f"unknown configuration {name!r}: use vanilla, static-K (K >= 1) or dynamic")
+
+
+def _config_list(configs) -> list[str]:
+    if isinstance(configs, str):
+        configs = [c.strip() for c in configs.split(",") if c.strip()]
+    configs = list(dict.fromkeys(configs))
+    if not configs:
+        raise ValueError("no configurations to run")
+    for c in configs:
+        parse_config(c)
+    if "vanilla" not in configs:  # the baseline for speedups and the lossless check
+        configs.insert(0, "vanilla")
+    return configs
+
+
+def _int_list(name: str, v) -> list[int]:
+    if isinstance(v, str):
+        try:
+            v = [int(x) for x in v.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{name} must be comma-separated integers, got {v!r}") from None
+    out = sorted({int(x) for x in v})
+    if not out or out[0] < 1:
+        raise ValueError(f"{name} must be a non-empty list of integers >= 1, got {v!r}")
+    return out
+
+
+def rollout_lengths(n: int, median: int, cap: int, sigma: float = 1.0, seed: int = 0,
+                    floor: int = 4) -> list[int]:
+    """Heavy-tailed output lengths: lognormal(log(median), sigma), clipped to [floor, cap]."""
+    rng = np.random.default_rng(seed)
+    x = rng.lognormal(math.log(median), sigma, size=n)
+    return np.clip(np.round(x), min(floor, cap), cap).astype(int).tolist()
+
+
+# --------------------------------------------------------------------------- environment
+
+def _git_commit() -> str | None:
+    """HEAD commit of a source checkout, read from .git files (no subprocess); else None."""
+    try:
+        git = Path(__file__).resolve().parent.parent / ".git"
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = Path(git.read_text().split(":", 1)[1].strip())
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head or None
+        ref = head.split(":", 1)[1].strip()
+        for base in (git, Path(str(git).split("/worktrees/")[0]) if "/worktrees/" in str(git) else git):
+            p = base / ref
+            if p.is_file():
+                return p.read_text().strip()
+            packed = base / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref):
+                        return line.split()[0]
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def environment() -> dict:
+    import jax
+    try:
+        import jaxlib
+        jaxlib_version = getattr(jaxlib, "__version__", None)
+    except ImportError:  # pragma: no cover
+        jaxlib_version = None
+    try:
+        from importlib.metadata import version
+        dsd_version = version("dsd-jax")
+    except Exception:  # noqa: BLE001
+        dsd_version = None
+    dev = jax.devices()[0]
+    return {
+        "device_kind": dev.device_kind,
+        "platform": dev.platform,
+        "num_devices": jax.device_count(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib_version,
+        "dsd_jax_version": dsd_version,
+        "commit": _git_commit(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+def _encode(prompts, tokenizer, vocab: int) -> list[list[int]]:
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ValueError("string prompts need a tokenizer")
+            p = tokenizer.encode(p).ids
+        p = [int(t) for t in p]
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+        out.append(p)
+    if not out:
+        raise ValueError("no prompts")
+    return out
+
+
+def _median(xs):
+    return float(statistics.median(xs))
+
+
+class _Runner:
+    """Engines, controllers and the bookkeeping of one benchmark."""
+
+    def __init__(self, target, draft, tokenizer, *, configs, max_batch_size, max_seq_len, max_k,
+                 batch_buckets, prefill_chunk, compilation_cache_dir, log):
+        from dsd_jax.engine import SpecEngine
+        self.log = log
+        self.configs = configs
+        kinds = [parse_config(c) for c in configs]
+        self.spec_needed = any(kind != "vanilla" for kind, _ in kinds)
+        static_ks = [k for kind, k in kinds if kind == "static"]
+        self.max_k = max([max_k] + static_ks) if any(kind == "dynamic" for kind, _ in kinds) else \
+            max(static_ks, default=0)
+        common = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=tokenizer,
+                      batch_buckets=batch_buckets, prefill_chunk=prefill_chunk,
+                      compilation_cache_dir=compilation_cache_dir)
+        self.vanilla = SpecEngine(target, None, SpecConfig(method="none"), **common)
+        self.spec = None
+        if self.spec_needed:
+            if draft is None:
+                raise ValueError("speculative configurations need a draft model")
+            self.spec = SpecEngine(target, draft, SpecConfig(method="draft_model",
+                                                            num_speculative_tokens=self.max_k), **common)
+        self.max_batch_size = max_batch_size
+        self.profile: Profile | None = None
+        self.profile_path: str | None = None
+
+    def engines(self):
+        return [e for e in (self.vanilla, self.spec) if e is not None]
+
+    def warmup(self) -> int:
+        n = 0
+        for e in self.engines():
+            t0 = time.perf_counter()
+            n += e.warmup()
+            self.log(f"  compiled {'vanilla' if e is self.vanilla else f'K=0..{e.max_k}'} engine "
+                     f"({len(e.batch_buckets)} batch buckets) in {time.perf_counter() - t0:.1f} s")
+        return n
+
+    def controller(self, config: str):
+        kind, k = parse_config(config)
+        if kind == "vanilla":
+            return None
+        e = self.spec
+        if kind == "static":
+            spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
+            return Controller(spec, None, self.max_batch_size, batch_buckets=e.batch_buckets)
+        if self.profile is None:
+            raise RuntimeError("the dynamic configuration needs a profile")
+        spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
+                          dynamic=DynamicConfig(profile=self.profile_path))
+        return Controller(spec, self.profile, self.max_batch_size, batch_buckets=e.batch_buckets)
+
+    def run(self, config: str, prompts, sampling):
+        """One timed `generate`: (wall seconds, outputs, stats dict)."""
+        engine = self.vanilla if config == "vanilla" else self.spec
+        ctl = self.controller(config)
+        if ctl is not None:
+            engine.controller = ctl
+        engine.stats.reset()
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, sampling)
+        wall = time.perf_counter() - t0
+        st = engine.stats
+        # Decode-only: everything after the first step's result (which includes the prefill).
+        tr = st.trace
+        info = {"tokens": int(st.tokens), "row_steps": int(st.row_steps), "steps": int(st.steps),
+                "k_hist": {int(k): int(v) for k, v in sorted(st.k_hist.items())},
+                "decode_tokens": int(sum(t["emitted"] for t in tr[1:])),
+                "decode_s": float(sum(t["wall_ms"] for t in tr[1:]) / 1e3)}
+        return wall, [o.token_ids for o in outs], info
+
+
+def _add_hist(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=None, repeats=None,
+              max_tokens=None, profile=None, quick: bool = False, prompt_len: int | None = None,
+              rows_per_point: int | None = None, rollout_requests: int | None = None,
+              rollout_prompt_len: int | None = None, rollout_median_tokens: int | None = None,
+              rollout_max_tokens: int | None = None, max_seq_len: int | None = None,
+              max_k: int = DEFAULT_MAX_K, batch_buckets: Sequence[int] | None = None,
+              prefill_chunk: int | None = None,
+              profile_prompts=None, profile_out: str | os.PathLike | None = None,
+              workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
+              compilation_cache_dir: str | None = None, runner_hook: Callable | None = None,
+              log: Callable[[str], None] | None = print) -> list[dict]:
+    """Runs the benchmark; returns the result rows (see the module docstring).
+
+    target, draft: `dsd_jax.models.Transformer`s (draft sharing the target's vocabulary);
+    tokenizer: a `tokenizers.Tokenizer` or None (then prompts must be token ids).
+    prompts: held-out prompts (strings or token-id lists); at least max(batch_sizes)
+        and rollout_requests of them are used, cycling when there are fewer.
+    configs: names ("vanilla", "static-K", "dynamic") as a list or a comma-separated
+        string; "vanilla" is always added (the speedup baseline and lossless oracle).
+    profile: a `Profile`, a path to a profile JSON, or None (profile the shared
+        speculative engine now with `profile_engine`; saved to `profile_out` if given).
+    quick: defaults from `QUICK` instead of `FULL` for every argument left None.
+    runner_hook: called as ``runner_hook(runner)`` once engines are compiled and the
+        profile is ready (the demo completes a prompt there).
+
+    Rows: ``{"workload": "sweep", "batch_size", "config", "tokens_per_s",
+    "mean_accepted_len", "k_hist", "lossless", ...}`` and ``{"workload": "rollout",
+    "config", "makespan_s", "tokens_per_s", "lossless", ...}``, plus one
+    ``{"workload": "meta", ...}`` row with the settings, the profile summary and timings.
+    """
+    t_start = time.perf_counter()
+    log = log or (lambda s: None)
+    d = QUICK if quick else FULL
+    pick = lambda v, key: d[key] if v is None else v  # noqa: E731
+    batch_sizes = _int_list("batch_sizes", pick(batch_sizes, "batch_sizes"))
+    configs = _config_list(pick(configs, "configs"))
+    repeats = int(pick(repeats, "repeats"))
+    max_tokens = int(pick(max_tokens, "max_tokens"))
+    prompt_len = int(pick(prompt_len, "prompt_len"))
+    rows_per_point = int(pick(rows_per_point, "rows_per_point"))
+    workloads = tuple(workloads)
+    if not set(workloads) <= {"sweep", "rollout"} or not workloads:
+        raise ValueError(f"workloads must be a subset of ('sweep', 'rollout'), got {workloads}")
+    do_rollout = "rollout" in workloads
+    n_roll = int(pick(rollout_requests, "rollout_requests")) if do_rollout else 0
+    roll_prompt_len = int(pick(rollout_prompt_len, "rollout_prompt_len"))
+    roll_median = int(pick(rollout_median_tokens, "rollout_median_tokens"))
+    if repeats < 1 or max_tokens < 1 or prompt_len < 1 or rows_per_point < 1:
+        raise ValueError("repeats, max_tokens, prompt_len and rows_per_point must be >= 1")
+    if max_seq_len is None:
+        max_seq_len = d["max_seq_len"] if quick or (max_tokens, prompt_len) == (FULL["max_tokens"],
+                                                                               FULL["prompt_len"]) \
+            else max(d["max_seq_len"], prompt_len + max_tokens)
+    max_seq_len = int(max(max_seq_len, prompt_len + max_tokens))
+    roll_cap = int(pick(rollout_max_tokens, "rollout_max_tokens"))
+    roll_cap = max(1, min(roll_cap, max_seq_len - roll_prompt_len))
+    vocab = target.config.vocab_size
+    ids = _encode(prompts, tokenizer, vocab)
+    sweep_prompts = [p[:prompt_len] for p in ids]
+    roll_prompts = [ids[i % len(ids)][:roll_prompt_len] for i in range(n_roll)]
+    max_batch = max(batch_sizes + [n_roll])
+    if batch_buckets is not None:
+        batch_buckets = _int_list("batch_buckets", batch_buckets)
+        if batch_buckets[-1] < max_batch:
+            batch_buckets.append(max_batch)
+
+    log(f"bench ({'quick' if quick else 'full'}): configs {', '.join(configs)}; batch sizes "
+        f"{batch_sizes}; {repeats} repeat(s); {max_tokens} tokens/request (prompts <= {prompt_len} tokens)"
+        + (f"; rollout of {n_roll} requests" if n_roll else ""))
+    if prefill_chunk is None:  # one chunk covers a prompt: no column padding to 256
+        prefill_chunk = min(256, 1 << max(4, (max(prompt_len, roll_prompt_len) - 1).bit_length()))
+    runner = _Runner(target, draft, tokenizer, configs=configs, max_batch_size=max_batch,
+                     max_seq_len=max_seq_len, max_k=max_k, batch_buckets=batch_buckets,
+                     prefill_chunk=int(prefill_chunk),
+                     compilation_cache_dir=compilation_cache_dir, log=log)
+    log(f"compiling every (K, batch bucket) program (max_seq_len {max_seq_len}) ...")
+    t0 = time.perf_counter()
+    n_programs = runner.warmup()
+    compile_s = time.perf_counter() - t0
+
+    # Profile for the dynamic configuration.
+    profile_s = 0.0
+    prof_info = None
+    if "dynamic" in configs:
+        from dsd_jax.profiler import device_kind, engine_fingerprints
+        if profile is None:
+            from dsd_jax.profiler import profile_engine
+            ctx = min(max_seq_len, prompt_len + max_tokens // 2)
+            pp = profile_prompts
+            if pp is None:  # disjoint from the sweep's first prompts where there are enough
+                n_pp = d["profile_prompts"]
+                start = max_batch if len(ids) >= max_batch + n_pp else 0
+                pp = [ids[(start + i) % len(ids)] for i in range(n_pp)]
+            else:
+                pp = _encode(pp, tokenizer, vocab)
+            pp = [p[:prompt_len] for p in pp]
+            log(f"profiling the speculative engine (context {ctx}, {len(pp)} acceptance prompts) ...")
+            t0 = time.perf_counter()
+            profile = profile_engine(runner.spec, context_lengths=(ctx,), repeats=d["profile_repeats"],
+                                     warmup_reps=d["profile_warmup_reps"], prompts=pp,
+                                     acceptance_max_tokens=d["profile_max_tokens"], temperatures=(0.0,))
+            profile_s = time.perf_counter() - t0
+            source = "profiled now"
+            if profile_out:
+                profile.save(profile_out)
+                runner.profile_path = os.fspath(profile_out)
+                source += f", saved to {os.fspath(profile_out)}"
+        elif isinstance(profile, (str, os.PathLike)):
+            runner.profile_path = os.fspath(profile)
+            profile = Profile.load(profile, expect_fingerprints=engine_fingerprints(runner.spec),
+                                   expect_device_kind=device_kind())
+            source = f"loaded from {runner.profile_path}"
+        elif isinstance(profile, Profile):
+            source = "given"
+        else:
+            raise ValueError(f"profile must be a Profile, a path or None, got {type(profile).__name__}")
+        runner.profile = profile
+        prof_info = {"source": source, "path": runner.profile_path, "acceptance": list(profile.acceptance),
+                     "batch_sizes": list(profile.batch_sizes), "ks": list(profile.ks),
+                     "context_lengths": list(profile.context_lengths), "device_kind": profile.device_kind,
+                     "seconds": round(profile_s, 2)}
+        log("  profile acceptance a_i: " + " ".join(f"{a:.2f}" for a in profile.acceptance)
+            + f" ({source}{f', {profile_s:.1f} s' if profile_s else ''})")
+
+    if runner_hook is not None:
+        runner_hook(runner)
+
+    # Untimed warm-up run per configuration: the live batch shrinks through every bucket.
+    t0 = time.perf_counter()
+    warm_n = max_batch
+    warm_prompts = [sweep_prompts[i % len(sweep_prompts)][:16] for i in range(warm_n)]
+    warm_sp = [SamplingParams(temperature=0.0, max_tokens=1 + (i * 8) // warm_n) for i in range(warm_n)]
+    for c in configs:
+        runner.run(c, warm_prompts, warm_sp)
+    warm_s = time.perf_counter() - t0
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    timings: dict[tuple, list[float]] = {}
+    outputs: dict[tuple, list] = {}
+    infos: dict[tuple, list[dict]] = {}
+    rotation = 0
+
+    def order():
+        nonlocal rotation
+        r = rotation % len(configs)
+        rotation += 1
+        return configs[r:] + configs[:r]
+
+    t0 = time.perf_counter()
+    lengths = rollout_lengths(n_roll, roll_median, roll_cap, seed=seed) if do_rollout else []
+    roll_sp = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
+    for rep in range(repeats):
+        if "sweep" in workloads:
+            for b in batch_sizes:
+                groups = max(1, -(-rows_per_point // b))
+                sets = [[sweep_prompts[(g * b + i) % len(sweep_prompts)] for i in range(b)]
+                        for g in range(groups)]
+                for c in order():
+                    wall, outs, info = 0.0, [], None
+                    for s in sets:
+                        w, o, inf = runner.run(c, s, greedy)
+                        wall += w
+                        outs += o
+                        info = inf if info is None else {
+                            "tokens": info["tokens"] + inf["tokens"],
+                            "row_steps": info["row_steps"] + inf["row_steps"],
+                            "steps": info["steps"] + inf["steps"],
+                            "decode_tokens": info["decode_tokens"] + inf["decode_tokens"],
+                            "decode_s": info["decode_s"] + inf["decode_s"],
+                            "k_hist": _add_hist(info["k_hist"], inf["k_hist"])}
+                    key = ("sweep", b, c)
+                    timings.setdefault(key, []).append(wall)
+                    outputs.setdefault(key, []).append(outs)
+                    infos.setdefault(key, []).append(info)
+                log(f"  [repeat {rep + 1}/{repeats}] sweep B={b}: " + ", ".join(
+                    f"{c} {infos[('sweep', b, c)][-1]['tokens'] / timings[('sweep', b, c)][-1]:.0f}"
+                    for c in configs) + " tok/s")
+        if do_rollout:
+            for c in order():
+                wall, outs, info = runner.run(c, roll_prompts, roll_sp)
+                key = ("rollout", None, c)
+                timings.setdefault(key, []).append(wall)
+                outputs.setdefault(key, []).append(outs)
+                infos.setdefault(key, []).append(info)
+            log(f"  [repeat {rep + 1}/{repeats}] rollout of {n_roll}: " + ", ".join(
+                f"{c} {timings[('rollout', None, c)][-1]:.2f} s" for c in configs) + " makespan")
+    timed_s = time.perf_counter() - t0
+
+    rows: list[dict] = []
+    all_lossless = True
+    for (workload, b, c), walls in timings.items():
+        ref = outputs[(workload, b, "vanilla")][0]
+        mism = [sum(o != r for o, r in zip(outs, ref)) for outs in outputs[(workload, b, c)]]
+        lossless = all(m == 0 for m in mism)
+        all_lossless &= lossless
+        reps = infos[(workload, b, c)]
+        info = reps[0]  # greedy and a deterministic controller: every repeat takes the same steps
+        tokens = info["tokens"]
+        row: dict[str, Any] = {"workload": workload}
+        if workload == "sweep":
+            row.update(batch_size=b, config=c)
+            tps = [tokens / w for w in walls]
+            row["tokens_per_s"] = _median(tps)
+            row["wall_s"] = _median(walls)
+            row["prompts"] = len(outputs[(workload, b, c)][0])
+        else:
+            row["config"] = c
+            row["makespan_s"] = _median(walls)
+            row["tokens_per_s"] = tokens / row["makespan_s"]
+            tps = [tokens / w for w in walls]
+            row["num_requests"] = n_roll
+        dec = [i["decode_tokens"] / i["decode_s"] for i in reps if i["decode_s"] > 0]
+        row.update(decode_tokens_per_s=_median(dec) if dec else None,
+                   tokens=tokens, steps=info["steps"],
+                   mean_accepted_len=info["tokens"] / info["row_steps"] if info["row_steps"] else None,
+                   k_hist={str(k): v for k, v in info["k_hist"].items()},
+                   lossless=lossless, mismatched_requests=max(mism),
+                   tokens_per_s_repeats=[round(x, 3) for x in tps], repeats=len(walls))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["workload"] != "sweep", r.get("batch_size") or 0, configs.index(r["config"])))
+    base = {(r["workload"], r.get("batch_size")): r["tokens_per_s"] for r in rows if r["config"] == "vanilla"}
+    dbase = {(r["workload"], r.get("batch_size")): r["decode_tokens_per_s"] for r in rows
+             if r["config"] == "vanilla"}
+    for r in rows:
+        key = (r["workload"], r.get("batch_size"))
+        r["speedup_vs_vanilla"] = r["tokens_per_s"] / base[key]
+        r["decode_speedup_vs_vanilla"] = (r["decode_tokens_per_s"] / dbase[key]
+                                          if r["decode_tokens_per_s"] and dbase[key] else None)
+    meta = {"workload": "meta", "quick": bool(quick), "configs": configs, "batch_sizes": batch_sizes,
+            "repeats": repeats, "max_tokens": max_tokens, "prompt_len": prompt_len,
+            "rows_per_point": rows_per_point, "max_seq_len": max_seq_len, "max_k": runner.max_k,
+            "batch_buckets": list((runner.spec or runner.vanilla).batch_buckets),
+            "rollout": {"num_requests": n_roll, "prompt_len": roll_prompt_len, "lengths": lengths,
+                        "median_tokens": roll_median, "max_tokens": roll_cap,
+                        "distribution": "lognormal(log(median), 1.0), clipped"} if do_rollout else None,
+            "temperature": 0.0, "lossless": all_lossless, "profile": prof_info,
+            "engines": "vanilla: own engine (method none); static-K and dynamic: one shared draft-model "
+                       f"engine compiled for K=0..{runner.max_k}, controller swapped per run",
+            "programs_compiled": n_programs,
+            "seconds": {"compile": round(compile_s, 2), "profile": round(profile_s, 2),
+                        "warmup_runs": round(warm_s, 2), "timed": round(timed_s, 2),
+                        "total": round(time.perf_counter() - t_start, 2)}}
+    rows.append(meta)
+    if not all_lossless:
+        bad = [(r["workload"], r.get("batch_size"), r["config"]) for r in rows
+               if r["workload"] != "meta" and not r["lossless"]]
+        log(f"WARNING: outputs differ from vanilla's (greedy) for {bad}: NOT lossless")
+    return rows
+
+
+# --------------------------------------------------------------------------- reporting
+
+def summarize(rows: list[dict]) -> dict:
+    """Dynamic vs the best other configuration per sweep batch size and for the rollout."""
+    data = [r for r in rows if r["workload"] in ("sweep", "rollout")]
+    out: dict[str, Any] = {"sweep": [], "rollout": None,
+                           "lossless": all(r["lossless"] for r in data)}
+    sizes = sorted({r["batch_size"] for r in data if r["workload"] == "sweep"})
+    for b in sizes:
+        pts = {r["config"]: r["tokens_per_s"] for r in data if r["workload"] == "sweep" and r["batch_size"] == b}
+        others = {c: v for c, v in pts.items() if c != "dynamic"}
+        best_c = max(others, key=others.get)
+        entry = {"batch_size": b, "best_config": max(pts, key=pts.get), "best_other": best_c,
+                 "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
+        if "dynamic" in pts:
+            entry["dynamic_vs_best_other"] = pts["dynamic"] / others[best_c]
+        out["sweep"].append(entry)
+    # Smallest batch size from which on no static K beats vanilla any more.
+    out["speculation_stops_paying_at"] = None
+    spec_gain = []
+    for b in sizes:
+        pts = {r["config"]: r["tokens_per_s"] for r in data if r["workload"] == "sweep" and r["batch_size"] == b}
+        statics = [v for c, v in pts.items() if c.startswith("static")]
+        if statics and "vanilla" in pts:
+            spec_gain.append((b, max(statics) / pts["vanilla"]))
+    for i, (b, _) in enumerate(spec_gain):
+        if all(g <= 1.0 for _, g in spec_gain[i:]):
+            out["speculation_stops_paying_at"] = b
+            break
+    roll = {r["config"]: r["makespan_s"] for r in data if r["workload"] == "rollout"}
+    if roll:
+        others = {c: v for c, v in roll.items() if c != "dynamic"}
+        best_c = min(others, key=others.get)
+        out["rollout"] = {"best_other": best_c, "best_other_makespan_s": others[best_c],
+                          "vanilla_makespan_s": roll.get("vanilla")}
+        if "dynamic" in roll:
+            out["rollout"]["dynamic_makespan_s"] = roll["dynamic"]
+            out["rollout"]["dynamic_vs_best_other"] = roll["dynamic"] / others[best_c]
+    return out
+
+
+def _fmt_hist(h: dict) -> str:
+    total = sum(h.values()) or 1
+    return " ".join(f"K{k}:{100 * v / total:.0f}%" for k, v in sorted(h.items(), key=lambda kv: int(kv[0])))
+
+
+def format_table(rows: list[dict]) -> str:
+    """Batch size x config (tokens/s and speedup over vanilla), dynamic's K histogram, rollout."""
+    sweep = [r for r in rows if r["workload"] == "sweep"]
+    roll = [r for r in rows if r["workload"] == "rollout"]
+    meta = next((r for r in rows if r["workload"] == "meta"), {})
+    configs = meta.get("configs") or list(dict.fromkeys(r["config"] for r in sweep + roll))
+    lines = []
+    if sweep:
+        w = max(12, max(len(c) for c in configs) + 2)
+        lines.append("sweep: tokens/s (speedup over vanilla), greedy, "
+                     f"{meta.get('max_tokens', '?')} tokens per request")
+        lines.append(f"{'batch':>5} | " + " | ".join(f"{c:>{w + 8}}" for c in configs)
+                     + (" | dynamic K histogram" if "dynamic" in configs else ""))
+        for b in sorted({r["batch_size"] for r in sweep}):
+            pts = {r["config"]: r for r in sweep if r["batch_size"] == b}
+            cells = []
+            for c in configs:
+                r = pts.get(c)
+                cells.append(f"{'-':>{w + 8}}" if r is None else
+                             f"{r['tokens_per_s']:>{w}.1f} ({r['speedup_vs_vanilla']:.2f}x)")
+            line = f"{b:>5} | " + " | ".join(cells)
+            if "dynamic" in pts:
+                line += " | " + _fmt_hist(pts["dynamic"]["k_hist"])
+            lines.append(line)
+    if sweep and any(r.get("decode_speedup_vs_vanilla") for r in sweep):
+        lines.append("decode-only speedup over vanilla (prefill and first step excluded):")
+        for b in sorted({r["batch_size"] for r in sweep}):
+            pts = {r["config"]: r for r in sweep if r["batch_size"] == b}
+            lines.append(f"{b:>5} | " + "  ".join(
+                f"{c} {pts[c]['decode_speedup_vs_vanilla']:.2f}x" for c in configs
+                if c in pts and pts[c].get("decode_speedup_vs_vanilla")))
+    if roll:
+        n = meta.get("rollout", {}) or {}
+        lines.append(f"rollout: {n.get('num_requests', '?')} requests, heavy-tailed lengths "
+                     f"(median {n.get('median_tokens', '?')}, max {max(n.get('lengths') or [0])})")
+        for r in roll:
+            lines.append(f"  {r['config']:>10}: makespan {r['makespan_s']:.2f} s, "
+                         f"{r['tokens_per_s']:.1f} tok/s ({r['speedup_vs_vanilla']:.2f}x)"
+                         + (f", K histogram {_fmt_hist(r['k_hist'])}" if r["config"] == "dynamic" else ""))
+    s = summarize(rows)
+    lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO"))
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], path: str | os.PathLike, env: dict | None = None) -> None:
+    doc = {"schema": "dsd_jax.bench/1", "environment": env or environment(),
+           "summary": summarize(rows), "rows": rows}
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:
+    """tokens/s vs batch size per configuration (log2 x) and the rollout makespan bars."""
+    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global backend state is touched
+
+    sweep = [r for r in rows if r["workload"] == "sweep"]
+    roll = [r for r in rows if r["workload"] == "rollout"]
+    meta = next((r for r in rows if r["workload"] == "meta"), {})
+    configs = meta.get("configs") or list(dict.fromkeys(r["config"] for r in sweep + roll))
+    ncols = int(bool(sweep)) + int(bool(roll)) + int(bool(sweep))
+    fig = Figure(figsize=(5.2 * max(ncols, 1), 4.2))
+    axes = list(fig.subplots(1, max(ncols, 1), squeeze=False)[0])
+    cmap = matplotlib.colormaps["tab10"]
+    colors = {c: cmap(i % 10) for i, c in enumerate(configs)}
+    style = lambda c: dict(color=colors[c], lw=2.6 if c == "dynamic" else 1.4,  # noqa: E731
+                           ls="--" if c == "vanilla" else "-", marker="o", ms=4)
+    if sweep:
+        ax = axes.pop(0)
+        for c in configs:
+            pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in sweep if r["config"] == c)
+            if pts:
+                ax.plot(*zip(*pts), label=c, **style(c))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens/s (generated)")
+        ax.set_title("throughput vs batch size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        ax = axes.pop(0)
+        for c in configs:
+            pts = sorted((r["batch_size"], r["speedup_vs_vanilla"]) for r in sweep if r["config"] == c)
+            if pts:
+                ax.plot(*zip(*pts), label=c, **style(c))
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup over vanilla")
+        ax.set_title("speedup vs batch size")
+        ax.grid(True, which="both", alpha=0.3)
+    if roll:
+        ax = axes.pop(0)
+        names = [c for c in configs if any(r["config"] == c for r in roll)]
+        vals = [next(r["makespan_s"] for r in roll if r["config"] == c) for c in names]
+        bars = ax.bar(range(len(names)), vals, color=[colors[c] for c in names])
+        for bar, v in zip(bars, vals):
+            ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        n = (meta.get("rollout") or {}).get("num_requests", "")
+        ax.set_ylabel("makespan (s)")
+        ax.set_title(f"rollout of {n} heavy-tailed requests")
+        ax.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+# --------------------------------------------------------------------------- entry points
+
+def _builtin_prompts(n: int) -> list[str]:
+    from dsd_jax.models import heldout_prompts
+    return heldout_prompts(n)
+
+
+def _shipped_profile() -> str | None:
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    p = Path(BUILTIN_DIR) / "profile.json"
+    return str(p) if p.is_file() else None
+
+
+def _load_models(args):
+    from dsd_jax import cli
+    target, draft, tokenizer, source = cli._load_models("bench", args)
+    return target, draft, tokenizer, source
+
+
+def main(args) -> int:
+    """`dsd-jax bench` (args from the CLI's argparse; see `dsd_jax.cli`)."""
+    quick = bool(getattr(args, "quick", False))
+    target, draft, tokenizer, source = _load_models(args)
+    d = QUICK if quick else FULL
+    configs = getattr(args, "configs", None) or d["configs"]
+    batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
+    n_prompts = max(max(_int_list("batch_sizes", batch_sizes)), d["rollout_requests"]) + d["profile_prompts"]
+    if source == "builtin":
+        prompts = _builtin_prompts(n_prompts)
+    else:
+        if tokenizer is None:
+            raise SystemExit("dsd-jax bench: custom models without a tokenizer are not supported "
+                             "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
+        prompts = _builtin_prompts(n_prompts)
+    profile = getattr(args, "profile", None)
+    if profile is None and source == "builtin" and "dynamic" in _config_list(configs):
+        profile = _shipped_profile()
+    out_json = getattr(args, "json", None)
+    out_plot = getattr(args, "plot", None)
+    profile_out = None
+    if profile is None and out_json:
+        profile_out = os.path.splitext(out_json)[0] + ".profile.json"
+    rows = run_bench(target, draft, tokenizer, prompts, batch_sizes=batch_sizes, configs=configs,
+                     repeats=getattr(args, "repeats", None), max_tokens=getattr(args, "max_tokens", None),
+                     profile=profile, quick=quick, profile_out=profile_out)
+    print(format_table(rows))
+    if out_json:
+        write_json(rows, out_json)
+        print(f"wrote {out_json}")
+    if out_plot:
+        write_plot(rows, out_plot, title=f"dsd-jax bench ({source} models)")
+        print(f"wrote {out_plot}")
+    return 0 if summarize(rows)["lossless"] else 1
+
+
+def demo(args) -> int:
+    """`dsd-jax demo`: complete a held-out prompt with the built-in pair, then `bench --quick`."""
+    t_start = time.perf_counter()
+    quick = bool(getattr(args, "quick", True))
+    out_dir = Path(getattr(args, "out_dir", None) or "dsd_jax_demo")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from dsd_jax.models import builtin
+    print("loading the built-in model pair ...", flush=True)
+    target, draft, tokenizer = builtin()
+    d = QUICK if quick else FULL
+    n_prompts = max(max(d["batch_sizes"]), d["rollout_requests"]) + d["profile_prompts"] + 1
+    prompts = _builtin_prompts(n_prompts)
+    demo_prompt, prompts = prompts[0], prompts[1:]
+    shipped = _shipped_profile()
+    profile = shipped
+    profile_out = None if shipped else out_dir / "profile.json"
+
+    def complete(runner):
+        engine = runner.spec or runner.vanilla
+        if runner.spec is not None and runner.profile is not None:
+            engine.controller = runner.controller("dynamic")
+        engine.stats.reset()
+        t0 = time.perf_counter()
+        out = engine.generate([demo_prompt], SamplingParams(temperature=0.0, max_tokens=96,
+                                                            stop_token_ids=(0,)))[0]
+        dt = time.perf_counter() - t0
+        bar = "-" * 72
+        print(f"\n{bar}\nheld-out prompt + completion (greedy, dynamic K; completion after '<<<'):\n{bar}")
+        print(demo_prompt + "<<<" + (out.text or ""))
+        print(bar)
+        st = engine.stats
+        print(f"{len(out.token_ids)} tokens in {dt:.2f} s; K used per step: {_fmt_hist(st.k_hist)}; "
+              f"mean tokens per step {st.tokens / max(st.row_steps, 1):.2f}\n", flush=True)
+
+    rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=profile,
+                     profile_out=profile_out, runner_hook=complete,
+                     log=lambda s: print(s, flush=True))
+    json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
+    write_json(rows, json_path)
+    write_plot(rows, plot_path, title="dsd-jax demo: built-in pair, " + ("quick" if quick else "full") + " bench")
+    print()
+    print(format_table(rows))
+    s = summarize(rows)
+    for e in s["sweep"]:
+        if "dynamic_vs_best_other" in e:
+            print(f"  B={e['batch_size']:>3}: dynamic = {e['dynamic_vs_best_other']:.2f} x best other "
+                  f"({e['best_other']})")
+    if s["rollout"] and "dynamic_vs_best_other" in s["rollout"]:
+        print(f"  rollout: dynamic makespan = {s['rollout']['dynamic_vs_best_other']:.2f} x best other "
+              f"({s['rollout']['best_other']})")
+    print(f"\nwrote {json_path} and {plot_path}"
+          + (f"; profile {profile_out}" if profile_out else f"; used the shipped profile {shipped}"))
+    print(f"demo finished in {time.perf_counter() - t_start:.0f} s")
+    return 0 if s["lossless"] else 1

@@ -22,7 +22,9 @@ jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 def compilation_count() -> int:
-    """Backend compilations in this process so far (persistent-cache hits excluded)."""
+    """Programs the backend built in this process so far: XLA compilations and loads
+    from the persistent compilation cache alike (JAX reports both as one event), so
+    "no change after warm-up" means no program was built at all."""
     return _count
 
 

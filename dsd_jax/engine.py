@@ -314,29 +314,36 @@ class SpecEngine:
         live: list[_Request] = []
         inflight = None
         self.stats.begin_run()
-        while queue or live or inflight:
-            if queue and len(live) < self.max_batch_size:
-                new = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size - len(live)))]
-                for r in new:
-                    r.slot = len(live)
-                    live.append(r)
-                self._admit(new)
-                self._prefilled = True
-            dispatched = None
-            if live:
-                k = self._choose_k(live)
-                b = _bucket(len(live), self.batch_buckets)
-                self.state, out = self.programs.step(k, b)(self._target_params, self._draft_params,
-                                                           self.state)
-                dispatched = (out, list(live), k, self._context_len(live))
-            if inflight:
-                events, finished = self._process(*inflight)
-                yield from events
-                self._remove(live, [r for r in finished if r.slot >= 0])
-            inflight = dispatched
-            if dispatched and not live:
-                inflight = None
-        self.stats.end_run(requests)
+        finished_normally = False
+        try:
+            while queue or live or inflight:
+                if queue and len(live) < self.max_batch_size:
+                    new = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size - len(live)))]
+                    for r in new:
+                        r.slot = len(live)
+                        live.append(r)
+                    self._admit(new)
+                    self._prefilled = True
+                dispatched = None
+                if live:
+                    k = self._choose_k(live)
+                    b = _bucket(len(live), self.batch_buckets)
+                    self.state, out = self.programs.step(k, b)(self._target_params,
+                                                               self._draft_params, self.state)
+                    dispatched = (out, list(live), k, self._context_len(live))
+                if inflight:
+                    events, finished = self._process(*inflight)
+                    yield from events
+                    self._remove(live, [r for r in finished if r.slot >= 0])
+                # once every request of a dispatched step has finished its outputs are empty
+                inflight = dispatched if live else None
+            finished_normally = True
+        finally:
+            self.stats.end_run(requests)
+            if not finished_normally:
+                # an error or an abandoned stream: free every slot so no stale request
+                # keeps decoding in the next run
+                self.state = self.state._replace(active=jnp.zeros_like(self.state.active))
 
     @staticmethod
     def _context_len(live: list[_Request]) -> int:

@@ -129,3 +129,12 @@ def test_pallas_interpret_backend_matches_xla(pair):
                             max_seq_len=32, prefill_chunk=16, backend=backend, controller=FixedK([2]))
         outs[backend] = [o.token_ids for o in engine.generate(prompts, sp)]
     assert outs["interpret"] == outs["xla"]
+
+
+def test_abandoned_stream_frees_its_slots(engine, pair):
+    engine.controller = FixedK([2])
+    for _ in engine.stream([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=20)):
+        break  # the consumer walks away mid-generation
+    assert not np.asarray(engine.state.active).any()
+    out = engine.generate([[9, 8]], SamplingParams(temperature=0.0, max_tokens=6))
+    assert out[0].token_ids == greedy_reference(pair[0], [9, 8], 6)

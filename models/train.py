@@ -134,7 +134,14 @@ def cached_logits(model, tokens):
 
 def check_parity(model, seed: int = 0, atol: float = 1e-4) -> float:
     x = jax.random.randint(jax.random.key(seed), (2, 32), 0, model.config.vocab_size)
-    diff = float(jnp.max(jnp.abs(model_logits(model, x) - cached_logits(model, x))))
+    graph, params = nnx.split(model)
+
+    @jax.jit
+    def max_diff(params, x):
+        m = nnx.merge(graph, params)
+        return jnp.max(jnp.abs(model_logits(m, x) - cached_logits(m, x)))
+
+    diff = float(max_diff(params, x))
     if not diff <= atol:
         raise AssertionError(f"training forward differs from the model forward by {diff}")
     return diff

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from dsd_jax import models
 from dsd_jax.models import corpus
@@ -39,8 +40,10 @@ def test_builtin_forward_runs(pair):
     ids = tok.encode("def add(a, b):\n    return").ids
     T = len(ids)
     for m in (target, draft):
+        graph, params = nnx.split(m)
         kv = models.init_kv_cache(m.config, 1, 16 + T)
-        logits, _ = m(jnp.asarray([ids], jnp.int32), jnp.arange(T, dtype=jnp.int32)[None], kv)
+        logits, _ = jax.jit(models.forward, static_argnums=0)(
+            graph, params, jnp.asarray([ids], jnp.int32), jnp.arange(T, dtype=jnp.int32)[None], kv)
         assert logits.shape == (1, T, tok.get_vocab_size())
         assert bool(jnp.all(jnp.isfinite(logits)))
 

@@ -7,7 +7,7 @@ a fast wrong answer is worthless).
 
 Engines: `vanilla` is its own engine (``SpecConfig(method="none")``: target only, no
 draft state). Every speculative configuration shares **one** draft-model engine
-compiled for K = 0..max_k (max_k = 6 by default); a configuration is the controller
+compiled for K = 0..max_k (6; 4 with --quick); a configuration is the controller
 object swapped into ``engine.controller`` before each run:
 
 - ``static-K``: the library's own static controller,
@@ -51,7 +51,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -64,23 +63,23 @@ from dsd_jax.profile import Profile
 from dsd_jax.sampling import SamplingParams
 
 __all__ = ["run_bench", "main", "demo", "summarize", "format_table", "write_json", "write_plot",
-           "parse_config", "environment", "rollout_lengths", "QUICK", "FULL"]
-
-DEFAULT_MAX_K = 6
+           "parse_config", "environment", "rollout_lengths", "profile_fit_problems", "QUICK", "FULL"]
 
 # Settings of the two modes (every one can be overridden).
 FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
             repeats=3, max_tokens=64, prompt_len=128, rows_per_point=8,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
-            max_seq_len=448, profile_repeats=7, profile_warmup_reps=2, profile_prompts=16,
-            profile_max_tokens=64)
+            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
+            profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
+# --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 4: about 60 programs,
+# most of the run's time on 2 CPU cores.
 QUICK = dict(batch_sizes=(1, 4, 16, 64),
              configs=("vanilla", "static-2", "static-4", "dynamic"),
              repeats=2, max_tokens=32, prompt_len=64, rows_per_point=4,
-             rollout_requests=32, rollout_prompt_len=48, rollout_median_tokens=24, rollout_max_tokens=144,
-             max_seq_len=208, profile_repeats=3, profile_warmup_reps=1, profile_prompts=8,
-             profile_max_tokens=48)
+             rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=16, rollout_max_tokens=144,
+             max_seq_len=192, max_k=4, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
+             profile_repeats=3, profile_warmup_reps=1, profile_prompts=8, profile_max_tokens=48)
 
 
 # --------------------------------------------------------------------------- configurations
@@ -285,6 +284,22 @@ class _Runner:
         return wall, [o.token_ids for o in outs], info
 
 
+def profile_fit_problems(profile: Profile, engine) -> list[str]:
+    """Ways a profile does not describe `engine`'s programs (empty list: it fits)."""
+    problems = []
+    if profile.max_batch_size < engine.batch_buckets[-1]:
+        problems.append(f"the profile covers batch sizes up to {profile.max_batch_size} but the engine runs up "
+                        f"to {engine.batch_buckets[-1]}: larger batches use the ITL of "
+                        f"{profile.max_batch_size} (clamped)")
+    if profile.max_k < engine.max_k:
+        problems.append(f"the profile covers K <= {profile.max_k}; the engine allows K <= {engine.max_k}")
+    eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None
+    if isinstance(eng, dict) and eng.get("max_seq_len") not in (None, engine.max_seq_len):
+        problems.append(f"the profile was measured with max_seq_len {eng.get('max_seq_len')}, the engine has "
+                        f"{engine.max_seq_len}: step latency follows the KV-cache size")
+    return problems
+
+
 def _add_hist(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
@@ -297,7 +312,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
               rows_per_point: int | None = None, rollout_requests: int | None = None,
               rollout_prompt_len: int | None = None, rollout_median_tokens: int | None = None,
               rollout_max_tokens: int | None = None, max_seq_len: int | None = None,
-              max_k: int = DEFAULT_MAX_K, batch_buckets: Sequence[int] | None = None,
+              max_k: int | None = None, batch_buckets: Sequence[int] | None = None,
               prefill_chunk: int | None = None,
               profile_prompts=None, profile_out: str | os.PathLike | None = None,
               workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
@@ -332,6 +347,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     max_tokens = int(pick(max_tokens, "max_tokens"))
     prompt_len = int(pick(prompt_len, "prompt_len"))
     rows_per_point = int(pick(rows_per_point, "rows_per_point"))
+    max_k = int(pick(max_k, "max_k"))
     workloads = tuple(workloads)
     if not set(workloads) <= {"sweep", "rollout"} or not workloads:
         raise ValueError(f"workloads must be a subset of ('sweep', 'rollout'), got {workloads}")
@@ -341,11 +357,15 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     roll_median = int(pick(rollout_median_tokens, "rollout_median_tokens"))
     if repeats < 1 or max_tokens < 1 or prompt_len < 1 or rows_per_point < 1:
         raise ValueError("repeats, max_tokens, prompt_len and rows_per_point must be >= 1")
-    if max_seq_len is None:
-        max_seq_len = d["max_seq_len"] if quick or (max_tokens, prompt_len) == (FULL["max_tokens"],
-                                                                               FULL["prompt_len"]) \
-            else max(d["max_seq_len"], prompt_len + max_tokens)
-    max_seq_len = int(max(max_seq_len, prompt_len + max_tokens))
+    profile_path = None
+    if isinstance(profile, (str, os.PathLike)):
+        profile_path = os.fspath(profile)
+        profile = Profile.load(profile)  # fingerprints and device are checked once the engine exists
+    if max_seq_len is None and isinstance(profile, Profile):
+        # Step latency depends on the KV-cache size: run at the profile's max_seq_len.
+        eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None
+        max_seq_len = eng.get("max_seq_len") if isinstance(eng, dict) else None
+    max_seq_len = int(max(pick(max_seq_len, "max_seq_len"), prompt_len + max_tokens))
     roll_cap = int(pick(rollout_max_tokens, "rollout_max_tokens"))
     roll_cap = max(1, min(roll_cap, max_seq_len - roll_prompt_len))
     vocab = target.config.vocab_size
@@ -353,6 +373,9 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     sweep_prompts = [p[:prompt_len] for p in ids]
     roll_prompts = [ids[i % len(ids)][:roll_prompt_len] for i in range(n_roll)]
     max_batch = max(batch_sizes + [n_roll])
+    if batch_buckets is None and d["batch_buckets"] is not None and set(batch_sizes) <= set(d["batch_buckets"]) \
+            and max_batch <= max(d["batch_buckets"]):
+        batch_buckets = d["batch_buckets"]
     if batch_buckets is not None:
         batch_buckets = _int_list("batch_buckets", batch_buckets)
         if batch_buckets[-1] < max_batch:
@@ -361,6 +384,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     log(f"bench ({'quick' if quick else 'full'}): configs {', '.join(configs)}; batch sizes "
         f"{batch_sizes}; {repeats} repeat(s); {max_tokens} tokens/request (prompts <= {prompt_len} tokens)"
         + (f"; rollout of {n_roll} requests" if n_roll else ""))
+    prefill_chunk = pick(prefill_chunk, "prefill_chunk")
     if prefill_chunk is None:  # one chunk covers a prompt: no column padding to 256
         prefill_chunk = min(256, 1 << max(4, (max(prompt_len, roll_prompt_len) - 1).bit_length()))
     runner = _Runner(target, draft, tokenizer, configs=configs, max_batch_size=max_batch,
@@ -399,13 +423,12 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                 profile.save(profile_out)
                 runner.profile_path = os.fspath(profile_out)
                 source += f", saved to {os.fspath(profile_out)}"
-        elif isinstance(profile, (str, os.PathLike)):
-            runner.profile_path = os.fspath(profile)
-            profile = Profile.load(profile, expect_fingerprints=engine_fingerprints(runner.spec),
-                                   expect_device_kind=device_kind())
-            source = f"loaded from {runner.profile_path}"
         elif isinstance(profile, Profile):
-            source = "given"
+            runner.profile_path = profile_path
+            source = f"loaded from {profile_path}" if profile_path else "given"
+            profile.check_compatible(engine_fingerprints(runner.spec), device_kind(), source=source)
+            for problem in profile_fit_problems(profile, runner.spec):
+                log(f"  WARNING: {problem}")
         else:
             raise ValueError(f"profile must be a Profile, a path or None, got {type(profile).__name__}")
         runner.profile = profile
@@ -642,6 +665,14 @@ def write_json(rows: list[dict], path: str | os.PathLike, env: dict | None = Non
         f.write("\n")
 
 
+def _batch_axis(ax, sweep):
+    from matplotlib.ticker import NullFormatter
+    sizes = sorted({r["batch_size"] for r in sweep})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:
     """tokens/s vs batch size per configuration (log2 x) and the rollout makespan bars."""
     import matplotlib
@@ -664,7 +695,7 @@ def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = No
             pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in sweep if r["config"] == c)
             if pts:
                 ax.plot(*zip(*pts), label=c, **style(c))
-        ax.set_xscale("log", base=2)
+        _batch_axis(ax, sweep)
         ax.set_yscale("log")
         ax.set_xlabel("batch size")
         ax.set_ylabel("tokens/s (generated)")
@@ -677,7 +708,7 @@ def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = No
             if pts:
                 ax.plot(*zip(*pts), label=c, **style(c))
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xscale("log", base=2)
+        _batch_axis(ax, sweep)
         ax.set_xlabel("batch size")
         ax.set_ylabel("speedup over vanilla")
         ax.set_title("speedup vs batch size")
@@ -709,10 +740,27 @@ def _builtin_prompts(n: int) -> list[str]:
     return heldout_prompts(n)
 
 
-def _shipped_profile() -> str | None:
+def _shipped_profile(quick: bool, log=print) -> str | None:
+    """`models/builtin/profile.json` if it exists and covers this run's batch sizes and Ks."""
     from dsd_jax.models.builtin import BUILTIN_DIR
     p = Path(BUILTIN_DIR) / "profile.json"
-    return str(p) if p.is_file() else None
+    if not p.is_file():
+        return None
+    d = QUICK if quick else FULL
+    try:
+        prof = Profile.load(p)
+    except ValueError as e:
+        log(f"ignoring the shipped profile: {e}")
+        return None
+    need_b = max(max(d["batch_sizes"]), d["rollout_requests"])
+    eng = prof.meta.get("engine") if isinstance(prof.meta, dict) else None
+    seq = eng.get("max_seq_len") if isinstance(eng, dict) else None
+    if prof.max_batch_size < need_b or prof.max_k < d["max_k"] or seq != d["max_seq_len"]:
+        log(f"the shipped profile {p} covers B <= {prof.max_batch_size}, K <= {prof.max_k} at max_seq_len "
+            f"{seq}; this run needs B <= {need_b}, K <= {d['max_k']} at max_seq_len {d['max_seq_len']}: "
+            "profiling now instead")
+        return None
+    return str(p)
 
 
 def _load_models(args):
@@ -738,7 +786,7 @@ def main(args) -> int:
         prompts = _builtin_prompts(n_prompts)
     profile = getattr(args, "profile", None)
     if profile is None and source == "builtin" and "dynamic" in _config_list(configs):
-        profile = _shipped_profile()
+        profile = _shipped_profile(quick)
     out_json = getattr(args, "json", None)
     out_plot = getattr(args, "plot", None)
     profile_out = None
@@ -770,7 +818,7 @@ def demo(args) -> int:
     n_prompts = max(max(d["batch_sizes"]), d["rollout_requests"]) + d["profile_prompts"] + 1
     prompts = _builtin_prompts(n_prompts)
     demo_prompt, prompts = prompts[0], prompts[1:]
-    shipped = _shipped_profile()
+    shipped = _shipped_profile(quick)
     profile = shipped
     profile_out = None if shipped else out_dir / "profile.json"
 
@@ -793,6 +841,7 @@ def demo(args) -> int:
 
     rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=profile,
                      profile_out=profile_out, runner_hook=complete,
+                     compilation_cache_dir=str(out_dir / "xla_cache"),
                      log=lambda s: print(s, flush=True))
     json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
     write_json(rows, json_path)

@@ -1,0 +1,122 @@
+"""The benchmark harness on tiny random models: row schema, losslessness, JSON and plot.
+
+No timing assertions (2 shared CPU cores); the built-in pair's numbers are in the
+issue notes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import scaled
+from dsd_jax import bench
+
+
+def _prompts(n, vocab=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, size=int(rng.integers(6, 14))).tolist() for _ in range(n)]
+
+
+TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=1, max_tokens=8, quick=True,
+            prompt_len=12, rows_per_point=1, rollout_requests=4, rollout_prompt_len=8,
+            rollout_median_tokens=4, rollout_max_tokens=12, max_seq_len=32, max_k=2, batch_buckets=[4],
+            log=None)
+
+
+@pytest.fixture(scope="module")
+def bench_rows(tiny_pair, tmp_path_factory):
+    target, draft = tiny_pair
+    # A draft that agrees with the target on some tokens, so acceptance is not ~0.
+    rows = bench.run_bench(scaled(target, 3.0), scaled(draft, 3.0), None, _prompts(12), profile=None,
+                           profile_out=tmp_path_factory.mktemp("prof") / "profile.json", **TINY)
+    return rows
+
+
+def test_rows_schema_and_lossless(bench_rows):
+    rows = bench_rows
+    meta = [r for r in rows if r["workload"] == "meta"]
+    assert len(meta) == 1 and meta[0]["lossless"] is True
+    assert meta[0]["configs"] == ["vanilla", "static-2", "dynamic"]
+    assert meta[0]["profile"]["source"].startswith("profiled now")
+    sweep = [r for r in rows if r["workload"] == "sweep"]
+    assert {(r["batch_size"], r["config"]) for r in sweep} == {
+        (b, c) for b in (1, 4) for c in ("vanilla", "static-2", "dynamic")}
+    for r in sweep:
+        assert r["tokens_per_s"] > 0 and np.isfinite(r["tokens_per_s"])
+        assert r["lossless"] is True and r["mismatched_requests"] == 0
+        assert r["tokens"] == r["prompts"] * 8  # fixed max_tokens, no stop ids: same work everywhere
+        hist = {int(k): v for k, v in r["k_hist"].items()}
+        assert sum(hist.values()) == r["steps"] > 0
+        if r["config"] == "vanilla":
+            assert hist == {0: r["steps"]} and r["mean_accepted_len"] == 1.0
+        elif r["config"] == "static-2":
+            assert set(hist) == {2} and 1.0 <= r["mean_accepted_len"] <= 3.0
+        else:
+            assert set(hist) <= {0, 1, 2}
+    roll = [r for r in rows if r["workload"] == "rollout"]
+    assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
+    lengths = meta[0]["rollout"]["lengths"]
+    assert len(lengths) == 4 and all(1 <= n <= 12 for n in lengths)
+    for r in roll:
+        assert r["makespan_s"] > 0 and r["tokens_per_s"] > 0 and r["lossless"] is True
+        assert r["tokens"] == sum(lengths) and r["num_requests"] == 4
+    json.dumps(rows)  # JSON-ready
+
+
+def test_json_plot_and_table(bench_rows, tmp_path):
+    bench.write_json(bench_rows, tmp_path / "b.json")
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["rows"] == json.loads(json.dumps(bench_rows))
+    env = doc["environment"]
+    assert env["platform"] == "cpu" and env["jax_version"] and "device_kind" in env
+    s = doc["summary"]
+    assert s["lossless"] is True and [e["batch_size"] for e in s["sweep"]] == [1, 4]
+    assert "dynamic_vs_best_other" in s["sweep"][0] and "dynamic_vs_best_other" in s["rollout"]
+    bench.write_plot(bench_rows, tmp_path / "b.png")
+    png = (tmp_path / "b.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    table = bench.format_table(bench_rows)
+    assert "static-2" in table and "lossless" in table and "K histogram" in table
+
+
+def _row(b, c, tps, workload="sweep"):
+    r = {"workload": workload, "config": c, "tokens_per_s": tps, "lossless": True, "k_hist": {"0": 1},
+         "speedup_vs_vanilla": 1.0}
+    if workload == "sweep":
+        r["batch_size"] = b
+    else:
+        r["makespan_s"] = 100.0 / tps
+    return r
+
+
+def test_summary_on_hand_made_rows():
+    rows = []
+    for b, (v, s2, s4, dyn) in {1: (10, 20, 25, 26), 4: (30, 40, 35, 40), 16: (80, 70, 50, 80),
+                                 64: (200, 150, 100, 199)}.items():
+        rows += [_row(b, "vanilla", v), _row(b, "static-2", s2), _row(b, "static-4", s4), _row(b, "dynamic", dyn)]
+    rows += [_row(None, "vanilla", 10, "rollout"), _row(None, "static-2", 12, "rollout"),
+             _row(None, "dynamic", 15, "rollout")]
+    s = bench.summarize(rows)
+    by_b = {e["batch_size"]: e for e in s["sweep"]}
+    assert by_b[1]["best_other"] == "static-4" and by_b[1]["dynamic_vs_best_other"] == pytest.approx(26 / 25)
+    assert by_b[64]["best_other"] == "vanilla" and by_b[64]["dynamic_vs_best_other"] == pytest.approx(0.995)
+    assert by_b[1]["best_speedup_vs_vanilla"] == pytest.approx(2.6)
+    assert s["speculation_stops_paying_at"] == 16
+    assert s["rollout"]["best_other"] == "static-2"
+    assert s["rollout"]["dynamic_vs_best_other"] == pytest.approx(12 / 15)
+    assert s["lossless"] is True
+    rows[0]["lossless"] = False
+    assert bench.summarize(rows)["lossless"] is False
+
+
+def test_config_parsing_and_lengths():
+    assert bench.parse_config("static-6") == ("static", 6)
+    assert bench.parse_config("vanilla") == ("vanilla", None)
+    for bad in ("static-0", "static-x", "fast", 3):
+        with pytest.raises(ValueError):
+            bench.parse_config(bad)
+    a = bench.rollout_lengths(64, 32, 320, seed=0)
+    assert a == bench.rollout_lengths(64, 32, 320, seed=0) and len(a) == 64
+    assert max(a) > 4 * np.median(a) and min(a) >= 4 and max(a) <= 320  # heavy tail

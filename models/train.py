@@ -16,7 +16,8 @@ Batches are windows of `seq_len + 1` tokens at offsets drawn from
 Each phase uses AdamW with linear warm-up and cosine decay over its planned steps.
 With `--minutes`, the planned step counts are set from the measured step rate after a
 few steps (printed and written to `DIR/train_log.json`); pass them back as
-`--joint-steps/--distill-steps` (and `--minutes 0`) to reproduce a run step for step.
+`--joint-steps/--distill-steps` (and `--minutes 0`, plus `--joint-stop` when phase 1
+ended at its time limit) to reproduce a run step for step.
 Checkpoints (bf16, `models.save`) go to `DIR/target` and `DIR/draft` every
 `--ckpt-minutes` and at the end, so the job can be stopped at any time.
 """
@@ -223,6 +224,9 @@ def main(argv=None):
                     help="share of the budget for phase 2 (draft-only distillation)")
     ap.add_argument("--joint-steps", type=int, default=None, help="planned phase-1 steps")
     ap.add_argument("--distill-steps", type=int, default=None, help="planned phase-2 steps")
+    ap.add_argument("--joint-stop", type=int, default=None,
+                    help="end phase 1 after this many steps (reproduces a run whose phase 1 hit "
+                         "its wall-clock limit; the schedule still spans --joint-steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
@@ -356,7 +360,8 @@ def main(argv=None):
     def run_phase(name, steps, step_fn, phase_deadline):
         nonlocal t_params, d_params, t_state, d_state
         acc, n_acc, s0, done = None, 0, time.time(), 0
-        for i in range(steps):
+        stop = steps if name != "joint" or args.joint_stop is None else min(steps, args.joint_stop)
+        for i in range(stop):
             if time.time() > phase_deadline:
                 log(f"{name}: wall-clock budget reached after {i} of {steps} steps")
                 break

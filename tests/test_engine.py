@@ -102,7 +102,7 @@ def test_batch_shrinking_rollout_without_recompilation(pair):
     target, draft = pair
     engine = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=2),
                         max_batch_size=64, max_seq_len=80, prefill_chunk=16,
-                        controller=FixedK([2, 0, 1, 2, 2, 0]))
+                        batch_buckets=(1, 4, 16, 64), controller=FixedK([2, 0, 1, 2, 2, 0]))
     engine.warmup()
     before = compilation_count()
     rng = np.random.default_rng(0)

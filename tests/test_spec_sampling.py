@@ -61,7 +61,7 @@ SAMPLING = {
 def test_sampled_output_matches_target_distribution(small_vocab_pair, draft_sampling):
     target, draft = small_vocab_pair
     engine = make_engine(target, draft, method="draft_model", draft_sampling=draft_sampling,
-                         max_batch_size=64)
+                         max_batch_size=64, batch_buckets=(64,))
     for (name, sp), k in itertools.product(SAMPLING.items(), (1, 4)):
         engine.controller = FixedK([k])
         params = [SamplingParams(**{**sp.__dict__, "seed": 1000 * k + i}) for i in range(N_SAMPLES)]
@@ -119,7 +119,7 @@ def test_drafter_invariant_acceptance_vs_rejection(small_vocab_pair):
     for mode in ("rejection", "drafter_invariant"):
         ctl = FixedK([4])
         engine = make_engine(target, draft, controller=ctl, method="draft_model", acceptance=mode,
-                             max_batch_size=64)
+                             max_batch_size=64, batch_buckets=(64,))
         engine.generate([PROMPT] * 64, params)
         rates[mode] = engine.metrics()["acceptance_per_position"][0]
     print("first-position acceptance:", rates)

@@ -42,7 +42,7 @@ from flax import nnx
 from . import corpus
 from .checkpoint import save
 from .config import ModelConfig
-from .transformer import apply_rope, init_kv_cache, init_model, rms_norm, rope_inv_freq
+from .transformer import init_kv_cache, init_model, rope_cos_sin
 
 EOT = "<|endoftext|>"
 VOCAB_SIZE = 4096
@@ -99,29 +99,13 @@ def model_logits(model, tokens):
     the model's own forward is checked by `check_parity` and tests/test_builtin.py."""
     cfg = model.config
     B, T = tokens.shape
-    freqs = jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(cfg))
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[None]
-    cos, sin = jnp.cos(emb).astype(cfg.jnp_dtype), jnp.sin(emb).astype(cfg.jnp_dtype)
+    cos, sin = rope_cos_sin(cfg, jnp.arange(T)[None])
     x = jnp.take(model.embed[...], tokens, axis=0)
     for layer in model.layers:
-        h = rms_norm(x, layer.attn_norm[...], cfg.rms_norm_eps)
-        q, k, v = h @ layer.wq[...], h @ layer.wk[...], h @ layer.wv[...]
-        if cfg.qkv_bias:
-            q, k, v = q + layer.bq[...], k + layer.bk[...], v + layer.bv[...]
-        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = rms_norm(q, layer.q_norm[...], cfg.rms_norm_eps)
-            k = rms_norm(k, layer.k_norm[...], cfg.rms_norm_eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = layer.qkv(cfg, x, cos, sin)
         attn = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
-        x = x + attn.reshape(B, T, -1) @ layer.wo[...]
-        h = rms_norm(x, layer.mlp_norm[...], cfg.rms_norm_eps)
-        x = x + (jax.nn.silu(h @ layer.w_gate[...]) * (h @ layer.w_up[...])) @ layer.w_down[...]
-    x = rms_norm(x, model.final_norm[...], cfg.rms_norm_eps)
-    head = model.embed[...].T if cfg.tie_word_embeddings else model.lm_head[...]
-    return jnp.matmul(x, head, preferred_element_type=jnp.float32)
+        x = layer.finish(cfg, x, attn)
+    return model.logits(x)
 
 
 def cached_logits(model, tokens):

@@ -61,6 +61,13 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     return inv_freq.astype(np.float32)
 
 
+def rope_cos_sin(cfg: ModelConfig, positions):
+    """cos, sin [B, T, head_dim] for integer positions [B, T] (or [1, T])."""
+    freqs = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(cfg))
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(cfg.jnp_dtype), jnp.sin(emb).astype(cfg.jnp_dtype)
+
+
 def apply_rope(x, cos, sin):
     """x: [B, T, H, D]; cos/sin: [B, T, D] (rotate-half layout)."""
     half = x.shape[-1] // 2
@@ -100,8 +107,8 @@ class Block(nnx.Module):
         self.w_up = _normal(rngs, (d, f), dt)
         self.w_down = _normal(rngs, (f, d), dt)
 
-    def __call__(self, cfg: ModelConfig, x, cos, sin, write_pos, q_pos, k_cache, v_cache, rows,
-                 attn_backend):
+    def qkv(self, cfg: ModelConfig, x, cos, sin):
+        """Rotated queries [B, T, Hq, D] and keys, values [B, T, Hkv, D] of x [B, T, d]."""
         B, T, _ = x.shape
         h = rms_norm(x, self.attn_norm[...], cfg.rms_norm_eps)
         q, k, v = h @ self.wq[...], h @ self.wk[...], h @ self.wv[...]
@@ -113,8 +120,19 @@ class Block(nnx.Module):
         if cfg.qk_norm:
             q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)
             k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
+    def finish(self, cfg: ModelConfig, x, attn):
+        """Output projection of the attention [B, T, Hq, D], residual, then the SwiGLU MLP."""
+        B, T, _ = x.shape
+        x = x + attn.reshape(B, T, -1) @ self.wo[...]
+        h = rms_norm(x, self.mlp_norm[...], cfg.rms_norm_eps)
+        return x + (jax.nn.silu(h @ self.w_gate[...]) * (h @ self.w_up[...])) @ self.w_down[...]
+
+    def __call__(self, cfg: ModelConfig, x, cos, sin, write_pos, q_pos, k_cache, v_cache, rows,
+                 attn_backend):
+        B = x.shape[0]
+        q, k, v = self.qkv(cfg, x, cos, sin)
         # Scatter the T new entries at their positions (out-of-range ones are dropped).
         idx = jnp.arange(B, dtype=jnp.int32) if rows is None else rows
         k_cache = k_cache.at[idx[:, None], :, write_pos].set(k, mode="drop")
@@ -122,11 +140,7 @@ class Block(nnx.Module):
         # The first B rows are a static slice; explicit rows are a gather.
         k_rows, v_rows = (k_cache[:B], v_cache[:B]) if rows is None else (k_cache[rows], v_cache[rows])
         attn = kernels.verify_attention(q, k_rows, v_rows, q_pos, backend=attn_backend)
-        x = x + attn.reshape(B, T, -1) @ self.wo[...]
-
-        h = rms_norm(x, self.mlp_norm[...], cfg.rms_norm_eps)
-        x = x + (jax.nn.silu(h @ self.w_gate[...]) * (h @ self.w_up[...])) @ self.w_down[...]
-        return x, k_cache, v_cache
+        return self.finish(cfg, x, attn), k_cache, v_cache
 
 
 class Transformer(nnx.Module):
@@ -154,9 +168,7 @@ class Transformer(nnx.Module):
         capacity = kv.capacity
         write_pos = jnp.where(positions < 0, capacity, positions)  # dropped by the scatter
         q_pos = jnp.maximum(positions, 0)
-        freqs = q_pos[..., None].astype(jnp.float32) * jnp.asarray(rope_inv_freq(cfg))
-        emb = jnp.concatenate([freqs, freqs], axis=-1)
-        cos, sin = jnp.cos(emb).astype(cfg.jnp_dtype), jnp.sin(emb).astype(cfg.jnp_dtype)
+        cos, sin = rope_cos_sin(cfg, q_pos)
 
         x = jnp.take(self.embed[...], tokens, axis=0)
         new_k, new_v = [], []
@@ -165,10 +177,13 @@ class Transformer(nnx.Module):
                                         attn_backend)
             new_k.append(k_cache)
             new_v.append(v_cache)
-        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
-        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.matmul(x, head, preferred_element_type=jnp.float32)
-        return logits, KVCache(tuple(new_k), tuple(new_v))
+        return self.logits(x), KVCache(tuple(new_k), tuple(new_v))
+
+    def logits(self, x):
+        """Final norm and LM head: float32 logits [B, T, V] of hidden states [B, T, d]."""
+        x = rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
+        head = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+        return jnp.matmul(x, head, preferred_element_type=jnp.float32)
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

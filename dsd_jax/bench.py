@@ -280,8 +280,36 @@ class _Runner:
         info = {"tokens": int(st.tokens), "row_steps": int(st.row_steps), "steps": int(st.steps),
                 "k_hist": {int(k): int(v) for k, v in sorted(st.k_hist.items())},
                 "decode_tokens": int(sum(t["emitted"] for t in tr[1:])),
-                "decode_s": float(sum(t["wall_ms"] for t in tr[1:]) / 1e3)}
+                "decode_s": float(sum(t["wall_ms"] for t in tr[1:]) / 1e3),
+                # (K, batch bucket, wall ms) of every step after the first, for calibration
+                "step_ms": [(t["k"], _bucket_of(t["batch_size"], engine.batch_buckets), t["wall_ms"])
+                            for t in tr[1:]]}
+        stats = getattr(ctl, "stats", None)
+        if ctl is not None and ctl.mode == "goodput" and callable(stats):
+            c = stats()
+            info["controller"] = {k: c.get(k) for k in ("itl_mape", "al_mape", "acceptance", "table_refreshes",
+                                                         "using_live_acceptance")}
         return wall, [o.token_ids for o in outs], info
+
+
+def _bucket_of(n: int, buckets) -> int:
+    return next((b for b in buckets if b >= n), n)
+
+
+def _calibration(step_ms, profile: Profile | None) -> list[dict]:
+    """Measured step time per (K, bucket) (median over steps) next to the profile's ITL."""
+    groups: dict[tuple, list[float]] = {}
+    for k, b, ms in step_ms:
+        groups.setdefault((int(k), int(b)), []).append(float(ms))
+    out = []
+    for (k, b), ms in sorted(groups.items()):
+        entry = {"k": k, "bucket": b, "steps": len(ms), "measured_ms": round(_median(ms), 3)}
+        if profile is not None and k <= profile.max_k:
+            pred = profile.itl_ms(b, k)
+            entry["profile_ms"] = round(pred, 3)
+            entry["measured_over_profile"] = round(entry["measured_ms"] / pred, 3)
+        out.append(entry)
+    return out
 
 
 def profile_fit_problems(profile: Profile, engine) -> list[str]:
@@ -484,6 +512,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                             "steps": info["steps"] + inf["steps"],
                             "decode_tokens": info["decode_tokens"] + inf["decode_tokens"],
                             "decode_s": info["decode_s"] + inf["decode_s"],
+                            "step_ms": info["step_ms"] + inf["step_ms"],
+                            "controller": inf.get("controller"),
                             "k_hist": _add_hist(info["k_hist"], inf["k_hist"])}
                     key = ("sweep", b, c)
                     timings.setdefault(key, []).append(wall)
@@ -532,7 +562,10 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                    mean_accepted_len=info["tokens"] / info["row_steps"] if info["row_steps"] else None,
                    k_hist={str(k): v for k, v in info["k_hist"].items()},
                    lossless=lossless, mismatched_requests=max(mism),
-                   tokens_per_s_repeats=[round(x, 3) for x in tps], repeats=len(walls))
+                   tokens_per_s_repeats=[round(x, 3) for x in tps], repeats=len(walls),
+                   step_calibration=_calibration([x for i in reps for x in i["step_ms"]], runner.profile))
+        if info.get("controller") is not None:
+            row["controller"] = reps[-1]["controller"]
         rows.append(row)
     rows.sort(key=lambda r: (r["workload"] != "sweep", r.get("batch_size") or 0, configs.index(r["config"])))
     base = {(r["workload"], r.get("batch_size")): r["tokens_per_s"] for r in rows if r["config"] == "vanilla"}
@@ -642,6 +675,18 @@ def format_table(rows: list[dict]) -> str:
             lines.append(f"{b:>5} | " + "  ".join(
                 f"{c} {pts[c]['decode_speedup_vs_vanilla']:.2f}x" for c in configs
                 if c in pts and pts[c].get("decode_speedup_vs_vanilla")))
+    if sweep and any(c.get("profile_ms") for r in sweep for c in r.get("step_calibration") or []):
+        lines.append("step time measured in the runs / profiled ITL (same K and batch bucket; most common K):")
+        for b in sorted({r["batch_size"] for r in sweep}):
+            cells = []
+            for c in configs:
+                r = next((r for r in sweep if r["batch_size"] == b and r["config"] == c), None)
+                cal = [e for e in (r or {}).get("step_calibration") or [] if e.get("profile_ms")]
+                if cal:
+                    e = max(cal, key=lambda e: e["steps"])
+                    cells.append(f"{c} K{e['k']}: {e['measured_ms']:.1f}/{e['profile_ms']:.1f} ms "
+                                 f"({e['measured_over_profile']:.2f})")
+            lines.append(f"{b:>5} | " + "  ".join(cells))
     if roll:
         n = meta.get("rollout", {}) or {}
         lines.append(f"rollout: {n.get('num_requests', '?')} requests, heavy-tailed lengths "

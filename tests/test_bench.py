@@ -47,6 +47,9 @@ def test_rows_schema_and_lossless(bench_rows):
         assert r["tokens_per_s"] > 0 and np.isfinite(r["tokens_per_s"])
         assert r["lossless"] is True and r["mismatched_requests"] == 0
         assert r["tokens"] == r["prompts"] * 8  # fixed max_tokens, no stop ids: same work everywhere
+        cal = r["step_calibration"]  # measured step time next to the profile's ITL
+        assert cal and all(e["measured_ms"] > 0 and e["profile_ms"] > 0 for e in cal)
+        assert {e["k"] for e in cal} <= {int(k) for k in r["k_hist"]}
         hist = {int(k): v for k, v in r["k_hist"].items()}
         assert sum(hist.values()) == r["steps"] > 0
         if r["config"] == "vanilla":
@@ -54,7 +57,7 @@ def test_rows_schema_and_lossless(bench_rows):
         elif r["config"] == "static-2":
             assert set(hist) == {2} and 1.0 <= r["mean_accepted_len"] <= 3.0
         else:
-            assert set(hist) <= {0, 1, 2}
+            assert set(hist) <= {0, 1, 2} and "itl_mape" in r["controller"]
     roll = [r for r in rows if r["workload"] == "rollout"]
     assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
     lengths = meta[0]["rollout"]["lengths"]

@@ -124,7 +124,9 @@ class SpecEngine:
         opts = StepOptions(method=spec.method, acceptance=spec.acceptance,
                            draft_sampling=spec.draft_sampling, ngram_min=spec.prompt_lookup_min,
                            ngram_max=spec.prompt_lookup_max, backend=backend)
-        prefill_rows = tuple(b for b in self.batch_buckets if b in (1, 8) or b == max_batch_size)
+        # Admission prefills the new requests together in the smallest batch bucket that
+        # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
+        prefill_rows = self.batch_buckets
         prefill_chunks = tuple(sorted({min(32, self.prefill_chunk), self.prefill_chunk}))
         self.programs = Programs(target_graph, draft_graph, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,

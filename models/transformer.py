@@ -182,8 +182,9 @@ class Transformer(nnx.Module):
     def logits(self, x):
         """Final norm and LM head: float32 logits [B, T, V] of hidden states [B, T, d]."""
         x = rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
-        head = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
-        return jnp.matmul(x, head, preferred_element_type=jnp.float32)
+        if self.config.tie_word_embeddings:  # contract with embed [V, d] directly, no transpose
+            return jnp.einsum("btd,vd->btv", x, self.embed[...], preferred_element_type=jnp.float32)
+        return jnp.matmul(x, self.lm_head[...], preferred_element_type=jnp.float32)
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

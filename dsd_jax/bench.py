@@ -79,7 +79,7 @@ QUICK = dict(batch_sizes=(1, 4, 16, 64),
              repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4,
              rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=12, rollout_max_tokens=112,
              max_seq_len=160, max_k=4, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
-             profile_repeats=3, profile_warmup_reps=1, profile_prompts=8, profile_max_tokens=48)
+             profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
 
 
 # --------------------------------------------------------------------------- configurations

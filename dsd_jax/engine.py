@@ -26,6 +26,7 @@ from dsd_jax import compilation
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.metrics import EngineStats
+from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.state import MAX_STOP_IDS, init_state
@@ -132,6 +133,11 @@ class SpecEngine:
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
                                  prefill_rows, prefill_chunks)
         if controller is None:
+            if profile is None and spec.dynamic is not None and spec.dynamic.profile:
+                # warns loudly when the profile was measured for other models or hardware
+                from dsd_jax.profiler import device_kind
+                profile = Profile.load(spec.dynamic.profile, expect_fingerprints=self.fingerprints(),
+                                       expect_device_kind=device_kind())
             controller = Controller(spec, profile, max_batch_size=max_batch_size,
                                     batch_buckets=self.batch_buckets)
         self.controller = controller

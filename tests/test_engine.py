@@ -138,3 +138,15 @@ def test_abandoned_stream_frees_its_slots(engine, pair):
     assert not np.asarray(engine.state.active).any()
     out = engine.generate([[9, 8]], SamplingParams(temperature=0.0, max_tokens=6))
     assert out[0].token_ids == greedy_reference(pair[0], [9, 8], 6)
+
+
+def test_profile_for_other_models_warns(pair, tmp_path):
+    from dsd_jax import DynamicConfig
+    from dsd_jax.profile import Profile, ProfileMismatchWarning
+    path = tmp_path / "profile.json"
+    Profile(device_kind="cpu", batch_sizes=[1, 2, 4], ks=[0, 1, 2],
+            latency_ms=[[1.0, 1.5, 2.0]] * 3, acceptance=[0.8, 0.6],
+            fingerprints={"target": "0000.0000", "draft": "1111.1111"}).save(path)
+    spec = SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig(profile=str(path)))
+    with pytest.warns(ProfileMismatchWarning, match="fingerprint"):
+        SpecEngine(*pair, spec, max_batch_size=4, max_seq_len=32)

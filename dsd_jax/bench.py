@@ -235,6 +235,7 @@ class _Runner:
             self.spec = SpecEngine(target, draft, SpecConfig(method="draft_model",
                                                             num_speculative_tokens=self.max_k), **common)
         self.max_batch_size = max_batch_size
+        self._dynamic = None  # the one goodput controller, built on first use
         self.profile: Profile | None = None
         self.profile_path: str | None = None
 
@@ -260,9 +261,14 @@ class _Runner:
             return Controller(spec, None, self.max_batch_size, batch_buckets=e.batch_buckets)
         if self.profile is None:
             raise RuntimeError("the dynamic configuration needs a profile")
-        spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
-                          dynamic=DynamicConfig(profile=self.profile_path))
-        return Controller(spec, self.profile, self.max_batch_size, batch_buckets=e.batch_buckets)
+        # One goodput controller for the whole bench, as a serving engine keeps one across
+        # calls: live acceptance learnt in earlier runs corrects the profile's estimate.
+        if self._dynamic is None:
+            spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
+                              dynamic=DynamicConfig(profile=self.profile_path))
+            self._dynamic = Controller(spec, self.profile, self.max_batch_size,
+                                       batch_buckets=e.batch_buckets)
+        return self._dynamic
 
     def run(self, config: str, prompts, sampling):
         """One timed `generate`: (wall seconds, outputs, stats dict)."""

@@ -94,24 +94,21 @@ def _str_list(text: str) -> list[str]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _int_at_least(lowest: int, what: str):
+    """An argparse type: an integer >= `lowest`, else an error saying `what` was expected."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        return v
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+_positive_int = _int_at_least(1, "a positive integer")
+_nonneg_int = _int_at_least(0, "an integer >= 0")
 
 
 # --------------------------------------------------------------------------- shared setup

@@ -334,11 +334,12 @@ class SpecEngine:
                     self._prefilled = True
                 dispatched = None
                 if live:
-                    k = self._choose_k(live)
+                    context = max(len(r.prompt) + len(r.tokens) for r in live)
+                    k = self._choose_k(live, context)
                     b = _bucket(len(live), self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(self._target_params,
                                                                self._draft_params, self.state)
-                    dispatched = (out, list(live), k, self._context_len(live))
+                    dispatched = (out, list(live), k, context)
                 if inflight:
                     events, finished = self._process(*inflight)
                     yield from events
@@ -353,14 +354,10 @@ class SpecEngine:
                 # keeps decoding in the next run
                 self.state = self.state._replace(active=jnp.zeros_like(self.state.active))
 
-    @staticmethod
-    def _context_len(live: list[_Request]) -> int:
-        return max(len(r.prompt) + len(r.tokens) for r in live)
-
-    def _choose_k(self, live: list[_Request]) -> int:
+    def _choose_k(self, live: list[_Request], context: int) -> int:
         if self.max_k == 0:
             return 0
-        k = int(self.controller.choose_k(len(live), context_len=self._context_len(live),
+        k = int(self.controller.choose_k(len(live), context_len=context,
                                          request_ids=[r.request_id for r in live]))
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")

@@ -154,6 +154,11 @@ class DynamicConfig:
         initial K = 0); hysteresis against flapping between near-tied Ks.
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
         by ITL(B, K); per-request acceptance is tracked with the same forgetting.
+    probe_interval: while the controller holds K = 0 at a batch size where the
+        profile's acceptance would speculate, every `probe_interval`-th step there
+        runs the profile's K instead, so live acceptance keeps being measured and can
+        bring speculation back (without probes a K = 0 decision could never be
+        revised: K = 0 steps measure no acceptance). 0 disables probing.
     """
 
     profile: str | None = None
@@ -161,8 +166,9 @@ class DynamicConfig:
     forgetting: float = 0.05
     margin: float = 0.03
     per_request: bool = False
+    probe_interval: int = 16
 
-    _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request")
+    _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval")
 
     def __post_init__(self):
         object.__setattr__(self, "profile", _opt_str("dynamic.profile", self.profile))
@@ -173,6 +179,8 @@ class DynamicConfig:
         object.__setattr__(self, "margin", _float("dynamic.margin", self.margin, lo=0.0))
         if not isinstance(self.per_request, bool):
             raise ValueError(f"dynamic.per_request must be true or false, got {_show(self.per_request)}")
+        object.__setattr__(self, "probe_interval",
+                           _int("dynamic.probe_interval", self.probe_interval, min_value=0))
 
     @classmethod
     def from_dict(cls, d: Any) -> "DynamicConfig":

@@ -23,6 +23,12 @@ Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
 above the current K's at this batch size.
 
+Probes: K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad
+stretch of live acceptance could never be revised. While the controller holds
+K = 0 at a batch size where the profile's acceptance would speculate, every
+``dynamic.probe_interval``-th such step runs the profile's best K there instead;
+its acceptance is observed like any step's.
+
 Speed: the best K and the goodput row for every batch size 1..max_batch_size are
 precomputed per context bucket, and rebuilt only when the acceptance estimate has
 moved by more than ``refresh_tol`` since the last build, so a call is a dict and a
@@ -143,6 +149,9 @@ class Controller:
         self._keep = 1.0 - self._forget
         self._warmup = dyn.warmup_steps if (dyn is not None and self.mode == "goodput") else 0
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
+        self._probe_interval = dyn.probe_interval if (dyn is not None and self.mode == "goodput") else 0
+        self._k0_steps = 0  # K = 0 choices since the last probe
+        self._probes = 0
 
         # Candidate Ks: 0..max_k restricted to the profile's ks (goodput mode).
         mk = self.max_k
@@ -155,6 +164,8 @@ class Controller:
             n = min(self.max_k, profile.max_k)
             prior[:n] = profile.acceptance[:n]
         self._prior = prior
+        self._prior_al = np.ones(self._kc + 1)
+        self._prior_al[1:] += np.cumsum(np.nan_to_num(prior[: self._kc]))
         # Live discounted counts per draft position 1..max_k.
         self._A = np.zeros(self.max_k)
         self._N = np.zeros(self.max_k)
@@ -226,21 +237,38 @@ class Controller:
                 g = tab[1][batch_size]
                 if g[best] > g[cur] * self._one_plus_margin:
                     self._cur = cur = best
+            if cur == 0 and self._probe_interval:
+                cur = self._probe(tab[2][batch_size])
             self._k_counts[cur] += 1
             return cur
         b = _index("batch_size", batch_size)
         if b <= 0:
             self._k_counts[0] += 1
             return 0
-        return self._decide(self._goodput_row(b, key, self._al_vector()))
+        return self._decide(b, key, self._al_vector())
 
-    def _decide(self, g: np.ndarray) -> int:
+    def _decide(self, b: int, key: int, al: np.ndarray) -> int:
+        g = self._goodput_row(b, key, al)
         best = int(np.argmax(g))
         cur = self._cur
         if best != cur and g[best] > g[cur] * self._one_plus_margin:
             self._cur = cur = best
+        if cur == 0 and self._probe_interval:
+            cur = self._probe(int(np.argmax(self._goodput_row(b, key, self._prior_al))))
         self._k_counts[cur] += 1
         return cur
+
+    def _probe(self, k_prior: int) -> int:
+        """The K for a step where the controller holds K = 0: every probe_interval-th
+        such step, the profile acceptance's best K (when that speculates)."""
+        if k_prior == 0:
+            return 0
+        self._k0_steps += 1
+        if self._k0_steps < self._probe_interval:
+            return 0
+        self._k0_steps = 0
+        self._probes += 1
+        return k_prior
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         b = _index("batch_size", batch_size)
@@ -259,7 +287,7 @@ class Controller:
         al_sum[0] = b
         np.cumsum(s, out=al_sum[1:])
         al_sum[1:] += b
-        return self._decide(self._goodput_row(b, key, al_sum))
+        return self._decide(b, key, al_sum)
 
     # ------------------------------------------------------------------ goodput tables
 
@@ -295,9 +323,12 @@ class Controller:
     def _build_table(self, key: int):
         al = self._al_vector()
         g = al[None, :] / self._itl_rows(key)
+        g_prior = self._prior_al[None, :] / self._itl_rows(key)
         if self._disable is not None and self._disable < self.max_batch_size:
             g[self._disable + 1 :, 1:] = 0.0
-        tab = (np.argmax(g, axis=1).tolist(), g.tolist())
+            g_prior[self._disable + 1 :, 1:] = 0.0
+        # (best K, goodput row, best K under the profile's acceptance: the probe K)
+        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), np.argmax(g_prior, axis=1).tolist())
         self._gtabs[key] = tab
         return tab
 
@@ -542,7 +573,8 @@ class Controller:
 
     def stats(self) -> dict:
         """mode, steps_observed, acceptance, itl_mape / al_mape (percent, None without
-        data), k_choices (choose_k results) and k_steps (observed ks) histograms."""
+        data), k_choices (choose_k results) and k_steps (observed ks) histograms, and
+        probes (K > 0 steps chosen while holding K = 0)."""
         return {
             "mode": self.mode,
             "steps_observed": self._steps,
@@ -555,4 +587,5 @@ class Controller:
             "k_steps": {k: c for k, c in enumerate(self._k_steps)},
             "current_k": self._cur,
             "table_refreshes": self._refreshes,
+            "probes": self._probes,
         }

@@ -85,6 +85,8 @@ def test_round_trip(tmp_path):
         ({"dynamic": {"forgetting": float("nan")}}, "dynamic.forgetting"),
         ({"dynamic": {"forgetting": 0.0}}, "dynamic.forgetting"),
         ({"dynamic": {"forgetting": 1.5}}, "dynamic.forgetting"),
+        ({"dynamic": {"probe_interval": -1}}, "dynamic.probe_interval"),
+        ({"dynamic": {"probe_interval": 2.5}}, "dynamic.probe_interval"),
         ({"dynamic": {"margin": float("inf")}}, "dynamic.margin"),
         ({"dynamic": {"margin": -0.1}}, "dynamic.margin"),
         ({"dynamic": {"warmup_steps": -1}}, "dynamic.warmup_steps"),

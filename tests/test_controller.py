@@ -267,6 +267,68 @@ def test_tables_refresh_only_when_estimate_moves():
     assert c.stats()["table_refreshes"] - n <= 2
 
 
+def _drive_to_zero(c, b):
+    """A bad stretch: nothing accepted, until the controller holds K = 0."""
+    for _ in range(200):
+        k = c.choose_k(b)
+        if k == 0 and c.current_k == 0:
+            return
+        c.observe(k, [0] * b)
+    raise AssertionError("the controller never dropped to K = 0")
+
+
+def test_probe_lets_live_acceptance_bring_speculation_back():
+    p = realistic_profile(max_k=4)
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=8), p, max_batch_size=8)
+    prior_best = int(np.argmax(brute_goodput(p, np.array(p.acceptance), 1, None, 4)))
+    assert prior_best > 0
+    _drive_to_zero(c, 1)
+    ks = [c.choose_k(1) for _ in range(8 * 5)]
+    # exactly one step in probe_interval runs the profile's best K; the hold stays at 0
+    probes = [i for i, k in enumerate(ks) if k]
+    assert len(probes) == 5 and np.all(np.diff(probes) == 8) and {ks[i] for i in probes} == {prior_best}
+    assert c.current_k == 0 and c.stats()["probes"] == 5
+    # the probes measure that acceptance is back: speculation resumes
+    for _ in range(100):
+        k = c.choose_k(1)
+        c.observe(k, [k])
+        if c.current_k > 0:
+            break
+    assert c.current_k > 0 and c.acceptance_estimate()[0] > 0.5
+
+
+def test_without_probes_a_k0_decision_is_final():
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=0),
+                   realistic_profile(max_k=4), max_batch_size=8)
+    _drive_to_zero(c, 1)
+    assert {c.choose_k(1) for _ in range(500)} == {0} and c.stats()["probes"] == 0
+
+
+def test_no_probes_where_the_profile_never_speculates():
+    p = realistic_profile(max_k=4)
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, probe_interval=2), p)
+    assert int(np.argmax(brute_goodput(p, np.array(p.acceptance), 64, None, 4))) == 0
+    assert {c.choose_k(64) for _ in range(100)} == {0}
+    assert {c.choose_k(1000) for _ in range(100)} == {0}  # slow path above max_batch_size
+    assert c.stats()["probes"] == 0
+    spec = SpecConfig(num_speculative_tokens=4, disable_by_batch_size=1,
+                      dynamic=DynamicConfig(warmup_steps=0, probe_interval=2))
+    c = Controller(spec, p)
+    assert {c.choose_k(2) for _ in range(100)} == {0}  # disabled batch sizes are never probed
+
+
+def test_probe_per_request_path():
+    p = realistic_profile(max_k=4)
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.5, probe_interval=4, per_request=True),
+                   p, max_batch_size=8)
+    for _ in range(50):  # requests "a", "b" accept nothing
+        k = c.choose_k(2, request_ids=["a", "b"])
+        c.observe(k, [0, 0], request_ids=["a", "b"])
+    assert c.current_k == 0
+    ks = [c.choose_k(2, request_ids=["a", "b"]) for _ in range(8)]
+    assert ks.count(0) == 6 and len({k for k in ks if k}) == 1 and c.stats()["probes"] >= 2
+
+
 # ---------------------------------------------------------------- hysteresis
 
 

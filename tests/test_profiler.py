@@ -73,6 +73,24 @@ def test_latency_table_shape_and_positive(run, engine):
     m = prof.meta
     assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["num_prompts"] == len(PROMPTS)
     assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
+    # the stored table is the monotone fit of the raw medians kept in meta
+    raw = np.asarray(m["latency_ms_raw"])
+    assert raw.shape == table.shape and np.all(raw > 0)
+    np.testing.assert_allclose(table, prof_lib.monotone_latency(raw))
+    assert np.all(np.diff(table, axis=2) >= 0) and np.all(np.diff(table, axis=1) >= 0)
+
+
+def test_monotone_latency_fit():
+    measured = [5.6, 7.4, 8.5, 9.3, 9.3, 9.9, 8.4]  # a noisy B=1 row: K=6 timed below K=5
+    fit = prof_lib.monotone_latency([[measured]])[0, 0]
+    np.testing.assert_allclose(fit, [5.6, 7.4, 8.5] + [np.mean(measured[3:])] * 4)
+    ok = np.cumsum(np.cumsum(np.random.default_rng(0).uniform(0.1, 1.0, (2, 4, 5)), axis=2), axis=1)
+    np.testing.assert_array_equal(prof_lib.monotone_latency(ok), ok)  # already monotone: unchanged
+    noisy = ok * np.random.default_rng(1).uniform(0.7, 1.3, ok.shape)
+    fit = prof_lib.monotone_latency(noisy)
+    assert np.all(np.diff(fit, axis=2) >= 0) and np.all(np.diff(fit, axis=1) >= 0)
+    # a least-squares fit stays near the data: no worse than the data's own distance to truth
+    assert np.linalg.norm(fit - ok) <= np.linalg.norm(noisy - ok)
 
 
 def test_progress_reports_every_cell(run):

@@ -547,8 +547,13 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
         lossless = all(m == 0 for m in mism)
         all_lossless &= lossless
         reps = infos[(workload, b, c)]
-        info = reps[0]  # greedy and a deterministic controller: every repeat takes the same steps
-        tokens = info["tokens"]
+        info = reps[0]
+        tokens = info["tokens"]  # greedy: every repeat generates the same tokens
+        # the dynamic controller persists across runs, so its repeats may take different Ks
+        k_hist: dict = {}
+        for i in reps:
+            k_hist = _add_hist(k_hist, i["k_hist"])
+        row_steps = sum(i["row_steps"] for i in reps)
         row: dict[str, Any] = {"workload": workload}
         if workload == "sweep":
             row.update(batch_size=b, config=c)
@@ -565,8 +570,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
         dec = [i["decode_tokens"] / i["decode_s"] for i in reps if i["decode_s"] > 0]
         row.update(decode_tokens_per_s=_median(dec) if dec else None,
                    tokens=tokens, steps=info["steps"],
-                   mean_accepted_len=info["tokens"] / info["row_steps"] if info["row_steps"] else None,
-                   k_hist={str(k): v for k, v in info["k_hist"].items()},
+                   mean_accepted_len=tokens * len(reps) / row_steps if row_steps else None,
+                   k_hist={str(k): v for k, v in k_hist.items()},
                    lossless=lossless, mismatched_requests=max(mism),
                    tokens_per_s_repeats=[round(x, 3) for x in tps], repeats=len(walls),
                    step_calibration=_calibration([x for i in reps for x in i["step_ms"]], runner.profile))
@@ -620,6 +625,12 @@ def summarize(rows: list[dict]) -> dict:
                  "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
         if "dynamic" in pts:
             entry["dynamic_vs_best_other"] = pts["dynamic"] / others[best_c]
+        # run-to-run noise at this point: the median over configurations of the spread
+        # (max - min) / median of their repeats; a gap smaller than this is not a finding
+        spreads = [(max(r) - min(r)) / statistics.median(r) for r in
+                   (x.get("tokens_per_s_repeats") or [] for x in data
+                    if x["workload"] == "sweep" and x["batch_size"] == b) if len(r) > 1]
+        entry["repeat_spread"] = statistics.median(spreads) if spreads else None
         out["sweep"].append(entry)
     # Smallest batch size from which on no static K beats vanilla any more.
     out["speculation_stops_paying_at"] = None
@@ -682,14 +693,16 @@ def format_table(rows: list[dict]) -> str:
                 f"{c} {pts[c]['decode_speedup_vs_vanilla']:.2f}x" for c in configs
                 if c in pts and pts[c].get("decode_speedup_vs_vanilla")))
     if sweep and any(c.get("profile_ms") for r in sweep for c in r.get("step_calibration") or []):
-        lines.append("step time measured in the runs / profiled ITL (same K and batch bucket; most common K):")
+        lines.append("step time measured in the runs / profiled ITL (the batch's own bucket, its most common K):")
         for b in sorted({r["batch_size"] for r in sweep}):
             cells = []
             for c in configs:
                 r = next((r for r in sweep if r["batch_size"] == b and r["config"] == c), None)
                 cal = [e for e in (r or {}).get("step_calibration") or [] if e.get("profile_ms")]
                 if cal:
-                    e = max(cal, key=lambda e: e["steps"])
+                    # the steps at the batch's own bucket, not the tail after early finishers left
+                    own = min((e["bucket"] for e in cal if e["bucket"] >= b), default=None)
+                    e = max([e for e in cal if e["bucket"] == own] or cal, key=lambda e: e["steps"])
                     cells.append(f"{c} K{e['k']}: {e['measured_ms']:.1f}/{e['profile_ms']:.1f} ms "
                                  f"({e['measured_over_profile']:.2f})")
             lines.append(f"{b:>5} | " + "  ".join(cells))
@@ -702,6 +715,14 @@ def format_table(rows: list[dict]) -> str:
                          f"{r['tokens_per_s']:.1f} tok/s ({r['speedup_vs_vanilla']:.2f}x)"
                          + (f", K histogram {_fmt_hist(r['k_hist'])}" if r["config"] == "dynamic" else ""))
     s = summarize(rows)
+    for e in s["sweep"]:
+        if "dynamic_vs_best_other" in e:
+            spread = e.get("repeat_spread")
+            lines.append(f"  B={e['batch_size']:>3}: dynamic = {e['dynamic_vs_best_other']:.2f} x best other "
+                         f"({e['best_other']})" + (f"; repeats spread {100 * spread:.0f}%" if spread else ""))
+    if s["rollout"] and "dynamic_vs_best_other" in s["rollout"]:
+        lines.append(f"  rollout: dynamic makespan = {s['rollout']['dynamic_vs_best_other']:.2f} x best other "
+                     f"({s['rollout']['best_other']})")
     lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO"))
     return "\n".join(lines)
 
@@ -845,7 +866,8 @@ def main(args) -> int:
         profile_out = os.path.splitext(out_json)[0] + ".profile.json"
     rows = run_bench(target, draft, tokenizer, prompts, batch_sizes=batch_sizes, configs=configs,
                      repeats=getattr(args, "repeats", None), max_tokens=getattr(args, "max_tokens", None),
-                     profile=profile, quick=quick, profile_out=profile_out)
+                     profile=profile, quick=quick, profile_out=profile_out,
+                     compilation_cache_dir=getattr(args, "compilation_cache_dir", None))
     print(format_table(rows))
     if out_json:
         write_json(rows, out_json)
@@ -903,13 +925,6 @@ def demo(args) -> int:
     print()
     print(format_table(rows))
     s = summarize(rows)
-    for e in s["sweep"]:
-        if "dynamic_vs_best_other" in e:
-            print(f"  B={e['batch_size']:>3}: dynamic = {e['dynamic_vs_best_other']:.2f} x best other "
-                  f"({e['best_other']})")
-    if s["rollout"] and "dynamic_vs_best_other" in s["rollout"]:
-        print(f"  rollout: dynamic makespan = {s['rollout']['dynamic_vs_best_other']:.2f} x best other "
-              f"({s['rollout']['best_other']})")
     print(f"\nwrote {json_path} and {plot_path}"
           + (f"; profile {profile_out}" if profile_out else f"; used the shipped profile {shipped}"))
     print(f"demo finished in {time.perf_counter() - t_start:.0f} s")

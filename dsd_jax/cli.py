@@ -493,6 +493,8 @@ def cmd_bench(args) -> int:
             _output_file("bench", flag, path)
     if args.profile:
         _existing_file("bench", "--profile", args.profile)
+    if args.compilation_cache_dir:
+        _output_dir("bench", "--compilation-cache-dir", args.compilation_cache_dir)
     return _lazy_bench("bench").main(args) or 0
 
 
@@ -563,6 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="configurations to run")
     b.add_argument("--repeats", type=_positive_int, help="repeats per point")
     b.add_argument("--max-tokens", type=_positive_int, help="tokens per request")
+    b.add_argument("--compilation-cache-dir", metavar="DIR",
+                   help="persistent XLA compilation cache (makes the next run start fast)")
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="profile + benchmark the built-in pair and write a report",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import statistics
+
 import numpy as np
 import pytest
 
@@ -110,6 +112,11 @@ def test_summary_on_hand_made_rows():
     assert s["rollout"]["best_other"] == "static-2"
     assert s["rollout"]["dynamic_vs_best_other"] == pytest.approx(12 / 15)
     assert s["lossless"] is True
+    assert by_b[1]["repeat_spread"] is None  # no repeats recorded
+    for r, reps in zip(rows[:4], ([9, 10, 11], [18, 20, 22], [25, 25, 25], [26, 26, 26])):
+        r["tokens_per_s_repeats"] = reps
+    spread = bench.summarize(rows)["sweep"][0]["repeat_spread"]
+    assert spread == pytest.approx(statistics.median([0.2, 0.2, 0.0, 0.0]))
     rows[0]["lossless"] = False
     assert bench.summarize(rows)["lossless"] is False
 

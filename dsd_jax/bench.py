@@ -20,15 +20,16 @@ object swapped into ``engine.controller`` before each run:
 
 The (K, bucket) program a step runs is the same executable whichever controller
 chose K, so sharing the engine changes no measured step; it saves compiling the
-grid once per configuration. A fresh controller is built for every timed run, so
-no configuration inherits another run's state (hysteresis, live acceptance).
+grid once per configuration. Static controllers are stateless; the dynamic one is
+built once and kept for the whole bench, as a serving engine keeps its controller
+across calls, so live acceptance learnt in earlier runs corrects the profile's.
 
 Method: every engine is warmed up (`engine.warmup()` compiles every program), then
 each configuration does one untimed run whose live batch shrinks through every
-bucket. Timed runs are interleaved: for each repeat, for each batch size, the
-configurations run in an order rotated by one each time, so slow drift of the
-machine (thermal, other processes) spreads over all of them. Reported numbers are
-medians over repeats.
+bucket. Timed runs are interleaved: for each repeat, for each batch size and each of
+its prompt groups, the configurations run in an order rotated by one each time, so
+slow drift of the machine (thermal, other processes) spreads over all of them.
+Reported numbers are medians over repeats.
 
 Workloads:
 
@@ -334,6 +335,14 @@ def profile_fit_problems(profile: Profile, engine) -> list[str]:
     return problems
 
 
+def _merge_info(a: dict, b: dict) -> dict:
+    """The stats of two consecutive runs of one configuration (see `_Runner.run`)."""
+    out = {k: a[k] + b[k] for k in ("tokens", "row_steps", "steps", "decode_tokens", "decode_s", "step_ms")}
+    out["k_hist"] = _add_hist(a["k_hist"], b["k_hist"])
+    out["controller"] = b.get("controller")
+    return out
+
+
 def _add_hist(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
@@ -506,21 +515,15 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                 groups = max(1, -(-rows_per_point // b))
                 sets = [[sweep_prompts[(g * b + i) % len(sweep_prompts)] for i in range(b)]
                         for g in range(groups)]
-                for c in order():
-                    wall, outs, info = 0.0, [], None
-                    for s in sets:
+                # Configurations take turns group by group, so a slow stretch of the machine
+                # lasting a few seconds is shared out instead of landing on one configuration.
+                acc: dict[str, tuple] = {c: (0.0, [], None) for c in configs}
+                for s in sets:
+                    for c in order():
                         w, o, inf = runner.run(c, s, greedy)
-                        wall += w
-                        outs += o
-                        info = inf if info is None else {
-                            "tokens": info["tokens"] + inf["tokens"],
-                            "row_steps": info["row_steps"] + inf["row_steps"],
-                            "steps": info["steps"] + inf["steps"],
-                            "decode_tokens": info["decode_tokens"] + inf["decode_tokens"],
-                            "decode_s": info["decode_s"] + inf["decode_s"],
-                            "step_ms": info["step_ms"] + inf["step_ms"],
-                            "controller": inf.get("controller"),
-                            "k_hist": _add_hist(info["k_hist"], inf["k_hist"])}
+                        wall, outs, info = acc[c]
+                        acc[c] = (wall + w, outs + o, inf if info is None else _merge_info(info, inf))
+                for c, (wall, outs, info) in acc.items():
                     key = ("sweep", b, c)
                     timings.setdefault(key, []).append(wall)
                     outputs.setdefault(key, []).append(outs)

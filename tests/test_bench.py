@@ -6,7 +6,6 @@ issue notes."""
 from __future__ import annotations
 
 import json
-
 import statistics
 
 import numpy as np
@@ -22,9 +21,23 @@ def _prompts(n, vocab=64, seed=0):
 
 
 TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=1, max_tokens=8, quick=True,
-            prompt_len=12, rows_per_point=1, rollout_requests=4, rollout_prompt_len=8,
+            prompt_len=12, rows_per_point=2, rollout_requests=4, rollout_prompt_len=8,
             rollout_median_tokens=4, rollout_max_tokens=12, max_seq_len=32, max_k=2, batch_buckets=[4],
             log=None)
+
+
+SWEEP_CALLS: list[tuple[str, tuple]] = []  # (config, prompts) of every timed sweep run, in order
+
+
+def _record_sweep_runs(runner):
+    run = runner.run
+
+    def recording(config, prompts, sampling):
+        if not isinstance(sampling, list):  # the sweep's one greedy SamplingParams
+            SWEEP_CALLS.append((config, tuple(map(tuple, prompts))))
+        return run(config, prompts, sampling)
+
+    runner.run = recording
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +45,18 @@ def bench_rows(tiny_pair, tmp_path_factory):
     target, draft = tiny_pair
     # A draft that agrees with the target on some tokens, so acceptance is not ~0.
     rows = bench.run_bench(scaled(target, 3.0), scaled(draft, 3.0), None, _prompts(12), profile=None,
-                           profile_out=tmp_path_factory.mktemp("prof") / "profile.json", **TINY)
+                           profile_out=tmp_path_factory.mktemp("prof") / "profile.json",
+                           runner_hook=_record_sweep_runs, **TINY)
     return rows
+
+
+def test_configurations_take_turns_per_prompt_group(bench_rows):
+    """B=1 runs two one-prompt groups: every configuration runs group 0, then every one group 1."""
+    first = SWEEP_CALLS[:6]
+    groups = [p for _, p in first]
+    assert groups[0] != groups[3] and len(set(groups[:3])) == 1 and len(set(groups[3:])) == 1
+    assert sorted(c for c, _ in first[:3]) == sorted(c for c, _ in first[3:]) == ["dynamic", "static-2", "vanilla"]
+    assert [c for c, _ in first[:3]] != [c for c, _ in first[3:]]  # the order rotates
 
 
 def test_rows_schema_and_lossless(bench_rows):

@@ -67,24 +67,21 @@ def _output_dir(cmd: str, flag: str, path: str) -> str:
 
 # --------------------------------------------------------------------------- argparse types
 
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return out
+def _number_list(convert, what: str):
+    """An argparse type: a non-empty comma-separated list of finite `convert(item)`s."""
+    def parse(text: str) -> list:
+        try:
+            out = [convert(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            out = []
+        if not out or any(not math.isfinite(x) for x in out):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        return out
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not out or any(not math.isfinite(x) for x in out):
-        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers, got {text!r}")
-    return out
+_int_list = _number_list(int, "integers")
+_float_list = _number_list(float, "finite numbers")
 
 
 def _str_list(text: str) -> list[str]:

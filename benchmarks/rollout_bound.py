@@ -26,11 +26,11 @@ from dsd_jax.profile import Profile
 
 def measured_al(rows: list[dict]) -> dict[int, float]:
     """AL(K) for each static K: tokens per row-step over the sweep, pooled over batch sizes."""
-    out = {0: 1.0}
+    per_k: dict[int, list[float]] = {}
     for r in rows:
         if r.get("workload") == "sweep" and r["config"].startswith("static-") and r.get("mean_accepted_len"):
-            out.setdefault(int(r["config"].split("-")[1]), []).append(r["mean_accepted_len"])
-    return {k: (v if k == 0 else float(np.median(v))) for k, v in out.items()}
+            per_k.setdefault(int(r["config"].split("-")[1]), []).append(r["mean_accepted_len"])
+    return {0: 1.0, **{k: float(np.median(v)) for k, v in per_k.items()}}
 
 
 def simulate(lengths, itl_ms, buckets, al: dict[int, float], policy) -> float:
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     static = {k: simulate(lengths, itl, buckets, al, lambda bi, k=k: k) for k in ks}
     oracle = simulate(lengths, itl, buckets, al, lambda bi: best_k[bi])
     measured = {r["config"]: r["makespan_s"] for r in rows if r.get("workload") == "rollout"}
-    print(f"AL(K) measured in the sweep: " + ", ".join(f"K{k} {al[k]:.2f}" for k in ks))
+    print("AL(K) measured in the sweep: " + ", ".join(f"K{k} {al[k]:.2f}" for k in ks))
     print("best K per batch bucket with true acceptance: "
           + ", ".join(f"B{b}: K{k}" for b, k in zip(buckets, best_k)))
     print("simulated decode seconds (measured makespan, prefill included):")

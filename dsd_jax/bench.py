@@ -273,6 +273,7 @@ class _Runner:
 
     def run(self, config: str, prompts, sampling):
         """One timed `generate`: (wall seconds, outputs, stats dict)."""
+        from dsd_jax.engine import bucket_for
         engine = self.vanilla if config == "vanilla" else self.spec
         ctl = self.controller(config)
         if ctl is not None:
@@ -289,7 +290,7 @@ class _Runner:
                 "decode_tokens": int(sum(t["emitted"] for t in tr[1:])),
                 "decode_s": float(sum(t["wall_ms"] for t in tr[1:]) / 1e3),
                 # (K, batch bucket, wall ms) of every step after the first, for calibration
-                "step_ms": [(t["k"], _bucket_of(t["batch_size"], engine.batch_buckets), t["wall_ms"])
+                "step_ms": [(t["k"], bucket_for(t["batch_size"], engine.batch_buckets), t["wall_ms"])
                             for t in tr[1:]]}
         stats = getattr(ctl, "stats", None)
         if ctl is not None and ctl.mode == "goodput" and callable(stats):
@@ -297,10 +298,6 @@ class _Runner:
             info["controller"] = {k: c.get(k) for k in ("itl_mape", "al_mape", "acceptance", "table_refreshes",
                                                          "using_live_acceptance")}
         return wall, [o.token_ids for o in outs], info
-
-
-def _bucket_of(n: int, buckets) -> int:
-    return next((b for b in buckets if b >= n), n)
 
 
 def _calibration(step_ms, profile: Profile | None) -> list[dict]:

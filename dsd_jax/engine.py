@@ -68,7 +68,8 @@ def power_of_two_buckets(max_size: int) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-def _bucket(n: int, buckets: Sequence[int]) -> int:
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= n (the compiled program that serves n rows or tokens)."""
     for b in buckets:
         if b >= n:
             return b
@@ -234,7 +235,7 @@ class SpecEngine:
     # ---- the loop -----------------------------------------------------------------------
     def _admit(self, new: list[_Request]) -> None:
         """Prefills target (and draft) for new requests in chunks, then marks them live."""
-        n = _bucket(len(new), self.programs.prefill_rows)
+        n = bucket_for(len(new), self.programs.prefill_rows)
         chunk = self.prefill_chunk
         longest = max(len(r.prompt) for r in new)
         rows = np.full(n, self.max_batch_size, np.int32)  # padding rows are dropped
@@ -246,7 +247,7 @@ class SpecEngine:
             lengths[i] = len(r.prompt)
         scatter_rows = np.where(rows < self.max_batch_size, rows, 0).astype(np.int32)
         for start in range(0, longest, chunk):
-            c = _bucket(min(chunk, longest - start), self.programs.prefill_chunks)
+            c = bucket_for(min(chunk, longest - start), self.programs.prefill_chunks)
             piece = np.zeros((n, c), np.int32)
             width = min(c, prompts.shape[1] - start)
             piece[:, :width] = prompts[:, start:start + width]
@@ -336,7 +337,7 @@ class SpecEngine:
                 if live:
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
                     k = self._choose_k(live, context)
-                    b = _bucket(len(live), self.batch_buckets)
+                    b = bucket_for(len(live), self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(self._target_params,
                                                                self._draft_params, self.state)
                     dispatched = (out, list(live), k, context)

@@ -159,6 +159,16 @@ class DynamicConfig:
         runs the profile's K instead, so live acceptance keeps being measured and can
         bring speculation back (without probes a K = 0 decision could never be
         revised: K = 0 steps measure no acceptance). 0 disables probing.
+    latency_forgetting: weight of the newest observation in the per-(batch bucket,
+        K) average of live step time over profiled step time; the controller's ITL
+        is the profile's times that learnt factor (`dsd_jax.latency`). 0 trusts the
+        profile as it is.
+    explore_gap: with latency learning on, a probe step (every `probe_interval`-th)
+        runs another K whose predicted goodput is within this fraction of the held
+        K's and whose latency at this batch bucket has been measured fewer than
+        about 7 times, so close contenders are timed too, not only the winner. The
+        cost is bounded: a few steps per (bucket, K), each at most this fraction
+        slower. 0 disables it.
     """
 
     profile: str | None = None
@@ -167,8 +177,11 @@ class DynamicConfig:
     margin: float = 0.03
     per_request: bool = False
     probe_interval: int = 16
+    latency_forgetting: float = 0.05
+    explore_gap: float = 0.3
 
-    _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval")
+    _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval",
+               "latency_forgetting", "explore_gap")
 
     def __post_init__(self):
         object.__setattr__(self, "profile", _opt_str("dynamic.profile", self.profile))
@@ -181,6 +194,9 @@ class DynamicConfig:
             raise ValueError(f"dynamic.per_request must be true or false, got {_show(self.per_request)}")
         object.__setattr__(self, "probe_interval",
                            _int("dynamic.probe_interval", self.probe_interval, min_value=0))
+        object.__setattr__(self, "latency_forgetting",
+                           _float("dynamic.latency_forgetting", self.latency_forgetting, lo=0.0, hi=1.0))
+        object.__setattr__(self, "explore_gap", _float("dynamic.explore_gap", self.explore_gap, lo=0.0, hi=1.0))
 
     @classmethod
     def from_dict(cls, d: Any) -> "DynamicConfig":

@@ -23,11 +23,19 @@ Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
 above the current K's at this batch size.
 
-Probes: K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad
-stretch of live acceptance could never be revised. While the controller holds
-K = 0 at a batch size where the profile's acceptance would speculate, every
-``dynamic.probe_interval``-th such step runs the profile's best K there instead;
-its acceptance is observed like any step's.
+Latency learning: ``ITL(B, K)`` is the profile's times a factor learnt from the
+measured step times, per (batch bucket, K) (`dsd_jax.latency`), so a profile cell
+timed wrong, or a machine that changed since, stops steering the choice.
+
+Probes: every ``dynamic.probe_interval``-th step runs another K than the held one.
+K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
+live acceptance could never be revised: while the controller holds K = 0 at a
+batch size where the profile's acceptance would speculate, the probe runs the
+profile's best K there. Before that (with latency learning on), a probe runs
+the least observed K whose predicted goodput is within ``dynamic.explore_gap`` of
+the held K's and whose latency at this batch bucket is not learnt yet, so close
+contenders get measured a few times, not only the winner. A probe is observed
+like any step; the held K changes only through the argmax.
 
 Speed: the best K and the goodput row for every batch size 1..max_batch_size are
 precomputed per context bucket, and rebuilt only when the acceptance estimate has
@@ -51,11 +59,13 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from .config import SpecConfig
+from .latency import LEARNT_WEIGHT, LatencyCorrection
 from .profile import Profile, ProfileMismatchWarning
 
 __all__ = ["Controller"]
 
 _CTX_CACHE_LIMIT = 1 << 16
+LATENCY_REFRESH_TOL = 0.01  # rebuild the tables when a latency factor moved by more than 1%
 DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is given
 
 
@@ -150,7 +160,7 @@ class Controller:
         self._warmup = dyn.warmup_steps if (dyn is not None and self.mode == "goodput") else 0
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if (dyn is not None and self.mode == "goodput") else 0
-        self._k0_steps = 0  # K = 0 choices since the last probe
+        self._since_probe = 0  # choices since the last probe
         self._probes = 0
 
         # Candidate Ks: 0..max_k restricted to the profile's ks (goodput mode).
@@ -158,6 +168,12 @@ class Controller:
         if self.mode == "goodput":
             mk = min(mk, profile.max_k)
         self._kc = mk  # largest candidate K
+        self._latency = None
+        if self.mode == "goodput" and dyn.latency_forgetting > 0:
+            buckets = self._buckets or range(1, self.max_batch_size + 1)
+            self._latency = LatencyCorrection(buckets, mk + 1, dyn.latency_forgetting)
+        self._explore_gap = dyn.explore_gap if self._latency is not None else 0.0
+        self._lat_tables = None  # the log factors the current tables were built with
         # Prior acceptance (profile), padded with NaN to max_k.
         prior = np.full(self.max_k, np.nan)
         if profile is not None and self.max_k > 0:
@@ -237,8 +253,10 @@ class Controller:
                 g = tab[1][batch_size]
                 if g[best] > g[cur] * self._one_plus_margin:
                     self._cur = cur = best
-            if cur == 0 and self._probe_interval:
-                cur = self._probe(tab[2][batch_size])
+            if self._probe_interval:
+                self._since_probe += 1
+                if self._since_probe >= self._probe_interval:
+                    cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size])
             self._k_counts[cur] += 1
             return cur
         b = _index("batch_size", batch_size)
@@ -253,22 +271,39 @@ class Controller:
         cur = self._cur
         if best != cur and g[best] > g[cur] * self._one_plus_margin:
             self._cur = cur = best
-        if cur == 0 and self._probe_interval:
-            cur = self._probe(int(np.argmax(self._goodput_row(b, key, self._prior_al))))
+        if self._probe_interval:
+            self._since_probe += 1
+            if self._since_probe >= self._probe_interval:
+                k_prior = int(np.argmax(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
+                cur = self._probe(cur, b, g, k_prior)
         self._k_counts[cur] += 1
         return cur
 
-    def _probe(self, k_prior: int) -> int:
-        """The K for a step where the controller holds K = 0: every probe_interval-th
-        such step, the profile acceptance's best K (when that speculates)."""
-        if k_prior == 0:
-            return 0
-        self._k0_steps += 1
-        if self._k0_steps < self._probe_interval:
-            return 0
-        self._k0_steps = 0
-        self._probes += 1
-        return k_prior
+    def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
+        """The K for a probe step at held K `cur`: a close contender whose latency is
+        still being learnt, else (holding K = 0) the profile acceptance's best K."""
+        self._since_probe = 0
+        k = self._contender(cur, b, g)
+        if k == cur and cur == 0:
+            k = k_prior
+        if k != cur:
+            self._probes += 1
+        return k
+
+    def _contender(self, cur: int, b: int, g) -> int:
+        """The least observed K != cur with goodput g[K] >= (1 - explore_gap) g[cur]
+        whose latency is not learnt yet (cur itself when there is none)."""
+        if not self._explore_gap:
+            return cur
+        floor = g[cur] * (1.0 - self._explore_gap)
+        bucket = self._bucket(b)
+        best, fewest = cur, LEARNT_WEIGHT
+        for k, gk in enumerate(g):
+            if k != cur and gk > 0 and gk >= floor:
+                w = self._latency.weight(bucket, k)
+                if w < fewest:
+                    best, fewest = k, w
+        return best
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         b = _index("batch_size", batch_size)
@@ -305,6 +340,9 @@ class Controller:
             ctx = self._context_value(key)
             bs = [self._bucket(b) for b in range(1, self.max_batch_size + 1)]
             t = self.profile.itl_table(ctx, bs)[:, : self._kc + 1]
+            if self._latency is not None:
+                factors = {bk: self._latency.factors(bk) for bk in set(bs)}
+                t = t * np.stack([factors[bk] for bk in bs])
             itl = np.concatenate([t[:1], t], axis=0)
             self._itl_cache[key] = itl
         return itl
@@ -315,6 +353,8 @@ class Controller:
         else:
             ctx = self._context_value(key)
             itl = self.profile.itl_table(ctx, [self._bucket(b)])[0, : self._kc + 1]
+            if self._latency is not None:
+                itl = itl * self._latency.factors(self._bucket(b))
         g = al / itl
         if self._disable is not None and b > self._disable:
             g[1:] = 0.0
@@ -487,7 +527,14 @@ class Controller:
             meas_ms = float(step_time_s) * 1e3
             rec["meas_itl_ms"] = meas_ms
             if self.profile is not None and k <= self.profile.max_k:
-                pred_ms = self.profile.itl_ms(self._bucket(b), k, context_len)
+                bucket = self._bucket(b)
+                profile_ms = self.profile.itl_ms(bucket, k, context_len)
+                pred_ms = profile_ms
+                if self._latency is not None and k <= self._kc:
+                    pred_ms *= float(self._latency.factors(bucket)[k])
+                    self._latency.observe(bucket, k, meas_ms, profile_ms)
+                    self._refresh_latency()
+                rec["profile_itl_ms"] = profile_ms
                 rec["pred_itl_ms"] = pred_ms
                 self._itl_err_sum += abs(pred_ms - meas_ms) / meas_ms
                 self._itl_n += 1
@@ -517,6 +564,16 @@ class Controller:
                 self._est_tables = self._est.copy()
                 self._gtabs.clear()
                 self._refreshes += 1
+
+    def _refresh_latency(self) -> None:
+        """Rebuilds the ITL rows and tables once a latency factor moved noticeably."""
+        f = self._latency.log_factors()
+        if self._lat_tables is not None and np.abs(f - self._lat_tables).max() <= LATENCY_REFRESH_TOL:
+            return
+        self._lat_tables = f
+        self._itl_cache.clear()
+        self._gtabs.clear()
+        self._refreshes += 1
 
     def _set_estimate(self, est: np.ndarray) -> None:
         self._est = est
@@ -573,8 +630,10 @@ class Controller:
 
     def stats(self) -> dict:
         """mode, steps_observed, acceptance, itl_mape / al_mape (percent, None without
-        data), k_choices (choose_k results) and k_steps (observed ks) histograms, and
-        probes (K > 0 steps chosen while holding K = 0)."""
+        data; ITL predictions include the learnt latency factors), k_choices (choose_k
+        results) and k_steps (observed ks) histograms, probes (steps run at another K
+        than the held one), and latency_factors ({batch bucket: factor per K} for the
+        buckets with measured steps)."""
         return {
             "mode": self.mode,
             "steps_observed": self._steps,
@@ -588,4 +647,5 @@ class Controller:
             "current_k": self._cur,
             "table_refreshes": self._refreshes,
             "probes": self._probes,
+            "latency_factors": self._latency.observed() if self._latency is not None else {},
         }

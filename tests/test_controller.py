@@ -277,16 +277,20 @@ def _drive_to_zero(c, b):
     raise AssertionError("the controller never dropped to K = 0")
 
 
-def test_probe_lets_live_acceptance_bring_speculation_back():
+@pytest.mark.parametrize("explore_gap", [0.0, 0.3])
+def test_probe_lets_live_acceptance_bring_speculation_back(explore_gap):
     p = realistic_profile(max_k=4)
-    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=8), p, max_batch_size=8)
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=8,
+                                explore_gap=explore_gap), p, max_batch_size=8)
     prior_best = int(np.argmax(brute_goodput(p, np.array(p.acceptance), 1, None, 4)))
     assert prior_best > 0
     _drive_to_zero(c, 1)
     ks = [c.choose_k(1) for _ in range(8 * 5)]
-    # exactly one step in probe_interval runs the profile's best K; the hold stays at 0
+    # exactly one step in probe_interval speculates; the hold stays at 0
     probes = [i for i, k in enumerate(ks) if k]
-    assert len(probes) == 5 and np.all(np.diff(probes) == 8) and {ks[i] for i in probes} == {prior_best}
+    assert len(probes) == 5 and np.all(np.diff(probes) == 8)
+    if not explore_gap:  # only acceptance probes: the profile acceptance's best K
+        assert {ks[i] for i in probes} == {prior_best}
     assert c.current_k == 0 and c.stats()["probes"] == 5
     # the probes measure that acceptance is back: speculation resumes
     for _ in range(100):
@@ -304,17 +308,18 @@ def test_without_probes_a_k0_decision_is_final():
     assert {c.choose_k(1) for _ in range(500)} == {0} and c.stats()["probes"] == 0
 
 
-def test_no_probes_where_the_profile_never_speculates():
+def test_no_acceptance_probes_where_the_profile_never_speculates():
     p = realistic_profile(max_k=4)
-    c = Controller(goodput_spec(max_k=4, warmup_steps=0, probe_interval=2), p)
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, probe_interval=2, explore_gap=0.0), p)
     assert int(np.argmax(brute_goodput(p, np.array(p.acceptance), 64, None, 4))) == 0
     assert {c.choose_k(64) for _ in range(100)} == {0}
     assert {c.choose_k(1000) for _ in range(100)} == {0}  # slow path above max_batch_size
     assert c.stats()["probes"] == 0
     spec = SpecConfig(num_speculative_tokens=4, disable_by_batch_size=1,
-                      dynamic=DynamicConfig(warmup_steps=0, probe_interval=2))
+                      dynamic=DynamicConfig(warmup_steps=0, probe_interval=2, explore_gap=1.0))
     c = Controller(spec, p)
     assert {c.choose_k(2) for _ in range(100)} == {0}  # disabled batch sizes are never probed
+    assert {c.choose_k(1000) for _ in range(100)} == {0}
 
 
 def test_probe_per_request_path():
@@ -344,10 +349,10 @@ def _tied_profile(eps):
 def test_margin_prevents_flapping():
     p = _tied_profile(0.01)
     seq = [1, 2] * 50
-    flappy = Controller(goodput_spec(max_k=2, margin=0.0), p, max_batch_size=2)
+    flappy = Controller(goodput_spec(max_k=2, margin=0.0, probe_interval=0), p, max_batch_size=2)
     ks = [flappy.choose_k(b) for b in seq]
     assert ks == [2, 1] * 50
-    steady = Controller(goodput_spec(max_k=2, margin=0.03), p, max_batch_size=2)
+    steady = Controller(goodput_spec(max_k=2, margin=0.03, probe_interval=0), p, max_batch_size=2)
     ks = [steady.choose_k(b) for b in seq]
     assert set(ks) == {2} and steady.stats()["k_choices"] == {0: 0, 1: 0, 2: 100}
 

@@ -1,0 +1,132 @@
+"""Latency learning: per-(bucket, K) factors on the profile's ITL, and the controller using them."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dsd_jax.controller import Controller
+from dsd_jax.latency import LEARNT_WEIGHT, PRIOR_STEPS, LatencyCorrection
+
+from test_controller import brute_goodput, goodput_spec, realistic_profile
+
+
+def test_a_cell_never_run_takes_its_buckets_factor():
+    lc = LatencyCorrection([1, 8], num_k=4, forgetting=0.05)
+    assert np.all(lc.factors(8) == 1.0) and lc.observed() == {}
+    for _ in range(30):
+        lc.observe(8, 2, measured_ms=15.0, profile_ms=10.0)
+    # one K observed: every K of the bucket scales alike, so no choice within it changes
+    np.testing.assert_allclose(lc.factors(8), 1.5, rtol=1e-12)
+    # other buckets (and unknown ones) take the mean over all cells
+    np.testing.assert_allclose(lc.factors(1), 1.5, rtol=1e-12)
+    np.testing.assert_allclose(lc.factors(64), 1.5, rtol=1e-12)
+    assert list(lc.observed()) == [8] and lc.weight(8, 2) == pytest.approx((1 - 0.95 ** 30) / 0.05)
+    assert lc.weight(8, 1) == 0.0 and lc.weight(3, 2) == 0.0
+
+
+def test_cells_separate_by_their_evidence_shrunk_toward_the_bucket():
+    lc = LatencyCorrection([16], num_k=4, forgetting=0.05)
+    for _ in range(200):
+        lc.observe(16, 0, 8.0, 10.0)  # the profile timed K = 0 20% slow
+        lc.observe(16, 3, 12.0, 10.0)  # and K = 3 20% fast
+    f = lc.factors(16)
+    w = 1 / 0.05  # converged discounted weight
+    bucket = (math.log(0.8) + math.log(1.2)) / 2
+    expect = lambda x: math.exp((w * x + PRIOR_STEPS * bucket) / (w + PRIOR_STEPS))
+    assert f[0] == pytest.approx(expect(math.log(0.8)), rel=1e-6)
+    assert f[3] == pytest.approx(expect(math.log(1.2)), rel=1e-6)
+    assert f[1] == f[2] == pytest.approx(math.exp(bucket))
+    assert f[0] < f[1] < f[3]
+
+
+def test_one_outlier_counts_as_at_most_2x_and_is_forgotten():
+    lc = LatencyCorrection([4], num_k=2, forgetting=0.1)
+    lc.observe(4, 1, 100.0, 10.0)  # a 10x stall (GC, another process)
+    assert lc.factors(4)[1] == pytest.approx(2.0)
+    for _ in range(100):
+        lc.observe(4, 1, 10.0, 10.0)
+    assert lc.factors(4)[1] == pytest.approx(1.0, abs=1e-3)
+    for _ in range(100):  # the machine slows down for good: tracked
+        lc.observe(4, 1, 13.0, 10.0)
+    assert lc.factors(4)[1] == pytest.approx(1.3, rel=1e-3)
+
+
+def test_unusable_observations_are_ignored():
+    lc = LatencyCorrection([1, 2], num_k=2, forgetting=0.1)
+    for args in [(3, 0, 5.0, 4.0), (1, 2, 5.0, 4.0), (1, -1, 5.0, 4.0), (1, 0, 0.0, 4.0), (1, 0, 5.0, 0.0),
+                 (1, 0, float("nan"), 4.0)]:
+        lc.observe(*args)
+    assert lc.observations == 0 and np.all(lc.factors(1) == 1.0)
+
+
+# ---------------------------------------------------------------- in the controller
+
+
+def _run(c, b, true_ms, acceptance, steps, rng):
+    """Drives the controller at batch size b on a machine whose step time is
+    true_ms(k) (with 10% noise) and whose drafts are accepted with P(n >= i) = a_i."""
+    ks = []
+    for _ in range(steps):
+        k = c.choose_k(b)
+        accepted = (rng.random((b, 1)) < np.asarray(acceptance)[None, :k]).sum(1) if k else np.zeros(b, int)
+        c.observe(k, accepted, step_time_s=true_ms(k) * math.exp(rng.normal(0, 0.1)) / 1e3)
+        ks.append(k)
+    return ks
+
+
+def test_a_profile_cell_timed_wrong_stops_steering_the_choice():
+    p = realistic_profile()
+    acc = np.array(p.acceptance)
+    g = brute_goodput(p, acc, 8, None, 6)
+    assert int(np.argmax(g)) == 2  # the profile says K = 2 at B = 8 ...
+    slow = {2: 1.25}  # ... but K = 2 steps really take 25% longer than it says
+    true_g = g / np.array([slow.get(k, 1.0) for k in range(7)])
+    best = int(np.argmax(true_g))
+    assert best != 2 and g[best] >= 0.7 * g[2]  # a contender within explore_gap
+    true_ms = lambda k: p.itl_ms(8, k) * slow.get(k, 1.0)
+
+    learning = Controller(goodput_spec(warmup_steps=0, margin=0.03), p, max_batch_size=64)
+    ks = _run(learning, 8, true_ms, acc, 600, np.random.default_rng(0))
+    assert learning.current_k == best
+    tail = ks[-200:]
+    assert tail.count(best) / len(tail) >= 0.85
+    assert learning.stats()["latency_factors"][8][2] > 1.15
+
+    trusting = Controller(goodput_spec(warmup_steps=0, margin=0.03, latency_forgetting=0.0), p, max_batch_size=64)
+    _run(trusting, 8, true_ms, acc, 600, np.random.default_rng(0))
+    assert trusting.current_k == 2 and trusting.stats()["latency_factors"] == {}
+
+
+def test_a_uniformly_slower_machine_changes_no_choice():
+    p = realistic_profile()
+    learning = Controller(goodput_spec(warmup_steps=0), p, max_batch_size=64, batch_buckets=[1, 4, 16, 64])
+    trusting = Controller(goodput_spec(warmup_steps=0, latency_forgetting=0.0), p, max_batch_size=64,
+                          batch_buckets=[1, 4, 16, 64])
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        b = int(rng.choice([1, 3, 4, 9, 16, 40, 64]))
+        k = int(rng.integers(0, 7))
+        accepted = rng.integers(0, k + 1, b)
+        ms = 1.5 * p.itl_ms(learning._bucket(b), k)
+        for c in (learning, trusting):
+            c.observe(k, accepted, step_time_s=ms / 1e3)
+    for b in range(1, 65):
+        np.testing.assert_allclose(learning.predicted_goodput(b), trusting.predicted_goodput(b) / 1.5, rtol=1e-9)
+
+
+def test_exploration_stops_once_contenders_are_learnt():
+    p = realistic_profile()
+    c = Controller(goodput_spec(warmup_steps=0, probe_interval=4), p, max_batch_size=64)
+    acc = np.array(p.acceptance)
+    rng = np.random.default_rng(2)
+    ks = _run(c, 8, lambda k: p.itl_ms(8, k), acc, 200, rng)
+    g = brute_goodput(p, acc, 8, None, 6)
+    contenders = [k for k in range(7) if k != 2 and g[k] >= 0.7 * g[2]]
+    assert contenders and all(ks.count(k) >= 6 for k in contenders)
+    assert all(ks.count(k) == 0 for k in range(7) if g[k] < 0.7 * g[2])
+    assert all(c._latency.weight(8, k) >= LEARNT_WEIGHT for k in contenders)
+    # every contender has been timed enough: no more probes (no acceptance probes at a held K > 0)
+    probes = c.stats()["probes"]
+    _run(c, 8, lambda k: p.itl_ms(8, k), acc, 200, rng)
+    assert c.stats()["probes"] == probes

@@ -296,13 +296,10 @@ class Controller:
         if not self._explore_gap:
             return cur
         floor = g[cur] * (1.0 - self._explore_gap)
-        bucket = self._bucket(b)
         best, fewest = cur, LEARNT_WEIGHT
-        for k, gk in enumerate(g):
-            if k != cur and gk > 0 and gk >= floor:
-                w = self._latency.weight(bucket, k)
-                if w < fewest:
-                    best, fewest = k, w
+        for k, (gk, w) in enumerate(zip(g, self._latency.weights(self._bucket(b)))):
+            if k != cur and gk > 0 and gk >= floor and w < fewest:
+                best, fewest = k, w
         return best
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:

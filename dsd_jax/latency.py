@@ -79,10 +79,10 @@ class LatencyCorrection:
         """[buckets, num_k] log factors, rows in bucket order."""
         return self._log_factors.copy()
 
-    def weight(self, bucket: int, k: int) -> float:
-        """Discounted number of observations of a cell (0 if never run)."""
+    def weights(self, bucket: int) -> list[float]:
+        """Discounted number of observations per K at a bucket (0: never run)."""
         i = self._index.get(int(bucket))
-        return 0.0 if i is None or not 0 <= k < self._W.shape[1] else float(self._W[i, k])
+        return [0.0] * self._W.shape[1] if i is None else self._W[i].tolist()
 
     def observed(self) -> dict[int, list[float]]:
         """{bucket: factors for K = 0..num_k-1} for the buckets with observations."""

@@ -21,8 +21,8 @@ def test_a_cell_never_run_takes_its_buckets_factor():
     # other buckets (and unknown ones) take the mean over all cells
     np.testing.assert_allclose(lc.factors(1), 1.5, rtol=1e-12)
     np.testing.assert_allclose(lc.factors(64), 1.5, rtol=1e-12)
-    assert list(lc.observed()) == [8] and lc.weight(8, 2) == pytest.approx((1 - 0.95 ** 30) / 0.05)
-    assert lc.weight(8, 1) == 0.0 and lc.weight(3, 2) == 0.0
+    assert list(lc.observed()) == [8] and lc.weights(8)[2] == pytest.approx((1 - 0.95 ** 30) / 0.05)
+    assert lc.weights(8)[1] == 0.0 and lc.weights(3) == [0.0] * 4
 
 
 def test_cells_separate_by_their_evidence_shrunk_toward_the_bucket():
@@ -125,7 +125,7 @@ def test_exploration_stops_once_contenders_are_learnt():
     contenders = [k for k in range(7) if k != 2 and g[k] >= 0.7 * g[2]]
     assert contenders and all(ks.count(k) >= 6 for k in contenders)
     assert all(ks.count(k) == 0 for k in range(7) if g[k] < 0.7 * g[2])
-    assert all(c._latency.weight(8, k) >= LEARNT_WEIGHT for k in contenders)
+    assert all(c._latency.weights(8)[k] >= LEARNT_WEIGHT for k in contenders)
     # every contender has been timed enough: no more probes (no acceptance probes at a held K > 0)
     probes = c.stats()["probes"]
     _run(c, 8, lambda k: p.itl_ms(8, k), acc, 200, rng)

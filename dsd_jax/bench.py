@@ -296,7 +296,7 @@ class _Runner:
         if ctl is not None and ctl.mode == "goodput" and callable(stats):
             c = stats()
             info["controller"] = {k: c.get(k) for k in ("itl_mape", "al_mape", "acceptance", "table_refreshes",
-                                                         "using_live_acceptance")}
+                                                         "using_live_acceptance", "probes", "latency_factors")}
         return wall, [o.token_ids for o in outs], info
 
 
@@ -714,6 +714,12 @@ def format_table(rows: list[dict]) -> str:
             lines.append(f"  {r['config']:>10}: makespan {r['makespan_s']:.2f} s, "
                          f"{r['tokens_per_s']:.1f} tok/s ({r['speedup_vs_vanilla']:.2f}x)"
                          + (f", K histogram {_fmt_hist(r['k_hist'])}" if r["config"] == "dynamic" else ""))
+    learnt = [r["controller"] for r in sweep + roll if r["config"] == "dynamic" and r.get("controller")]
+    if learnt and learnt[-1].get("latency_factors"):
+        lines.append(f"dynamic's learnt step time / profiled ITL per batch bucket, K = 0.. "
+                     f"({learnt[-1].get('probes', 0)} probe steps):")
+        for bucket, factors in sorted(learnt[-1]["latency_factors"].items(), key=lambda x: int(x[0])):
+            lines.append(f"{bucket:>5} | " + " ".join(f"{f:.2f}" for f in factors))
     s = summarize(rows)
     for e in s["sweep"]:
         if "dynamic_vs_best_other" in e:

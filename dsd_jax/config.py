@@ -166,7 +166,7 @@ class DynamicConfig:
     explore_gap: with latency learning on, a probe step (every `probe_interval`-th)
         runs another K whose predicted goodput is within this fraction of the held
         K's and whose latency at this batch bucket has been measured fewer than
-        about 7 times, so close contenders are timed too, not only the winner. The
+        about 20 times, so close contenders are timed too, not only the winner. The
         cost is bounded: a few steps per (bucket, K), each at most this fraction
         slower. 0 disables it.
     """
@@ -177,7 +177,7 @@ class DynamicConfig:
     margin: float = 0.03
     per_request: bool = False
     probe_interval: int = 16
-    latency_forgetting: float = 0.05
+    latency_forgetting: float = 0.02
     explore_gap: float = 0.3
 
     _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval",

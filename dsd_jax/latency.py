@@ -25,9 +25,12 @@ from typing import Sequence
 
 import numpy as np
 
-PRIOR_STEPS = 4.0  # observations the bucket (and global) prior weighs in a cell's mean
-MAX_LOG_RATIO = math.log(2.0)  # one step counts as at most 2x off: a GC pause is not a trend
-LEARNT_WEIGHT = 6.0  # a cell with this much (discounted) evidence needs no more exploring
+# Single steps on a shared CPU scatter by 20% and more, and a cell's estimate stops
+# moving once exploring ends, so the prior is strong: a K must be measured off its
+# bucket for ~16 steps before half of that shows.
+PRIOR_STEPS = 16.0  # observations the bucket mean weighs as the prior of a cell's mean
+MAX_LOG_RATIO = math.log(1.5)  # one step counts as at most 1.5x off: a stall is not a trend
+LEARNT_WEIGHT = 16.0  # (discounted) observations after which a cell is not explored any more
 
 
 class LatencyCorrection:
@@ -43,6 +46,8 @@ class LatencyCorrection:
     def __init__(self, buckets: Sequence[int], num_k: int, forgetting: float):
         self._index = {int(b): i for i, b in enumerate(buckets)}
         self._keep = 1.0 - float(forgetting)
+        # discounted weights saturate at 1 / forgetting: stop exploring before that
+        self.learnt_weight = min(LEARNT_WEIGHT, 0.5 / float(forgetting))
         self._L = np.zeros((len(self._index), num_k))  # discounted sums of log ratios
         self._W = np.zeros((len(self._index), num_k))  # discounted observation counts
         self._log_factors = np.zeros_like(self._L)

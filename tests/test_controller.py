@@ -164,7 +164,7 @@ def test_choice_is_bruteforce_argmax(prof, spec_k, data):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prof=random_profile(), margin=st.floats(0.0, 0.2), seq=st.lists(st.integers(1, 80), min_size=1, max_size=30))
 def test_hysteresis_stays_within_margin(prof, margin, seq):
-    c = Controller(goodput_spec(max_k=prof.max_k, margin=margin), prof, max_batch_size=64)
+    c = Controller(goodput_spec(max_k=prof.max_k, margin=margin, probe_interval=0), prof, max_batch_size=64)
     for b in seq:
         k = c.choose_k(b)
         g = brute_goodput(prof, np.asarray(prof.acceptance), b, None, prof.max_k)
@@ -448,3 +448,19 @@ def test_static_mode_tracks_acceptance_without_profile():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c.stats()
+
+
+def test_deep_positions_fall_with_the_first_when_k_drops():
+    """Positions past K are not observed while K is small; their estimates follow a_1
+    through the conditional rates instead of keeping the good stretch's values."""
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.02), realistic_profile(max_k=4))
+    rng = np.random.default_rng(0)
+    good = np.array([0.9, 0.8, 0.7, 0.6])
+    for _ in range(300):  # a good stretch at K = 4
+        c.observe(4, (rng.random((64, 1)) < good).sum(1))
+    np.testing.assert_allclose(c.acceptance_estimate(), good, atol=0.03)
+    for _ in range(300):  # then acceptance halves, seen only at K = 1
+        c.observe(1, (rng.random(64) < 0.45).astype(int))
+    est = c.acceptance_estimate()
+    assert est[0] == pytest.approx(0.45, abs=0.03)
+    np.testing.assert_allclose(est / est[0], good / good[0], atol=0.03)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dsd_jax.controller import Controller
-from dsd_jax.latency import LEARNT_WEIGHT, PRIOR_STEPS, LatencyCorrection
+from dsd_jax.latency import MAX_LOG_RATIO, PRIOR_STEPS, LatencyCorrection
 
 from test_controller import brute_goodput, goodput_spec, realistic_profile
 
@@ -31,7 +31,7 @@ def test_cells_separate_by_their_evidence_shrunk_toward_the_bucket():
         lc.observe(16, 0, 8.0, 10.0)  # the profile timed K = 0 20% slow
         lc.observe(16, 3, 12.0, 10.0)  # and K = 3 20% fast
     f = lc.factors(16)
-    w = 1 / 0.05  # converged discounted weight
+    w = (1 - 0.95 ** 200) / 0.05  # discounted weight of each cell
     bucket = (math.log(0.8) + math.log(1.2)) / 2
     expect = lambda x: math.exp((w * x + PRIOR_STEPS * bucket) / (w + PRIOR_STEPS))
     assert f[0] == pytest.approx(expect(math.log(0.8)), rel=1e-6)
@@ -40,10 +40,10 @@ def test_cells_separate_by_their_evidence_shrunk_toward_the_bucket():
     assert f[0] < f[1] < f[3]
 
 
-def test_one_outlier_counts_as_at_most_2x_and_is_forgotten():
+def test_one_outlier_is_clipped_and_forgotten():
     lc = LatencyCorrection([4], num_k=2, forgetting=0.1)
     lc.observe(4, 1, 100.0, 10.0)  # a 10x stall (GC, another process)
-    assert lc.factors(4)[1] == pytest.approx(2.0)
+    assert lc.factors(4)[1] == pytest.approx(math.exp(MAX_LOG_RATIO))
     for _ in range(100):
         lc.observe(4, 1, 10.0, 10.0)
     assert lc.factors(4)[1] == pytest.approx(1.0, abs=1e-3)
@@ -87,15 +87,17 @@ def test_a_profile_cell_timed_wrong_stops_steering_the_choice():
     true_ms = lambda k: p.itl_ms(8, k) * slow.get(k, 1.0)
 
     learning = Controller(goodput_spec(warmup_steps=0, margin=0.03), p, max_batch_size=64)
-    ks = _run(learning, 8, true_ms, acc, 600, np.random.default_rng(0))
-    assert learning.current_k == best
-    tail = ks[-200:]
-    assert tail.count(best) / len(tail) >= 0.85
-    assert learning.stats()["latency_factors"][8][2] > 1.15
+    ks = _run(learning, 8, true_ms, acc, 1500, np.random.default_rng(0))
+    tail = ks[-300:]
+    assert tail.count(2) / len(tail) < 0.1
+    # the held Ks are (near-)best by the truth: K = 1 and K = 3 are within 2% of each other
+    assert np.mean([true_g[k] for k in tail]) >= 0.97 * true_g[best]
+    f = learning.stats()["latency_factors"][8]
+    assert f[2] > 1.08 and f[2] > max(f[1], f[3]) + 0.05
 
     trusting = Controller(goodput_spec(warmup_steps=0, margin=0.03, latency_forgetting=0.0), p, max_batch_size=64)
-    _run(trusting, 8, true_ms, acc, 600, np.random.default_rng(0))
-    assert trusting.current_k == 2 and trusting.stats()["latency_factors"] == {}
+    ks = _run(trusting, 8, true_ms, acc, 1500, np.random.default_rng(0))
+    assert ks[-300:].count(2) / 300 > 0.9 and trusting.stats()["latency_factors"] == {}
 
 
 def test_a_uniformly_slower_machine_changes_no_choice():
@@ -120,12 +122,12 @@ def test_exploration_stops_once_contenders_are_learnt():
     c = Controller(goodput_spec(warmup_steps=0, probe_interval=4), p, max_batch_size=64)
     acc = np.array(p.acceptance)
     rng = np.random.default_rng(2)
-    ks = _run(c, 8, lambda k: p.itl_ms(8, k), acc, 200, rng)
+    ks = _run(c, 8, lambda k: p.itl_ms(8, k), acc, 600, rng)
     g = brute_goodput(p, acc, 8, None, 6)
     contenders = [k for k in range(7) if k != 2 and g[k] >= 0.7 * g[2]]
-    assert contenders and all(ks.count(k) >= 6 for k in contenders)
+    assert contenders and all(ks.count(k) >= 16 for k in contenders)
     assert all(ks.count(k) == 0 for k in range(7) if g[k] < 0.7 * g[2])
-    assert all(c._latency.weights(8)[k] >= LEARNT_WEIGHT for k in contenders)
+    assert all(c._latency.weights(8)[k] >= c._latency.learnt_weight for k in contenders)
     # every contender has been timed enough: no more probes (no acceptance probes at a held K > 0)
     probes = c.stats()["probes"]
     _run(c, 8, lambda k: p.itl_ms(8, k), acc, 200, rng)

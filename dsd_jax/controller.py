@@ -25,9 +25,10 @@ Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
 above the current K's at this batch size.
 
-Latency learning: ``ITL(B, K)`` is the profile's times a factor learnt from the
-measured step times, per (batch bucket, K) (`dsd_jax.latency`), so a profile cell
-timed wrong, or a machine that changed since, stops steering the choice.
+Latency learning (``dynamic.latency_forgetting`` > 0; off by default):
+``ITL(B, K)`` is the profile's times a factor learnt from the measured step times,
+per (batch bucket, K) (`dsd_jax.latency`), so a profile cell timed wrong, or a
+machine that changed since, stops steering the choice.
 
 Probes: every ``dynamic.probe_interval``-th step runs another K than the held one.
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of

@@ -280,8 +280,8 @@ def _drive_to_zero(c, b):
 @pytest.mark.parametrize("explore_gap", [0.0, 0.3])
 def test_probe_lets_live_acceptance_bring_speculation_back(explore_gap):
     p = realistic_profile(max_k=4)
-    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=8,
-                                explore_gap=explore_gap), p, max_batch_size=8)
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=8, explore_gap=explore_gap,
+                                latency_forgetting=0.02 if explore_gap else 0.0), p, max_batch_size=8)
     prior_best = int(np.argmax(brute_goodput(p, np.array(p.acceptance), 1, None, 4)))
     assert prior_best > 0
     _drive_to_zero(c, 1)

@@ -154,11 +154,12 @@ class DynamicConfig:
         initial K = 0); hysteresis against flapping between near-tied Ks.
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
         by ITL(B, K); per-request acceptance is tracked with the same forgetting.
-    probe_interval: while the controller holds K = 0 at a batch size where the
-        profile's acceptance would speculate, every `probe_interval`-th step there
-        runs the profile's K instead, so live acceptance keeps being measured and can
-        bring speculation back (without probes a K = 0 decision could never be
-        revised: K = 0 steps measure no acceptance). 0 disables probing.
+    probe_interval: every `probe_interval`-th step is a probe. While the controller
+        holds K = 0 at a batch size where the profile's acceptance would speculate, a
+        probe runs the profile's K instead, so live acceptance keeps being measured
+        and can bring speculation back (without probes a K = 0 decision could never
+        be revised: K = 0 steps measure no acceptance); with latency learning on, a
+        probe may also time a close contender (`explore_gap`). 0 disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL
         is the profile's times that learnt factor (`dsd_jax.latency`); 0.02 is a

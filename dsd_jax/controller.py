@@ -15,11 +15,9 @@ Modes (``SpecConfig.controller_mode``): ``none`` (K = 0), ``static`` (K = max K)
 It comes from the profile until ``dynamic.warmup_steps`` steps with K > 0 have been
 observed, then from live per-position counts with exponential forgetting
 (discounted counts: each step's counts are added after multiplying the history by
-``1 - forgetting``; at a steady batch size the newest step weighs ``forgetting``),
-as the product of conditional rates P(i accepted | i - 1 accepted), so positions
-observed less often move with the first. Positions the live data has not covered
-yet (K never reached them) are extrapolated from the profile's shape, and the
-estimate is kept non-increasing.
+``1 - forgetting``; at a steady batch size the newest step weighs ``forgetting``).
+Positions the live data has not covered yet (K never reached them) are
+extrapolated from the profile's shape, and the estimate is kept non-increasing.
 
 Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
@@ -549,8 +547,7 @@ class Controller:
         A[:k] *= keep
         A[:k] += accepted
         N[:k] *= keep
-        N[0] += b  # rows at risk at position i: those that reached it (accepted i - 1)
-        N[1:k] += accepted[: k - 1]
+        N[:k] += b
         if k > self._kseen:
             self._kseen = k
         self._spec_steps += 1
@@ -583,26 +580,15 @@ class Controller:
         self._al_pred = al.tolist()
 
     def _compute_estimate(self) -> np.ndarray:
-        """Prior during warm-up; then, on the positions seen so far (always a prefix
-        1..J: a step with k drafts proposes positions 1..k), the product of the live
-        conditional rates c_i = A_i / N_i (accepted at i among the rows that reached
-        i); the rest extrapolated from the prior's shape; made non-increasing.
-
-        Conditional rates, because deep positions are only observed while K is large,
-        which the controller chooses after good stretches: their unconditional rates
-        would stay at those stretches' values while a_1 falls. With the product, a
-        falling c_1 lowers every a_i at once. A position no row reached yet takes the
-        prior's conditional rate."""
+        """Prior during warm-up; then live A/N on the positions seen so far (always a
+        prefix 1..J: a step with k drafts proposes positions 1..k), the rest
+        extrapolated from the prior's shape; made non-increasing."""
         prior = self._prior
         J = self._kseen
         if J == 0 or (self._spec_steps < self._warmup and not np.isnan(prior).all()):
             return prior.copy()
         est = prior.copy()
-        A, N = self._A[:J], self._N[:J]
-        prior_rate = prior[:J] / np.concatenate([[1.0], prior[: J - 1]])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rate = np.where(N > 0, A / np.where(N > 0, N, 1.0), prior_rate)
-        est[:J] = np.cumprod(np.minimum(rate, 1.0))
+        est[:J] = self._A[:J] / self._N[:J]
         if J < self.max_k:
             p = prior[J - 1]
             if p > 0:  # False for NaN too

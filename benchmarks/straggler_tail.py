@@ -18,17 +18,13 @@ import collections
 import numpy as np
 
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
+from dsd_jax.controller import Controller
 
 
-class FixedK:
-    def __init__(self, k: int):
-        self.k = k
-
-    def choose_k(self, batch_size, context_len=None, request_ids=None):
-        return self.k
-
-    def observe(self, *args, **kwargs):
-        pass
+def fixed_k(k: int, max_batch_size: int) -> Controller:
+    """The bench's static-K controller (method none for K = 0)."""
+    spec = SpecConfig(num_speculative_tokens=k) if k else SpecConfig(method="none")
+    return Controller(spec, None, max_batch_size)
 
 
 def main():
@@ -45,7 +41,7 @@ def main():
     prompts = models.heldout_prompts(args.batch_size, seed=0)
     sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     for k in ks * 2:
-        engine.controller = FixedK(k)
+        engine.controller = fixed_k(k, engine.max_batch_size)
         engine.stats.reset()
         engine.generate(prompts, sampling)
         steps = engine.stats.trace[1:]  # the first result includes the prefill

@@ -31,11 +31,12 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["SpecConfig", "DynamicConfig", "METHODS", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES"]
+__all__ = ["SpecConfig", "DynamicConfig", "METHODS", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES", "OBJECTIVES"]
 
 METHODS = ("draft_model", "ngram", "none")
 ACCEPTANCE_MODES = ("rejection", "drafter_invariant")
 DRAFT_SAMPLING_MODES = ("sample", "argmax")
+OBJECTIVES = ("throughput", "makespan")
 
 _repr = reprlib.Repr()
 _repr.maxstring = 60
@@ -153,7 +154,9 @@ class DynamicConfig:
     margin: relative goodput gain needed to move off the current K (and off the
         initial K = 0); hysteresis against flapping between near-tied Ks.
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
-        by ITL(B, K); per-request acceptance is tracked with the same forgetting.
+        by ITL(B, K). A request's acceptance starts as the global estimate, which
+        weighs as 4 observed steps, is a running mean of its own steps after that,
+        and an exponential average with `forgetting` once 1 / steps < forgetting.
     probe_interval: every `probe_interval`-th step is a probe. While the controller
         holds K = 0 at a batch size where the profile's acceptance would speculate, a
         probe runs the profile's K instead, so live acceptance keeps being measured
@@ -173,6 +176,16 @@ class DynamicConfig:
         about 20 times, so close contenders are timed too, not only the winner. The
         cost is bounded: a few steps per (bucket, K), each at most this fraction
         slower. 0 disables it.
+    objective: what the choice of K maximises once no request is waiting for a
+        slot. "throughput": goodput AL(K) / ITL(B, K) of the live batch, as in
+        vLLM (a finished row's slot is refilled at once, so every accepted token
+        counts). "makespan": the progress of the critical request, min over live
+        requests of AL_r(K) / remaining_r, per ITL(B, K): a batch that nothing
+        refills lasts as long as its slowest request, and tokens that easy rows
+        gain early only leave their slots empty (fixed groups, RL rollouts). It
+        needs each request's remaining token budget, which `SpecEngine` passes,
+        and tracks per-request acceptance like `per_request`. While requests are
+        queued, both objectives are throughput.
     """
 
     profile: str | None = None
@@ -183,9 +196,10 @@ class DynamicConfig:
     probe_interval: int = 16
     latency_forgetting: float = 0.0
     explore_gap: float = 0.3
+    objective: str = "throughput"
 
     _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval",
-               "latency_forgetting", "explore_gap")
+               "latency_forgetting", "explore_gap", "objective")
 
     def __post_init__(self):
         object.__setattr__(self, "profile", _opt_str("dynamic.profile", self.profile))
@@ -201,6 +215,7 @@ class DynamicConfig:
         object.__setattr__(self, "latency_forgetting",
                            _float("dynamic.latency_forgetting", self.latency_forgetting, lo=0.0, hi=1.0))
         object.__setattr__(self, "explore_gap", _float("dynamic.explore_gap", self.explore_gap, lo=0.0, hi=1.0))
+        _choice("dynamic.objective", self.objective, OBJECTIVES)
 
     @classmethod
     def from_dict(cls, d: Any) -> "DynamicConfig":

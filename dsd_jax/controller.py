@@ -44,6 +44,17 @@ moved by more than ``refresh_tol`` since the last build, so a call is a dict and
 list lookup. ``per_request=True`` needs the live request set, so each call there
 is a small vectorised numpy reduction instead (about 10-20 us).
 
+Makespan objective (``dynamic.objective="makespan"``): when the caller passes each
+live request's remaining token budget (`SpecEngine` does once no request is
+queued), the goodput row becomes the critical request's progress::
+
+    G(K) = min_r AL_r(K) / remaining_r  /  ITL(B, K)
+
+with AL_r from per-request acceptance (tracked as in ``per_request``). Nothing
+refills the slots of such a batch, so it lasts as long as its slowest request;
+the batch-mean AL over-rates K when rows accept unevenly (one hard row then runs
+the tail alone: `benchmarks/straggler_tail.py`).
+
 ``disable_by_batch_size`` (K = 0 above the threshold) applies in every mode.
 """
 
@@ -68,6 +79,7 @@ __all__ = ["Controller"]
 _CTX_CACHE_LIMIT = 1 << 16
 LATENCY_REFRESH_TOL = 0.01  # rebuild the tables when a latency factor moved by more than 1%
 DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is given
+ROW_PRIOR_STEPS = 4  # weight of the global estimate in a new request's own, in steps
 
 
 def _index(name: str, v: Any) -> int:
@@ -156,6 +168,8 @@ class Controller:
 
         self._disable = spec.disable_by_batch_size
         self._per_request = bool(dyn is not None and dyn.per_request and self.mode == "goodput")
+        self._objective = dyn.objective if (dyn is not None and self.mode == "goodput") else "throughput"
+        self._track_rows = self._per_request or self._objective == "makespan"
         self._forget = dyn.forgetting if dyn is not None else DEFAULT_FORGETTING
         self._keep = 1.0 - self._forget
         self._warmup = dyn.warmup_steps if (dyn is not None and self.mode == "goodput") else 0
@@ -208,6 +222,7 @@ class Controller:
         self._rows: dict[Hashable, int] = {}
         self._free: list[int] = []
         self._E = np.zeros((0, self.max_k))
+        self._seen = np.zeros((0, self.max_k))  # steps that proposed each position, per row
 
         # Precomputed tables.
         self._ktab: list[int] = []
@@ -224,12 +239,16 @@ class Controller:
         batch_size: int,
         context_len: int | None = None,
         request_ids: Sequence[Hashable] | None = None,
+        remaining: Sequence[int] | None = None,
     ) -> int:
         """Number of drafts for the next round at this live batch size.
 
         `context_len` (goodput mode, profiles with a context axis) selects the ITL
         at that context length; None uses the profile's first context length.
-        `request_ids` (per_request mode) are the live requests, one per row.
+        `request_ids` (per_request mode and the makespan objective) are the live
+        requests, one per row. `remaining` (makespan objective, with `request_ids`):
+        how many tokens each of them may still produce; pass it only when nothing
+        will refill the batch's slots (no queued requests).
         """
         if self.mode != "goodput":
             if type(batch_size) is int and 0 <= batch_size <= self.max_batch_size:
@@ -239,6 +258,8 @@ class Controller:
                 k = 0 if b <= 0 else self.spec.schedule_k(b)
             self._k_counts[k] += 1
             return k
+        if remaining is not None and request_ids is not None and self._objective == "makespan":
+            return self._choose_makespan(batch_size, context_len, request_ids, remaining)
         if self._per_request and request_ids is not None:
             return self._choose_per_request(batch_size, context_len, request_ids)
         key = 0 if context_len is None else self._ckey_cache.get(context_len)
@@ -303,17 +324,46 @@ class Controller:
                 best, fewest = k, w
         return best
 
-    def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
+    def _live_rows(self, batch_size, context_len, request_ids):
+        """(b, context key, per-request rows), or None for an empty batch (K = 0)."""
         b = _index("batch_size", batch_size)
         if b <= 0:
             self._k_counts[0] += 1
-            return 0
+            return None
         if len(request_ids) != b:
             raise ValueError(f"request_ids has {len(request_ids)} entries but batch_size is {b}")
         key = 0 if context_len is None else self._ckey_cache.get(context_len)
         if key is None:
             key = self._context_key(context_len)
-        rows = self._rows_for(request_ids)
+        return b, key, self._rows_for(request_ids)
+
+    def _choose_makespan(self, batch_size, context_len, request_ids, remaining) -> int:
+        live = self._live_rows(batch_size, context_len, request_ids)
+        if live is None:
+            return 0
+        b, key, rows = live
+        try:
+            rem = np.asarray(remaining, dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError(f"remaining must be a sequence of numbers, got {remaining!r}") from None
+        if rem.shape != (b,):
+            raise ValueError(f"remaining has shape {rem.shape} but batch_size is {b}")
+        if not np.all(np.isfinite(rem)):
+            raise ValueError("remaining must hold finite numbers")
+        kc = self._kc
+        al = np.ones((b, kc + 1))
+        np.cumsum(self._E[rows, :kc], axis=1, out=al[:, 1:])
+        al[:, 1:] += 1.0
+        # The critical row's share of its remaining work done per step; a row about to
+        # finish is never critical (the engine's token counts lag one step behind).
+        progress = (al / np.maximum(rem, 1.0)[:, None]).min(axis=0)
+        return self._decide(b, key, progress)
+
+    def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
+        live = self._live_rows(batch_size, context_len, request_ids)
+        if live is None:
+            return 0
+        b, key, rows = live
         kc = self._kc
         s = self._E[rows, :kc].sum(axis=0)
         al_sum = np.empty(kc + 1)
@@ -439,9 +489,13 @@ class Controller:
             E = np.zeros((cap, self.max_k))
             E[:n] = self._E
             self._E = E
+            seen = np.zeros((cap, self.max_k))
+            seen[:n] = self._seen
+            self._seen = seen
             self._free = list(range(cap - 1, n - 1, -1))
         r = self._free.pop()
         self._E[r] = self._est  # new requests start from the global estimate
+        self._seen[r] = 0.0
         self._rows[rid] = r
         return r
 
@@ -505,7 +559,7 @@ class Controller:
         self._k_steps[k] += 1
         if b == 0:
             return
-        use_req = self._per_request and request_ids is not None
+        use_req = self._track_rows and request_ids is not None
         rows = self._rows_for(request_ids) if use_req else None
 
         # Calibration: the controller's predictions for this step, before updating.
@@ -553,8 +607,14 @@ class Controller:
         self._spec_steps += 1
         if use_req:
             hits = acc[:, None] >= self._positions[:k]  # [B, k]
+            # A running mean that starts from the global estimate as ROW_PRIOR_STEPS
+            # observations, then turns into the exponential average: a request lives for
+            # tens of steps, too few for the plain average to leave its starting value.
+            seen = self._seen[rows, :k] + 1.0
+            self._seen[rows, :k] = seen
+            w = np.maximum(self._forget, 1.0 / (seen + ROW_PRIOR_STEPS))
             E = self._E
-            E[rows, :k] = keep * E[rows, :k] + self._forget * hits
+            E[rows, :k] += w * (hits - E[rows, :k])
         self._set_estimate(self._compute_estimate())
         if self.mode == "goodput" and self._kc > 0:
             moved = np.abs(self._est[: self._kc] - self._est_tables[: self._kc]).max()
@@ -605,6 +665,11 @@ class Controller:
     def acceptance_estimate(self) -> np.ndarray:
         """Current a_1..a_max_k (profile during warm-up, then live; NaN = no data)."""
         return self._est.copy()
+
+    @property
+    def objective(self) -> str:
+        """"makespan" when `choose_k` uses the remaining budgets it is given, else "throughput"."""
+        return self._objective
 
     @property
     def current_k(self) -> int:

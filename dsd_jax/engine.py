@@ -83,7 +83,9 @@ class SpecEngine:
     spec: `SpecConfig` (or a vLLM-style dict). max_batch_size slots, each holding up to
     max_seq_len tokens (prompt + output). `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`;
-    by default built from `spec` (and `profile`).
+    by default built from `spec` (and `profile`). A controller whose `objective` is
+    "makespan" also gets `remaining=` (tokens each live request may still produce)
+    whenever no request is queued.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | dict | None = None, *,
@@ -233,6 +235,10 @@ class SpecEngine:
                              list(r.raw_logprobs) if return_logprobs else None, text)
 
     # ---- the loop -----------------------------------------------------------------------
+    def _budget(self, r: _Request) -> int:
+        """Most tokens request r may produce (its max_tokens, capped by the slot's length)."""
+        return min(r.params.max_tokens, self.max_seq_len - len(r.prompt))
+
     def _admit(self, new: list[_Request]) -> None:
         """Prefills target (and draft) for new requests in chunks, then marks them live."""
         n = bucket_for(len(new), self.programs.prefill_rows)
@@ -259,7 +265,7 @@ class SpecEngine:
         sp = [r.params for r in new] + [SamplingParams()] * (n - len(new))
         for i, r in enumerate(new):
             stop[i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
-        limit = np.minimum(lengths + np.array([p.max_tokens for p in sp]), self.max_seq_len)
+        limit = lengths + np.array([self._budget(r) for r in new] + [0] * (n - len(new)))
         draft_len = np.maximum(lengths - 1, 0) if self.draft_config is not None else np.zeros(n)
         init = SlotInit(rows, lengths, limit.astype(np.int32), draft_len.astype(np.int32),
                         np.array([p.temperature for p in sp], np.float32),
@@ -336,7 +342,7 @@ class SpecEngine:
                 dispatched = None
                 if live:
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
-                    k = self._choose_k(live, context)
+                    k = self._choose_k(live, context, refilled=bool(queue))
                     b = bucket_for(len(live), self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(self._target_params,
                                                                self._draft_params, self.state)
@@ -355,11 +361,18 @@ class SpecEngine:
                 # keeps decoding in the next run
                 self.state = self.state._replace(active=jnp.zeros_like(self.state.active))
 
-    def _choose_k(self, live: list[_Request], context: int) -> int:
+    def _choose_k(self, live: list[_Request], context: int, refilled: bool) -> int:
         if self.max_k == 0:
             return 0
-        k = int(self.controller.choose_k(len(live), context_len=context,
-                                         request_ids=[r.request_id for r in live]))
+        ids = [r.request_id for r in live]
+        if not refilled and getattr(self.controller, "objective", None) == "makespan":
+            # nothing will take a finished row's slot: the controller aims at the last row
+            remaining = [self._budget(r) - len(r.tokens) for r in live]
+            k = self.controller.choose_k(len(live), context_len=context, request_ids=ids,
+                                         remaining=remaining)
+        else:
+            k = self.controller.choose_k(len(live), context_len=context, request_ids=ids)
+        k = int(k)
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")
         return k

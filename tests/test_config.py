@@ -39,6 +39,8 @@ def test_vllm_dict_shapes():
     assert s.num_speculative_tokens_per_batch_size == ((1, 64, 3), (65, 128, 1), (129, 512, 0))
     s = SpecConfig.from_dict({"dynamic": {"profile": "x.json", "margin": 0.1, "per_request": True}})
     assert s.dynamic == DynamicConfig(profile="x.json", margin=0.1, per_request=True)
+    m = SpecConfig.from_dict({"dynamic": {"objective": "makespan"}})
+    assert m.dynamic.objective == "makespan" and SpecConfig.from_dict(m.to_dict()) == m
 
 
 def test_schedule_lookup_uncovered_is_zero():
@@ -92,6 +94,8 @@ def test_round_trip(tmp_path):
         ({"dynamic": {"latency_forgetting": "fast"}}, "dynamic.latency_forgetting"),
         ({"dynamic": {"explore_gap": -0.5}}, "dynamic.explore_gap"),
         ({"dynamic": {"explore_gap": float("nan")}}, "dynamic.explore_gap"),
+        ({"dynamic": {"objective": "latency"}}, "dynamic.objective"),
+        ({"dynamic": {"objective": None}}, "dynamic.objective"),
         ({"dynamic": {"margin": float("inf")}}, "dynamic.margin"),
         ({"dynamic": {"margin": -0.1}}, "dynamic.margin"),
         ({"dynamic": {"warmup_steps": -1}}, "dynamic.warmup_steps"),

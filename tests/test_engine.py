@@ -119,6 +119,46 @@ def test_batch_shrinking_rollout_without_recompilation(pair):
     assert sum(b <= 4 for b in batch_trace) >= 5  # a long tail of small batches
 
 
+class BudgetRecorder(FixedK):
+    """A makespan-objective controller that records the remaining budgets it is given."""
+
+    objective = "makespan"
+
+    def __init__(self, ks):
+        super().__init__(ks)
+        self.seen = []  # (request ids, remaining or None) per choice
+
+    def choose_k(self, batch_size, context_len=None, request_ids=None, remaining=None):
+        assert len(request_ids) == batch_size
+        self.seen.append((list(request_ids), None if remaining is None else list(remaining)))
+        return super().choose_k(batch_size, context_len, request_ids)
+
+
+def test_makespan_controller_gets_budgets_once_nothing_is_queued(engine, pair):
+    """Six requests for four slots: while two wait, no budgets (a finished slot is
+    refilled, so throughput counts); then each live request's tokens still allowed,
+    max_tokens capped by the slot's length (48) and lagging one step behind."""
+    rec = BudgetRecorder([2, 0, 3])
+    engine.controller = rec
+    prompts = [[1 + i, 2, 3] for i in range(6)]
+    max_tokens = [3, 4, 5, 30, 6, 100]
+    outs = engine.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n) for n in max_tokens])
+    for p, n, o in zip(prompts, max_tokens, outs):
+        assert o.token_ids == greedy_reference(pair[0], p, min(n, 48 - 3))
+    assert rec.seen[0][1] is None and rec.seen[-1][1] is not None
+    first_id = outs[0].request_id
+    budgets = {o.request_id: min(n, 48 - 3) for o, n in zip(outs, max_tokens)}
+    last = {}
+    for ids, remaining in rec.seen:
+        if remaining is None:
+            continue
+        assert len(ids) <= 4 and max(ids) - first_id >= 4  # the queue has drained
+        for rid, r in zip(ids, remaining):
+            assert 0 <= r <= budgets[rid] and r <= last.get(rid, r)
+            last[rid] = r
+    assert last[first_id + 5] < 45  # the capped request was counted down
+
+
 def test_pallas_interpret_backend_matches_xla(pair):
     target, draft = pair
     prompts = [[1, 2, 3], [7, 8]]

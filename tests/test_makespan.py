@@ -1,0 +1,111 @@
+"""The makespan objective: K for the critical request of a batch that nothing refills."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dsd_jax.controller import Controller
+from test_controller import goodput_spec, random_profile, realistic_profile
+
+
+def _controllers(profile, **dyn):
+    """(throughput, makespan) controllers with live acceptance from the first step."""
+    kw = dict(warmup_steps=0, forgetting=0.2, margin=0.0, probe_interval=0, **dyn)
+    return (Controller(goodput_spec(**kw), profile),
+            Controller(goodput_spec(objective="makespan", **kw), profile))
+
+
+def test_one_hard_row_holds_the_batch_at_the_k_that_suits_it():
+    """15 rows accept every draft, one none: the batch mean says speculate, but the
+    hard row gains nothing from drafts and the group waits for it."""
+    p = realistic_profile(max_k=6, acceptance=(0.5,) * 6)
+    thr, mk = _controllers(p)
+    ids = [f"r{i}" for i in range(16)]
+    for _ in range(30):
+        for c in (thr, mk):
+            c.observe(6, [6] * 15 + [0], request_ids=ids)
+    equal = [64] * 16
+    assert thr.choose_k(16, request_ids=ids) >= 4
+    assert mk.choose_k(16, request_ids=ids, remaining=equal) == 0
+    # Once the hard row is nearly done, an easy row is critical again.
+    assert mk.choose_k(16, request_ids=ids, remaining=[64] * 15 + [1]) >= 4
+
+
+def test_without_remaining_it_is_the_throughput_controller():
+    """While requests are queued (the engine passes no budgets) both objectives agree."""
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
+    thr, mk = _controllers(p)
+    rng = np.random.default_rng(0)
+    for step in range(200):
+        b = int(rng.integers(1, 65))
+        ids = list(range(b))
+        k = thr.choose_k(b)
+        assert mk.choose_k(b, request_ids=ids) == k
+        acc = rng.binomial(k, 0.6, size=b)
+        thr.observe(k, acc, request_ids=ids)
+        mk.observe(k, acc, request_ids=ids)
+    assert mk.objective == "makespan" and thr.objective == "throughput"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prof=random_profile(),
+       rows=st.lists(st.tuples(st.floats(0, 1), st.integers(-2, 300)), min_size=1, max_size=8))
+def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
+    """K maximises min_r AL_r(K) / remaining_r, per ITL(B, K) (budgets below 1 count as 1)."""
+    kmax = prof.max_k
+    c = Controller(goodput_spec(max_k=kmax, margin=0.0, probe_interval=0, objective="makespan"), prof)
+    ids = [f"r{i}" for i in range(len(rows))]
+    rem = [r for _, r in rows]
+    c.choose_k(len(ids), request_ids=ids, remaining=rem)  # registers rows at the prior
+    for rid, (a, _) in zip(ids, rows):
+        c._E[c._rows[rid], :kmax] = a  # white-box: set each request's estimate
+    b = len(ids)
+    k = c.choose_k(b, request_ids=ids, remaining=rem)
+    g = [min((1 + kk * a) / max(r, 1) for a, r in rows) / prof.itl_ms(b, kk) for kk in range(kmax + 1)]
+    assert g[k] == pytest.approx(max(g), rel=1e-9)
+
+
+def _run_group(controller, profile, easy_rows, hard_rows, budget):
+    """Decodes a fixed group to the end: easy rows accept every draft, hard rows none.
+    Returns the summed profiled step time (ms)."""
+    left = {f"e{i}": budget for i in range(easy_rows)} | {f"h{i}": budget for i in range(hard_rows)}
+    total = 0.0
+    while left:
+        ids = list(left)
+        k = controller.choose_k(len(ids), request_ids=ids, remaining=[left[r] for r in ids])
+        acc = [k if r.startswith("e") else 0 for r in ids]
+        controller.observe(k, acc, request_ids=ids)
+        total += profile.itl_ms(len(ids), k)
+        for r, a in zip(ids, acc):
+            left[r] -= a + 1
+            if left[r] <= 0:
+                del left[r]
+                controller.forget_request(r)
+    return total
+
+
+def test_makespan_objective_finishes_uneven_groups_sooner():
+    """Groups of 16 with one or two rows that accept nothing: the batch-mean goodput
+    speculates for the easy rows and leaves the hard ones to run their tail alone; the
+    makespan objective learns within a group that the critical rows gain nothing.
+    (Default settings: forgetting, margin and probes as shipped.)"""
+    p = realistic_profile(max_k=6, acceptance=(0.7,) * 6)
+    for hard in (1, 2):
+        t = {obj: [_run_group(c, p, 16 - hard, hard, 64) for _ in range(5)]
+             for obj, c in ((obj, Controller(goodput_spec(warmup_steps=0, objective=obj), p))
+                            for obj in ("throughput", "makespan"))}
+        assert t["makespan"][0] < 0.6 * t["throughput"][0], t  # the first group, from the profile
+        assert sum(t["makespan"]) < 0.8 * sum(t["throughput"]), t
+
+
+def test_bad_remaining_is_refused():
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
+    _, mk = _controllers(p)
+    with pytest.raises(ValueError, match="remaining"):
+        mk.choose_k(2, request_ids=["a", "b"], remaining=[3])
+    with pytest.raises(ValueError, match="remaining"):
+        mk.choose_k(2, request_ids=["a", "b"], remaining=[3, float("nan")])
+    with pytest.raises(ValueError, match="remaining"):
+        mk.choose_k(2, request_ids=["a", "b"], remaining=["x", "y"])
+    assert mk.choose_k(0, request_ids=[], remaining=[]) == 0

@@ -64,24 +64,31 @@ def main(argv=None) -> dict:
     c = Controller(spec, prof, max_batch_size=64)
     per = Controller(SpecConfig(num_speculative_tokens=6, dynamic=DynamicConfig(per_request=True)), prof, 64)
     ids16 = [f"r{i}" for i in range(16)]
+    ids64 = list(range(64))
+    rem64 = list(range(10, 74))
     acc64 = np.random.default_rng(0).integers(0, 5, 64)
     for b in range(1, 65):  # warm the precomputed tables
         c.choose_k(b)
         c.choose_k(b, 1000)
-    env = {"c": c, "per": per, "ids16": ids16, "acc64": acc64}
+    env = {"c": c, "per": per, "ids16": ids16, "ids64": ids64, "rem64": rem64, "acc64": acc64}
     n, r = args.number, args.repeat
     res = {
         "choose_k_ns": bench("c.choose_k(16)", env, n, r),
         "choose_k_context_ns": bench("c.choose_k(16, 1000)", env, n, r),
         "choose_k_per_request_b16_ns": bench("per.choose_k(16, request_ids=ids16)", env, max(1, n // 20), r),
+        "choose_k_makespan_b64_ns": bench("c.choose_k(64, request_ids=ids64, remaining=rem64)", env,
+                                          max(1, n // 20), r),
         "observe_b64_ns": bench("c.observe(4, acc64)", env, max(1, n // 20), r),
+        "observe_b64_requests_ns": bench("c.observe(4, acc64, request_ids=ids64)", env, max(1, n // 20), r),
         "baseline_empty_call_ns": bench("abs(16)", env, n, r),
     }
     res["mode"] = c.stats()["mode"]
     print(f"choose_k (goodput, B=16, no context)    {res['choose_k_ns']:8.0f} ns/call")
     print(f"choose_k (goodput, B=16, context 1000)  {res['choose_k_context_ns']:8.0f} ns/call")
     print(f"choose_k (per_request, 16 requests)     {res['choose_k_per_request_b16_ns']:8.0f} ns/call")
+    print(f"choose_k (makespan, 64 requests)        {res['choose_k_makespan_b64_ns']:8.0f} ns/call")
     print(f"observe  (k=4, B=64)                    {res['observe_b64_ns']:8.0f} ns/call")
+    print(f"observe  (k=4, B=64, with request ids)  {res['observe_b64_requests_ns']:8.0f} ns/call")
     print(f"a bare builtin call, for scale          {res['baseline_empty_call_ns']:8.0f} ns/call")
     if args.json:
         with open(args.json, "w") as f:

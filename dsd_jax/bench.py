@@ -16,7 +16,11 @@ object swapped into ``engine.controller`` before each run:
   ``Controller(SpecConfig(method="draft_model", num_speculative_tokens=max_k,
   dynamic=DynamicConfig(profile=...)), profile, max_batch_size,
   batch_buckets=engine.batch_buckets)``, with a profile made by
-  `dsd_jax.profiler.profile_engine` on this engine (or loaded with ``--profile``).
+  `dsd_jax.profiler.profile_engine` on this engine (or loaded with ``--profile``);
+- ``dynamic-throughput`` (not run by default): the same with
+  ``DynamicConfig(objective="throughput")``, vLLM's batch-mean goodput, for a side by
+  side comparison with the default makespan objective. The summaries compare
+  ``dynamic`` with the best of vanilla and the static Ks only.
 
 The (K, bucket) program a step runs is the same executable whichever controller
 chose K, so sharing the engine changes no measured step; it saves compiling the
@@ -86,11 +90,14 @@ QUICK = dict(batch_sizes=(1, 4, 16, 64),
 # --------------------------------------------------------------------------- configurations
 
 def parse_config(name: str) -> tuple[str, int | None]:
-    """"vanilla" -> ("vanilla", None); "static-3" -> ("static", 3); "dynamic" -> ("dynamic", None)."""
+    """"vanilla" -> ("vanilla", None); "static-3" -> ("static", 3); "dynamic" and
+    "dynamic-throughput" -> ("dynamic", None)."""
     if not isinstance(name, str):
         raise ValueError(f"configuration names are strings, got {name!r}")
     if name in ("vanilla", "dynamic"):
         return name, None
+    if name == "dynamic-throughput":
+        return "dynamic", None
     if name.startswith("static-"):
         try:
             k = int(name[len("static-"):])
@@ -98,7 +105,7 @@ def parse_config(name: str) -> tuple[str, int | None]:
             k = -1
         if k >= 1:
             return "static", k
-    raise ValueError(f"unknown configuration {name!r}: use vanilla, static-K (K >= 1) or dynamic")
+    raise ValueError(f"unknown configuration {name!r}: use vanilla, static-K (K >= 1), dynamic or dynamic-throughput")
 
 
 def _config_list(configs) -> list[str]:
@@ -112,6 +119,10 @@ def _config_list(configs) -> list[str]:
     if "vanilla" not in configs:  # the baseline for speedups and the lossless check
         configs.insert(0, "vanilla")
     return configs
+
+
+def _has_dynamic(configs) -> bool:
+    return any(parse_config(c)[0] == "dynamic" for c in configs)
 
 
 def _int_list(name: str, v) -> list[int]:
@@ -236,7 +247,7 @@ class _Runner:
             self.spec = SpecEngine(target, draft, SpecConfig(method="draft_model",
                                                             num_speculative_tokens=self.max_k), **common)
         self.max_batch_size = max_batch_size
-        self._dynamic = None  # the one goodput controller, built on first use
+        self._dynamic: dict[str, Controller] = {}  # one goodput controller per name, built on first use
         self.profile: Profile | None = None
         self.profile_path: str | None = None
 
@@ -264,12 +275,13 @@ class _Runner:
             raise RuntimeError("the dynamic configuration needs a profile")
         # One goodput controller for the whole bench, as a serving engine keeps one across
         # calls: live acceptance learnt in earlier runs corrects the profile's estimate.
-        if self._dynamic is None:
+        if config not in self._dynamic:
+            objective = "throughput" if config == "dynamic-throughput" else "makespan"
             spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
-                              dynamic=DynamicConfig(profile=self.profile_path))
-            self._dynamic = Controller(spec, self.profile, self.max_batch_size,
-                                       batch_buckets=e.batch_buckets)
-        return self._dynamic
+                              dynamic=DynamicConfig(profile=self.profile_path, objective=objective))
+            self._dynamic[config] = Controller(spec, self.profile, self.max_batch_size,
+                                               batch_buckets=e.batch_buckets)
+        return self._dynamic[config]
 
     def run(self, config: str, prompts, sampling):
         """One timed `generate`: (wall seconds, outputs, stats dict)."""
@@ -439,7 +451,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     # Profile for the dynamic configuration.
     profile_s = 0.0
     prof_info = None
-    if "dynamic" in configs:
+    if _has_dynamic(configs):
         from dsd_jax.profiler import device_kind, engine_fingerprints
         if profile is None:
             from dsd_jax.profiler import profile_engine
@@ -619,7 +631,7 @@ def summarize(rows: list[dict]) -> dict:
     sizes = sorted({r["batch_size"] for r in data if r["workload"] == "sweep"})
     for b in sizes:
         pts = {r["config"]: r["tokens_per_s"] for r in data if r["workload"] == "sweep" and r["batch_size"] == b}
-        others = {c: v for c, v in pts.items() if c != "dynamic"}
+        others = {c: v for c, v in pts.items() if parse_config(c)[0] != "dynamic"}
         best_c = max(others, key=others.get)
         entry = {"batch_size": b, "best_config": max(pts, key=pts.get), "best_other": best_c,
                  "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
@@ -646,7 +658,7 @@ def summarize(rows: list[dict]) -> dict:
             break
     roll = {r["config"]: r["makespan_s"] for r in data if r["workload"] == "rollout"}
     if roll:
-        others = {c: v for c, v in roll.items() if c != "dynamic"}
+        others = {c: v for c, v in roll.items() if parse_config(c)[0] != "dynamic"}
         best_c = min(others, key=others.get)
         out["rollout"] = {"best_other": best_c, "best_other_makespan_s": others[best_c],
                           "vanilla_makespan_s": roll.get("vanilla")}
@@ -711,9 +723,10 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"rollout: {n.get('num_requests', '?')} requests, heavy-tailed lengths "
                      f"(median {n.get('median_tokens', '?')}, max {max(n.get('lengths') or [0])})")
         for r in roll:
-            lines.append(f"  {r['config']:>10}: makespan {r['makespan_s']:.2f} s, "
+            lines.append(f"  {r['config']:>12}: makespan {r['makespan_s']:.2f} s, "
                          f"{r['tokens_per_s']:.1f} tok/s ({r['speedup_vs_vanilla']:.2f}x)"
-                         + (f", K histogram {_fmt_hist(r['k_hist'])}" if r["config"] == "dynamic" else ""))
+                         + (f", K histogram {_fmt_hist(r['k_hist'])}"
+                            if parse_config(r["config"])[0] == "dynamic" else ""))
     learnt = [r["controller"] for r in sweep + roll if r["config"] == "dynamic" and r.get("controller")]
     if learnt and learnt[-1].get("latency_factors"):
         lines.append(f"dynamic's learnt step time / profiled ITL per batch bucket, K = 0.. "
@@ -863,7 +876,7 @@ def main(args) -> int:
                              "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
         prompts = _builtin_prompts(n_prompts)
     profile = getattr(args, "profile", None)
-    if profile is None and source == "builtin" and "dynamic" in _config_list(configs):
+    if profile is None and source == "builtin" and _has_dynamic(_config_list(configs)):
         profile = _shipped_profile(quick)
     out_json = getattr(args, "json", None)
     out_plot = getattr(args, "plot", None)

@@ -154,9 +154,8 @@ class DynamicConfig:
     margin: relative goodput gain needed to move off the current K (and off the
         initial K = 0); hysteresis against flapping between near-tied Ks.
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
-        by ITL(B, K). A request's acceptance starts as the global estimate, which
-        weighs as 4 observed steps, is a running mean of its own steps after that,
-        and an exponential average with `forgetting` once 1 / steps < forgetting.
+        by ITL(B, K). A request's acceptance is its own counts (with the same
+        forgetting) shrunk toward the global estimate, which weighs as 4 steps.
     probe_interval: every `probe_interval`-th step is a probe. While the controller
         holds K = 0 at a batch size where the profile's acceptance would speculate, a
         probe runs the profile's K instead, so live acceptance keeps being measured
@@ -185,7 +184,8 @@ class DynamicConfig:
         gain early only leave their slots empty (fixed groups, RL rollouts). It
         needs each request's remaining token budget, which `SpecEngine` passes,
         and tracks per-request acceptance like `per_request`. While requests are
-        queued, both objectives are throughput.
+        queued, both objectives are throughput. The default is "makespan": a
+        `SpecEngine.generate` call returns when its last request is done.
     """
 
     profile: str | None = None
@@ -196,7 +196,7 @@ class DynamicConfig:
     probe_interval: int = 16
     latency_forgetting: float = 0.0
     explore_gap: float = 0.3
-    objective: str = "throughput"
+    objective: str = "makespan"
 
     _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval",
                "latency_forgetting", "explore_gap", "objective")

@@ -218,11 +218,12 @@ class Controller:
         self._al_n = 0
         self._log: collections.deque = collections.deque(maxlen=max(1, _index("history", history)))
 
-        # Per-request acceptance (per_request mode).
+        # Per-request acceptance (per_request mode, makespan objective).
         self._rows: dict[Hashable, int] = {}
         self._free: list[int] = []
-        self._E = np.zeros((0, self.max_k))
-        self._seen = np.zeros((0, self.max_k))  # steps that proposed each position, per row
+        # Discounted accepted / proposed counts per request row and draft position.
+        self._Ar = np.zeros((0, self.max_k))
+        self._Nr = np.zeros((0, self.max_k))
 
         # Precomputed tables.
         self._ktab: list[int] = []
@@ -352,7 +353,7 @@ class Controller:
             raise ValueError("remaining must hold finite numbers")
         kc = self._kc
         al = np.ones((b, kc + 1))
-        np.cumsum(self._E[rows, :kc], axis=1, out=al[:, 1:])
+        np.cumsum(self._row_estimate(rows, kc), axis=1, out=al[:, 1:])
         al[:, 1:] += 1.0
         # The critical row's share of its remaining work done per step; a row about to
         # finish is never critical (the engine's token counts lag one step behind).
@@ -365,7 +366,7 @@ class Controller:
             return 0
         b, key, rows = live
         kc = self._kc
-        s = self._E[rows, :kc].sum(axis=0)
+        s = self._row_estimate(rows, kc).sum(axis=0)
         al_sum = np.empty(kc + 1)
         al_sum[0] = b
         np.cumsum(s, out=al_sum[1:])
@@ -484,20 +485,22 @@ class Controller:
 
     def _new_row(self, rid) -> int:
         if not self._free:
-            n = self._E.shape[0]
+            n = self._Ar.shape[0]
             cap = max(16, 2 * n)
-            E = np.zeros((cap, self.max_k))
-            E[:n] = self._E
-            self._E = E
-            seen = np.zeros((cap, self.max_k))
-            seen[:n] = self._seen
-            self._seen = seen
+            self._Ar = np.concatenate([self._Ar, np.zeros((cap - n, self.max_k))])
+            self._Nr = np.concatenate([self._Nr, np.zeros((cap - n, self.max_k))])
             self._free = list(range(cap - 1, n - 1, -1))
         r = self._free.pop()
-        self._E[r] = self._est  # new requests start from the global estimate
-        self._seen[r] = 0.0
+        self._Ar[r] = self._Nr[r] = 0.0
         self._rows[rid] = r
         return r
+
+    def _row_estimate(self, rows, k: int) -> np.ndarray:
+        """a_1..a_k per request row: its own discounted counts, shrunk toward the global
+        estimate as if that were ROW_PRIOR_STEPS more observed steps (a request lives
+        for tens of steps: too few to trust alone, too many to ignore)."""
+        prior = ROW_PRIOR_STEPS * np.nan_to_num(self._est[:k])
+        return (self._Ar[rows, :k] + prior) / (self._Nr[rows, :k] + ROW_PRIOR_STEPS)
 
     def forget_request(self, rid: Hashable) -> None:
         """Drop a finished request's per-request acceptance (no-op if unknown)."""
@@ -506,9 +509,10 @@ class Controller:
             self._free.append(r)
 
     def request_acceptance(self, rid: Hashable) -> np.ndarray | None:
-        """A request's own acceptance estimate (per_request mode), or None if unseen."""
+        """A request's own acceptance estimate (per_request mode or the makespan
+        objective), or None if unseen."""
         r = self._rows.get(rid)
-        return None if r is None else self._E[r].copy()
+        return None if r is None else self._row_estimate([r], self.max_k)[0]
 
     # ------------------------------------------------------------------ observe
 
@@ -566,7 +570,7 @@ class Controller:
         rec = {"step": self._steps, "k": k, "batch_size": b}
         if k > 0:
             if use_req:
-                pred_al = 1.0 + float(self._E[rows, :k].sum()) / b
+                pred_al = 1.0 + float(self._row_estimate(rows, k).sum()) / b
             else:
                 pred_al = self._al_pred[k]
             meas_al = 1.0 + float(acc.sum()) / b
@@ -607,14 +611,8 @@ class Controller:
         self._spec_steps += 1
         if use_req:
             hits = acc[:, None] >= self._positions[:k]  # [B, k]
-            # A running mean that starts from the global estimate as ROW_PRIOR_STEPS
-            # observations, then turns into the exponential average: a request lives for
-            # tens of steps, too few for the plain average to leave its starting value.
-            seen = self._seen[rows, :k] + 1.0
-            self._seen[rows, :k] = seen
-            w = np.maximum(self._forget, 1.0 / (seen + ROW_PRIOR_STEPS))
-            E = self._E
-            E[rows, :k] += w * (hits - E[rows, :k])
+            self._Ar[rows, :k] = keep * self._Ar[rows, :k] + hits
+            self._Nr[rows, :k] = keep * self._Nr[rows, :k] + 1.0
         self._set_estimate(self._compute_estimate())
         if self.mode == "goodput" and self._kc > 0:
             moved = np.abs(self._est[: self._kc] - self._est_tables[: self._kc]).max()

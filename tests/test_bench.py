@@ -142,11 +142,16 @@ def test_summary_on_hand_made_rows():
     assert spread == pytest.approx(statistics.median([0.2, 0.2, 0.0, 0.0]))
     rows[0]["lossless"] = False
     assert bench.summarize(rows)["lossless"] is False
+    # dynamic-throughput is a dynamic variant, never the "best other" dynamic is held to
+    rows += [_row(1, "dynamic-throughput", 30), _row(None, "dynamic-throughput", 50, "rollout")]
+    s = bench.summarize(rows)
+    assert s["sweep"][0]["best_other"] == "static-4" and s["rollout"]["best_other"] == "static-2"
 
 
 def test_config_parsing_and_lengths():
     assert bench.parse_config("static-6") == ("static", 6)
     assert bench.parse_config("vanilla") == ("vanilla", None)
+    assert bench.parse_config("dynamic-throughput") == bench.parse_config("dynamic") == ("dynamic", None)
     for bad in ("static-0", "static-x", "fast", 3):
         with pytest.raises(ValueError):
             bench.parse_config(bad)

@@ -12,7 +12,7 @@ from test_controller import goodput_spec, random_profile, realistic_profile
 def _controllers(profile, **dyn):
     """(throughput, makespan) controllers with live acceptance from the first step."""
     kw = dict(warmup_steps=0, forgetting=0.2, margin=0.0, probe_interval=0, **dyn)
-    return (Controller(goodput_spec(**kw), profile),
+    return (Controller(goodput_spec(objective="throughput", **kw), profile),
             Controller(goodput_spec(objective="makespan", **kw), profile))
 
 
@@ -59,7 +59,7 @@ def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
     rem = [r for _, r in rows]
     c.choose_k(len(ids), request_ids=ids, remaining=rem)  # registers rows at the prior
     for rid, (a, _) in zip(ids, rows):
-        c._E[c._rows[rid], :kmax] = a  # white-box: set each request's estimate
+        c._Ar[c._rows[rid]], c._Nr[c._rows[rid]] = a * 1e15, 1e15  # white-box: its estimate is a
     b = len(ids)
     k = c.choose_k(b, request_ids=ids, remaining=rem)
     g = [min((1 + kk * a) / max(r, 1) for a, r in rows) / prof.itl_ms(b, kk) for kk in range(kmax + 1)]
@@ -96,7 +96,7 @@ def test_makespan_objective_finishes_uneven_groups_sooner():
              for obj, c in ((obj, Controller(goodput_spec(warmup_steps=0, objective=obj), p))
                             for obj in ("throughput", "makespan"))}
         assert t["makespan"][0] < 0.6 * t["throughput"][0], t  # the first group, from the profile
-        assert sum(t["makespan"]) < 0.8 * sum(t["throughput"]), t
+        assert sum(t["makespan"]) < 0.85 * sum(t["throughput"]), t
 
 
 def test_bad_remaining_is_refused():

@@ -41,8 +41,9 @@ like any step; the held K changes only through the argmax.
 Speed: the best K and the goodput row for every batch size 1..max_batch_size are
 precomputed per context bucket, and rebuilt only when the acceptance estimate has
 moved by more than ``refresh_tol`` since the last build, so a call is a dict and a
-list lookup. ``per_request=True`` needs the live request set, so each call there
-is a small vectorised numpy reduction instead (about 10-20 us).
+list lookup. ``per_request=True`` and the makespan objective need the live request
+set, so each call there is a small vectorised numpy reduction instead (about
+10-20 us).
 
 Makespan objective (``dynamic.objective="makespan"``): when the caller passes each
 live request's remaining token budget (`SpecEngine` does once no request is
@@ -79,7 +80,7 @@ __all__ = ["Controller"]
 _CTX_CACHE_LIMIT = 1 << 16
 LATENCY_REFRESH_TOL = 0.01  # rebuild the tables when a latency factor moved by more than 1%
 DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is given
-ROW_PRIOR_STEPS = 4  # weight of the global estimate in a new request's own, in steps
+ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
 
 
 def _index(name: str, v: Any) -> int:
@@ -530,7 +531,8 @@ class Controller:
             counts as accepted iff num_accepted[r] >= i, and as proposed always.
         step_time_s: measured wall time of the round; with a profile, the predicted
             ITL is compared to it (`stats()['itl_mape']`).
-        request_ids: one id per row (per_request mode updates each request's estimate).
+        request_ids: one id per row (per_request mode and the makespan objective update
+            each request's estimate).
         context_len: the context length the round ran at (for the ITL prediction).
         """
         k = _index("k", k)

@@ -37,7 +37,7 @@ def test_without_remaining_it_is_the_throughput_controller():
     p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
     thr, mk = _controllers(p)
     rng = np.random.default_rng(0)
-    for step in range(200):
+    for _ in range(200):
         b = int(rng.integers(1, 65))
         ids = list(range(b))
         k = thr.choose_k(b)

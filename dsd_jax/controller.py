@@ -474,15 +474,12 @@ class Controller:
 
     # ------------------------------------------------------------------ per-request state
 
-    def _rows_for(self, request_ids) -> list[int]:
+    def _rows_for(self, request_ids) -> np.ndarray:
         rows = self._rows
-        out = []
-        for rid in request_ids:
-            r = rows.get(rid)
-            if r is None:
-                r = self._new_row(rid)
-            out.append(r)
-        return out
+        out = [rows.get(rid) for rid in request_ids]
+        if None in out:
+            out = [self._new_row(rid) if r is None else r for rid, r in zip(request_ids, out)]
+        return np.array(out, dtype=np.intp)  # an index array: numpy gathers it faster than a list
 
     def _new_row(self, rid) -> int:
         if not self._free:
@@ -500,8 +497,7 @@ class Controller:
         """a_1..a_k per request row: its own discounted counts, shrunk toward the global
         estimate as if that were ROW_PRIOR_STEPS more observed steps (a request lives
         for tens of steps: too few to trust alone, too many to ignore)."""
-        prior = ROW_PRIOR_STEPS * np.nan_to_num(self._est[:k])
-        return (self._Ar[rows, :k] + prior) / (self._Nr[rows, :k] + ROW_PRIOR_STEPS)
+        return (self._Ar[rows, :k] + self._row_prior[:k]) / (self._Nr[rows, :k] + ROW_PRIOR_STEPS)
 
     def forget_request(self, rid: Hashable) -> None:
         """Drop a finished request's per-request acceptance (no-op if unknown)."""
@@ -635,6 +631,7 @@ class Controller:
 
     def _set_estimate(self, est: np.ndarray) -> None:
         self._est = est
+        self._row_prior = ROW_PRIOR_STEPS * np.nan_to_num(est)
         al = np.ones(self.max_k + 1)
         al[1:] += np.cumsum(est)
         self._al_pred = al.tolist()

@@ -6,9 +6,9 @@
 The bench's sweep runs groups of B prompts with equal max_tokens. With K > 0 rows
 advance at different rates, so the group lasts as long as its slowest row, while the
 goodput model AL(K) / ITL(B, K) assumes the batch stays full. Configurations are the
-bench's names plus ``dynamic-makespan`` (the goodput controller with
-``objective="makespan"``); each dynamic configuration keeps one controller across its
-runs, as the bench does. Runs are interleaved; each prints the decode time, the steps
+bench's names (``dynamic``: the default makespan objective; ``dynamic-throughput``: the
+batch-mean goodput); each dynamic configuration keeps one controller across its runs,
+as the bench does. Runs are interleaved; each prints the decode time, the steps
 per live batch size, and the decode time over a full-batch ideal: tokens / (B * AL)
 steps at the full batch's median step time. The last lines give each configuration's
 median decode time over vanilla's.
@@ -22,17 +22,14 @@ import collections
 import numpy as np
 
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
-from dsd_jax.bench import parse_config
+from dsd_jax.bench import DYNAMIC_OBJECTIVES, parse_config
 from dsd_jax.config import DynamicConfig
 from dsd_jax.controller import Controller
 from dsd_jax.profile import Profile
 
 
 def make_controller(config: str, max_k: int, profile: Profile | None, engine: SpecEngine) -> Controller:
-    """The bench's controllers (method none for vanilla) and dynamic-makespan."""
-    objective = "throughput"
-    if config == "dynamic-makespan":
-        config, objective = "dynamic", "makespan"
+    """The bench's controllers (method none for vanilla)."""
     kind, k = parse_config(config)
     if kind == "vanilla":
         return Controller(SpecConfig(method="none"), None, engine.max_batch_size)
@@ -40,7 +37,7 @@ def make_controller(config: str, max_k: int, profile: Profile | None, engine: Sp
         return Controller(SpecConfig(num_speculative_tokens=k), None, engine.max_batch_size)
     if profile is None:
         raise SystemExit("dynamic configurations need --profile")
-    spec = SpecConfig(num_speculative_tokens=max_k, dynamic=DynamicConfig(objective=objective))
+    spec = SpecConfig(num_speculative_tokens=max_k, dynamic=DynamicConfig(objective=DYNAMIC_OBJECTIVES[config]))
     return Controller(spec, profile, engine.max_batch_size, batch_buckets=engine.batch_buckets)
 
 
@@ -57,8 +54,7 @@ def main():
     configs = args.configs.split(",")
     profile = Profile.load(args.profile) if args.profile else None
     max_k = profile.max_k if profile else 1
-    max_k = max([max_k] + [k for kind, k in map(parse_config, (c for c in configs if c != "dynamic-makespan"))
-                           if kind == "static"])
+    max_k = max([max_k] + [k for kind, k in map(parse_config, configs) if kind == "static"])
     target, draft, tokenizer = models.builtin()
     engine = SpecEngine(target, draft, SpecConfig(num_speculative_tokens=max_k), max_batch_size=64,
                         max_seq_len=448, tokenizer=tokenizer, compilation_cache_dir=args.compilation_cache_dir)

@@ -89,14 +89,18 @@ QUICK = dict(batch_sizes=(1, 4, 16, 64),
 
 # --------------------------------------------------------------------------- configurations
 
+# dynamic configurations -> DynamicConfig.objective
+DYNAMIC_OBJECTIVES = {"dynamic": "makespan", "dynamic-throughput": "throughput"}
+
+
 def parse_config(name: str) -> tuple[str, int | None]:
     """"vanilla" -> ("vanilla", None); "static-3" -> ("static", 3); "dynamic" and
     "dynamic-throughput" -> ("dynamic", None)."""
     if not isinstance(name, str):
         raise ValueError(f"configuration names are strings, got {name!r}")
-    if name in ("vanilla", "dynamic"):
+    if name == "vanilla":
         return name, None
-    if name == "dynamic-throughput":
+    if name in DYNAMIC_OBJECTIVES:
         return "dynamic", None
     if name.startswith("static-"):
         try:
@@ -276,9 +280,9 @@ class _Runner:
         # One goodput controller for the whole bench, as a serving engine keeps one across
         # calls: live acceptance learnt in earlier runs corrects the profile's estimate.
         if config not in self._dynamic:
-            objective = "throughput" if config == "dynamic-throughput" else "makespan"
             spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
-                              dynamic=DynamicConfig(profile=self.profile_path, objective=objective))
+                              dynamic=DynamicConfig(profile=self.profile_path,
+                                                    objective=DYNAMIC_OBJECTIVES[config]))
             self._dynamic[config] = Controller(spec, self.profile, self.max_batch_size,
                                                batch_buckets=e.batch_buckets)
         return self._dynamic[config]

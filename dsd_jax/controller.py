@@ -42,8 +42,8 @@ Speed: the best K and the goodput row for every batch size 1..max_batch_size are
 precomputed per context bucket, and rebuilt only when the acceptance estimate has
 moved by more than ``refresh_tol`` since the last build, so a call is a dict and a
 list lookup. ``per_request=True`` and the makespan objective need the live request
-set, so each call there is a small vectorised numpy reduction instead (about
-10-20 us).
+set, so each call there is a few vectorised numpy operations on [B, K] arrays
+instead (tens of microseconds; `benchmarks/controller_bench.py`).
 
 Makespan objective (``dynamic.objective="makespan"``): when the caller passes each
 live request's remaining token budget (`SpecEngine` does once no request is
@@ -340,25 +340,22 @@ class Controller:
         return b, key, self._rows_for(request_ids)
 
     def _choose_makespan(self, batch_size, context_len, request_ids, remaining) -> int:
-        live = self._live_rows(batch_size, context_len, request_ids)
-        if live is None:
-            return 0
-        b, key, rows = live
+        # checked before the live rows are registered, so a refused call leaves no state
         try:
             rem = np.asarray(remaining, dtype=float)
         except (TypeError, ValueError):
             raise ValueError(f"remaining must be a sequence of numbers, got {remaining!r}") from None
-        if rem.shape != (b,):
-            raise ValueError(f"remaining has shape {rem.shape} but batch_size is {b}")
+        if rem.shape != (len(request_ids),):
+            raise ValueError(f"remaining has shape {rem.shape} but there are {len(request_ids)} request_ids")
         if not np.all(np.isfinite(rem)):
             raise ValueError("remaining must hold finite numbers")
-        kc = self._kc
-        al = np.ones((b, kc + 1))
-        np.cumsum(self._row_estimate(rows, kc), axis=1, out=al[:, 1:])
-        al[:, 1:] += 1.0
+        live = self._live_rows(batch_size, context_len, request_ids)
+        if live is None:
+            return 0
+        b, key, rows = live
         # The critical row's share of its remaining work done per step; a row about to
         # finish is never critical (the engine's token counts lag one step behind).
-        progress = (al / np.maximum(rem, 1.0)[:, None]).min(axis=0)
+        progress = (self._row_al(rows) / np.maximum(rem, 1.0)[:, None]).min(axis=0)
         return self._decide(b, key, progress)
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
@@ -366,13 +363,15 @@ class Controller:
         if live is None:
             return 0
         b, key, rows = live
+        return self._decide(b, key, self._row_al(rows).sum(axis=0))
+
+    def _row_al(self, rows) -> np.ndarray:
+        """AL_r(K) for K = 0.._kc per request row ([rows, _kc + 1])."""
         kc = self._kc
-        s = self._row_estimate(rows, kc).sum(axis=0)
-        al_sum = np.empty(kc + 1)
-        al_sum[0] = b
-        np.cumsum(s, out=al_sum[1:])
-        al_sum[1:] += b
-        return self._decide(b, key, al_sum)
+        al = np.ones((len(rows), kc + 1))
+        np.cumsum(self._row_estimate(rows, kc), axis=1, out=al[:, 1:])
+        al[:, 1:] += 1.0
+        return al
 
     # ------------------------------------------------------------------ goodput tables
 

@@ -108,4 +108,5 @@ def test_bad_remaining_is_refused():
         mk.choose_k(2, request_ids=["a", "b"], remaining=[3, float("nan")])
     with pytest.raises(ValueError, match="remaining"):
         mk.choose_k(2, request_ids=["a", "b"], remaining=["x", "y"])
+    assert mk.request_acceptance("a") is None  # a refused call registers no request
     assert mk.choose_k(0, request_ids=[], remaining=[]) == 0

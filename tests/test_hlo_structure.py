@@ -1,0 +1,115 @@
+"""Structural checks of the compiled programs: no whole-KV-cache work.
+
+A step's cost must follow what it reads and writes, not the cache's capacity. The
+failure this guards against is silent: XLA's copy insertion materialising a copy of
+every layer's cache each step (it did, 64 copies per target forward, before
+`kernels.attend_and_write`). So compile the real programs and read their HLO: every
+instruction whose result has a KV buffer's shape must be the in-place update itself
+(a scatter or dynamic-update-slice, alone or as a fusion's root) or plumbing (a
+parameter, a loop, a tuple element). A copy, or a fusion computing a new cache-sized
+value, fails. Not a timing test.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import FixedK, make_engine, tiny_config
+from dsd_jax import models
+
+PLUMBING = {"parameter", "get-tuple-element", "tuple", "while", "conditional", "bitcast",
+            "call", "opt-barrier"}
+IN_PLACE = {"scatter", "dynamic-update-slice"}
+INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+\[[\d,]*\])(?:\{[^}]*\})? ([\w-]+)\((.*)$")
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+    comps, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%(\S+) ", line)
+        if head and line.rstrip().endswith("{"):
+            name = head.group(1)
+            comps[name] = []
+        elif name is not None and line.strip() and line.strip() != "}":
+            comps[name].append(line)
+    return comps
+
+
+def _root_opcode(lines: list[str]) -> str:
+    for line in lines:
+        if line.lstrip().startswith("ROOT"):
+            return INSTR.match(line).group(3)
+    raise AssertionError("computation without ROOT")
+
+
+def whole_cache_ops(hlo: str, cache_shapes: set[str]) -> list[str]:
+    """Instructions producing a value of a KV buffer's shape that are not the in-place
+    update or plumbing: each is whole-cache work."""
+    comps = _computations(hlo)
+    bad = []
+    for lines in comps.values():
+        for line in lines:
+            m = INSTR.match(line)
+            if not m or m.group(2) not in cache_shapes:
+                continue
+            op = m.group(3)
+            if op in PLUMBING or op in IN_PLACE:
+                continue
+            if op == "fusion":
+                called = re.search(r"calls=%([\w.-]+)", line).group(1)
+                if _root_opcode(comps[called]) in IN_PLACE:
+                    continue
+            bad.append(line.strip()[:160])
+    return bad
+
+
+HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def _shape_str(x) -> str:
+    return f"{HLO_DTYPES[str(x.dtype)]}[{','.join(map(str, x.shape))}]"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = models.init_model(tiny_config(), seed=0)
+    draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate_size=32,
+                                          num_heads=2, num_kv_heads=1), seed=1)
+    # 4 slots, buckets 1/2/4: B < N programs exercise the row selection too
+    return make_engine(target, draft, FixedK([2]), max_batch_size=4, max_seq_len=96,
+                       method="draft_model", num_speculative_tokens=2)
+
+
+def _cache_shapes(engine) -> set[str]:
+    kv = [engine.state.target_kv, engine.state.draft_kv]
+    return {_shape_str(x) for cache in kv for x in cache.k + cache.v}
+
+
+@pytest.mark.parametrize("program", [
+    ("step", 0, 1), ("step", 2, 1), ("step", 2, 2), ("step", 1, 4),
+    ("prefill", 1, 16), ("prefill", 2, 16), ("move",)])
+def test_no_whole_cache_work(engine, program):
+    exe = getattr(engine.programs, program[0])(*program[1:])
+    hlo = exe.as_text()
+    assert "custom-call" not in hlo or "Pallas" not in hlo  # the XLA path is what runs on CPU
+    bad = whole_cache_ops(hlo, _cache_shapes(engine))
+    assert not bad, f"{program}: whole-cache ops in the compiled HLO:\n" + "\n".join(bad)
+
+
+def test_checker_catches_a_whole_cache_copy(engine):
+    """The check is not vacuous: the pre-fix pattern (scatter into the cache, then read
+    the updated buffer outside any loop) compiles to whole-cache copies, and is caught."""
+    import jax
+    import jax.numpy as jnp
+
+    cache = engine.state.target_kv.k[0]
+
+    def write_then_read(cache, new, pos):
+        cache = cache.at[:, :, pos].set(new)
+        return cache, jnp.einsum("bhsd,bhsd->bh", cache, cache)
+
+    new = jnp.zeros((cache.shape[0], cache.shape[1], cache.shape[3]), cache.dtype)
+    hlo = jax.jit(write_then_read, donate_argnums=0).lower(cache, new, 3).compile().as_text()
+    assert whole_cache_ops(hlo, {_shape_str(cache)})

@@ -55,7 +55,7 @@ def main(n_tokens: int = 400, repeats: int = 5):
             jax.block_until_ready(state)
             t0 = time.perf_counter()
             for _ in range(steps):
-                state, out = step(engine._target_params, engine._draft_params, state)
+                state, out, _ = step(engine._target_params, engine._draft_params, state, np.int32(1))
             jax.block_until_ready(out)
             devices.append((time.perf_counter() - t0) / steps * 1e3)
             walls.append(wall)

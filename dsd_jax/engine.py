@@ -30,7 +30,9 @@ from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.state import MAX_STOP_IDS, init_state
-from dsd_jax.step import SlotInit, StepOptions
+from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions
+
+STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
 
 
 @dataclasses.dataclass
@@ -74,6 +76,30 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
         if b >= n:
             return b
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def chunk_buckets(largest: int) -> tuple[int, ...]:
+    """Prompt-chunk sizes compiled for prefill: 16, 64, 256, ... up to `largest` (included).
+    Steps of 4x keep the program count small while a prompt is padded by < 16 tokens
+    plus at most one small chunk's slack (a 140-token prompt runs 64+64+16, not 256)."""
+    sizes, c = {largest}, 16
+    while c < largest:
+        sizes.add(c)
+        c *= 4
+    return tuple(sorted(sizes))
+
+
+def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, chunk size) pieces covering `length` prompt tokens: the largest chunk that
+    fits while one does, then the smallest chunk that holds the rest."""
+    pieces, start = [], 0
+    while start < length:
+        rest = length - start
+        fitting = [c for c in chunks if c <= rest]
+        c = max(fitting) if fitting else bucket_for(rest, chunks)
+        pieces.append((start, c))
+        start += c
+    return pieces
 
 
 class SpecEngine:
@@ -131,7 +157,7 @@ class SpecEngine:
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
         prefill_rows = self.batch_buckets
-        prefill_chunks = tuple(sorted({min(32, self.prefill_chunk), self.prefill_chunk}))
+        prefill_chunks = chunk_buckets(self.prefill_chunk)
         self.programs = Programs(target_graph, draft_graph, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
                                  prefill_rows, prefill_chunks)
@@ -146,6 +172,7 @@ class SpecEngine:
         self.controller = controller
         self.stats = EngineStats(self.max_k)
         self._prefilled = False
+        self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
         self._request_ids = itertools.count()
 
@@ -242,7 +269,6 @@ class SpecEngine:
     def _admit(self, new: list[_Request]) -> None:
         """Prefills target (and draft) for new requests in chunks, then marks them live."""
         n = bucket_for(len(new), self.programs.prefill_rows)
-        chunk = self.prefill_chunk
         longest = max(len(r.prompt) for r in new)
         rows = np.full(n, self.max_batch_size, np.int32)  # padding rows are dropped
         rows[:len(new)] = [r.slot for r in new]
@@ -252,8 +278,7 @@ class SpecEngine:
             prompts[i, :len(r.prompt)] = r.prompt
             lengths[i] = len(r.prompt)
         scatter_rows = np.where(rows < self.max_batch_size, rows, 0).astype(np.int32)
-        for start in range(0, longest, chunk):
-            c = bucket_for(min(chunk, longest - start), self.programs.prefill_chunks)
+        for start, c in prefill_pieces(longest, self.programs.prefill_chunks):
             piece = np.zeros((n, c), np.int32)
             width = min(c, prompts.shape[1] - start)
             piece[:, :width] = prompts[:, start:start + width]
@@ -286,12 +311,27 @@ class SpecEngine:
             live.pop()
             r.slot = -1
 
-    def _process(self, out, snapshot: list[_Request], k: int, context: int) -> list:
-        """Reads one step's outputs back (the only device->host copy in the loop)."""
-        tokens, n_emit, n_acc, done, lp, raw = jax.device_get(
-            (out.tokens, out.n_emit, out.n_accepted, out.done, out.logprobs, out.raw_logprobs))
+    def _process(self, out, rounds, snapshot: list[_Request], k: int, context: int) -> tuple:
+        """Reads one dispatch's outputs back (the only device->host copy in the loop) and
+        applies its rounds in order, as if each had been its own step."""
+        tokens, n_emit, n_acc, done, lp, raw, rounds = jax.device_get(
+            (out.tokens, out.n_emit, out.n_accepted, out.done, out.logprobs, out.raw_logprobs, rounds))
         now = time.perf_counter()
+        start = self.stats.last_step_time
         events, finished = [], []
+        for j in range(int(rounds)):
+            # rounds of one dispatch share its wall time evenly
+            t = start + (now - start) * (j + 1) / int(rounds)
+            self._apply_round(snapshot, k, context, t, tokens[j], n_emit[j], n_acc[j], done[j], lp[j],
+                              raw[j], events, finished)
+        for r in finished:
+            forget = getattr(self.controller, "forget_request", None)
+            if forget:
+                forget(r.request_id)
+        return events, finished
+
+    def _apply_round(self, snapshot, k, context, now, tokens, n_emit, n_acc, done, lp, raw, events,
+                     finished) -> None:
         live_rows = [i for i, r in enumerate(snapshot) if r.finish_reason is None]
         for i in live_rows:
             r, n = snapshot[i], int(n_emit[i])
@@ -318,16 +358,12 @@ class SpecEngine:
                                     request_ids=[snapshot[i].request_id for i in live_rows],
                                     context_len=context)
             self._prefilled = False
-        for r in finished:
-            forget = getattr(self.controller, "forget_request", None)
-            if forget:
-                forget(r.request_id)
-        return events, finished
 
     def _run(self, requests: list[_Request]):
         queue = collections.deque(requests)
         live: list[_Request] = []
         inflight = None
+        self._k_history.clear()
         self.stats.begin_run()
         finished_normally = False
         try:
@@ -343,12 +379,13 @@ class SpecEngine:
                 if live:
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
                     k = self._choose_k(live, context, refilled=bool(queue))
+                    rounds = self._rounds(live, k, bool(queue), inflight)
                     b = bucket_for(len(live), self.batch_buckets)
-                    self.state, out = self.programs.step(k, b)(self._target_params,
-                                                               self._draft_params, self.state)
-                    dispatched = (out, list(live), k, context)
+                    self.state, out, ran = self.programs.step(k, b)(
+                        self._target_params, self._draft_params, self.state, np.int32(rounds))
+                    dispatched = (out, ran, list(live), k, context, rounds)
                 if inflight:
-                    events, finished = self._process(*inflight)
+                    events, finished = self._process(*inflight[:5])
                     yield from events
                     self._remove(live, [r for r in finished if r.slot >= 0])
                 # once every request of a dispatched step has finished its outputs are empty
@@ -360,6 +397,22 @@ class SpecEngine:
                 # an error or an abandoned stream: free every slot so no stale request
                 # keeps decoding in the next run
                 self.state = self.state._replace(active=jnp.zeros_like(self.state.active))
+
+    def _rounds(self, live: list[_Request], k: int, queued: bool, inflight) -> int:
+        """Rounds of K the next dispatch runs. One, unless nothing can change before the
+        rounds are done: no request is queued (a finishing row would free a slot for it),
+        the controller's last STABLE_DECISIONS choices were this K, and no live row can
+        reach its length limit before the last round (counting what the dispatch still in
+        flight may emit). Rows stopping on a stop token end early on device all the same.
+        The controller still observes every round."""
+        self._k_history.append(k)
+        stable = (len(self._k_history) == STABLE_DECISIONS
+                  and all(x == k for x in self._k_history))
+        if queued or not stable:
+            return 1
+        pending = 0 if inflight is None else inflight[5] * (inflight[3] + 1)
+        room = min(self._budget(r) - len(r.tokens) for r in live) - pending
+        return int(np.clip(-(-room // (k + 1)), 1, MAX_ROUNDS))
 
     def _choose_k(self, live: list[_Request], context: int, refilled: bool) -> int:
         if self.max_k == 0:

@@ -28,17 +28,17 @@ class EngineStats:
         self.tpot_s: list[float] = []
         self.trace: list[dict] = []
         self._run_start = None
-        self._last_step_time = None
+        self.last_step_time = None
 
     def begin_run(self) -> None:
         self._run_start = time.perf_counter()
-        self._last_step_time = self._run_start
+        self.last_step_time = self._run_start
 
     def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
                     now: float) -> float:
         """Records one processed step; returns the wall time since the previous one."""
-        dt = now - self._last_step_time
-        self._last_step_time = now
+        dt = now - self.last_step_time
+        self.last_step_time = now
         live = len(num_accepted)
         self.steps += 1
         self.tokens += emitted

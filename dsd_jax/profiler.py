@@ -306,7 +306,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                         state = _reset_jit(state, np.int32(b), np.int32(ctx))
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
-                        state, out = steps[k](tp, dp, state)
+                        state, out, _ = steps[k](tp, dp, state, np.int32(1))  # one round
                         jax.block_until_ready((state, out))
                         if rep >= warmup_reps:
                             times[k].append(time.perf_counter() - t0)

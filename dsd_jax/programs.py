@@ -33,7 +33,7 @@ class Programs:
         self.prefill_rows = tuple(prefill_rows)
         self.prefill_chunks = tuple(prefill_chunks)
         self._args = (_abstract(target_params), _abstract(draft_params), _abstract(state))
-        self._step_fn = functools.partial(step_lib.spec_step, target_graph, draft_graph, opts)
+        self._step_fn = functools.partial(step_lib.spec_rounds, target_graph, draft_graph, opts)
         self._prefill = jax.jit(functools.partial(step_lib.prefill, target_graph, draft_graph, opts),
                                 donate_argnums=2)
         self._admit = jax.jit(step_lib.admit, donate_argnums=0)
@@ -47,12 +47,14 @@ class Programs:
         return exe
 
     def step(self, k: int, b: int):
+        """The (K, bucket) program: `(target_params, draft_params, state, num_rounds) ->
+        (state, StepOutput [MAX_ROUNDS, ...], rounds run)` (see `step.spec_rounds`)."""
         if not 0 <= k <= self.max_k:
             raise ValueError(f"K={k} is outside the compiled range 0..{self.max_k}")
         if b not in self.batch_buckets:
             raise ValueError(f"batch bucket {b} is not one of {self.batch_buckets}")
         return self._get(("step", k, b), lambda: jax.jit(
-            functools.partial(self._step_fn, k, b), donate_argnums=2).lower(*self._args))
+            functools.partial(self._step_fn, k, b), donate_argnums=2).lower(*self._args, _i32()))
 
     def prefill(self, n: int, c: int):
         ints = _i32(n)

@@ -44,6 +44,8 @@ class StepOptions:
 
 
 class StepOutput(NamedTuple):
+    """One round's outputs; `spec_rounds` stacks them along a leading [R] axis."""
+
     tokens: jax.Array  # [B, K+1] int32: the first n_emit are new committed tokens
     n_emit: jax.Array  # [B] int32
     n_accepted: jax.Array  # [B] int32 drafts accepted (before stop/length truncation)
@@ -130,6 +132,38 @@ def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
         draft_kv=draft_kv,
     )
     return new_state, StepOutput(out_tokens, n_emit, n_acc, done, logprobs, raw_logprobs)
+
+
+MAX_ROUNDS = 8  # rounds one dispatch may run (the `rounds` program's output depth)
+
+
+def spec_rounds(target_graph, draft_graph, opts: StepOptions, K: int, B: int, target_params,
+                draft_params, state: DecodeState, num_rounds):
+    """Up to `num_rounds` (<= MAX_ROUNDS, a runtime value) rounds of `spec_step` with the same
+    K in one dispatch, stopping early once no row of the bucket is active.
+
+    Returns (state, StepOutput stacked [MAX_ROUNDS, ...], rounds run). Rounds not run are
+    zeros (nothing emitted). One round per dispatch is the usual case; the engine asks for
+    more only while its controller's choice is stable, so the host's per-step work (and
+    the device->host copy) is paid once per several rounds.
+    """
+    R = MAX_ROUNDS
+    outs = StepOutput(jnp.zeros((R, B, K + 1), jnp.int32), jnp.zeros((R, B), jnp.int32),
+                      jnp.zeros((R, B), jnp.int32), jnp.zeros((R, B), bool),
+                      jnp.zeros((R, B, K + 1), jnp.float32), jnp.zeros((R, B, K + 1), jnp.float32))
+
+    def more(carry):
+        i, state, _ = carry
+        return (i < jnp.minimum(num_rounds, R)) & jnp.any(state.active[:B])
+
+    def one_round(carry):
+        i, state, outs = carry
+        state, out = spec_step(target_graph, draft_graph, opts, K, B, target_params, draft_params,
+                               state)
+        return i + 1, state, jax.tree.map(lambda acc, x: acc.at[i].set(x), outs, out)
+
+    rounds, state, outs = jax.lax.while_loop(more, one_round, (jnp.int32(0), state, outs))
+    return state, outs, rounds
 
 
 def prefill(target_graph, draft_graph, opts: StepOptions, target_params, draft_params,

@@ -1,8 +1,11 @@
 """Pallas verify attention: T = K+1 new queries per sequence against its KV cache.
 
 Same contract as `attention_ref.verify_attention_xla` (read its docstring): q
-[B, T, Hq, D], caches [B, Hkv, S, D] (head-major), q_positions [B, T]; query
-(b, t) sees cache entries 0..q_positions[b, t]. Softmax in float32, output in
+[B, T, Hq, D], caches [N, Hkv, S, D] (the whole head-major buffer, N >= B),
+q_positions [B, T], rows [B] (cache row of each batch row; None = 0..B-1); query
+(b, t) sees entries 0..q_positions[b, t] of cache row rows[b]. The kernels address
+cache row rows[b] in place: nothing in front of them slices or gathers whole cache
+rows (that would copy the cache's capacity every layer). Softmax in float32, output in
 q's dtype. A query whose position is < 0 sees nothing and gets NaN, exactly like
 the reference (the models clamp positions to >= 0, so this never happens there).
 
@@ -15,21 +18,23 @@ head r % group; rows are padded up to a hardware-friendly R_pad.
 
 Only the blocks below `lengths[b] = max_t q_positions[b, t] + 1` are read:
 
-* GPU (Pallas Triton): grid (B, Hkv, splits). Each program walks its share of
-  the *live* KV blocks of its sequence in a `fori_loop` with dynamic bounds
-  (split-K flash-decoding, the live blocks are divided evenly between splits so
-  short and long sequences both fill the SMs); masked loads (`other=0`) so a
-  cache length that is not a block multiple is safe. Partial (acc, m, l) per
-  split are merged by a tiny XLA epilogue; splits ~ one wave of programs over the
-  SMs (1 once B * Hkv >= #SMs). Block shapes are powers of two (Triton):
+* GPU (Pallas Triton): grid (B, Hkv, splits). K/V blocks span all N cache rows
+  (block = full dim) and program b loads rows[b] (a per-b int32 block, like
+  `lengths`) to address `k_ref.at[rows[b], pl.ds(start, block_k)]`. Each program
+  walks its share of the *live* KV blocks of its sequence in a `fori_loop` with
+  dynamic bounds (split-K flash-decoding, the live blocks are divided evenly
+  between splits so short and long sequences both fill the SMs); masked loads
+  (`other=0`) so a cache length that is not a block multiple is safe. Partial
+  (acc, m, l) per split are merged by a tiny XLA epilogue; splits ~ one wave of
+  programs over the SMs (1 once B * Hkv >= #SMs). Block shapes are powers of two (Triton):
   R_pad = max(16, next_pow2(R)) (tl.dot needs M >= 16; T <= 9 with group <= 8
   gives R_pad <= 128, which fits registers), block_k = 128 (64 when R_pad >= 128,
   to bound registers), head_dim 64/128.
-* TPU (Pallas Mosaic): grid (B, Hkv, cdiv(S, block_k)) with `lengths` and the
-  positions scalar-prefetched into SMEM (`PrefetchScalarGridSpec`). The K/V
-  index_map clamps the block index to the last live block, so the pipeline
-  issues no DMA for blocks past the length (same block index => no new copy) and
-  `pl.when` skips their compute. Online-softmax state lives in VMEM scratch
+* TPU (Pallas Mosaic): grid (B, Hkv, cdiv(S, block_k)) with `lengths`, the
+  positions and `rows` scalar-prefetched into SMEM (`PrefetchScalarGridSpec`). The
+  K/V index_map picks block (rows[b], h, j, 0) with j clamped to the last live
+  block, so the pipeline issues no DMA for blocks past the length (same block
+  index => no new copy) and `pl.when` skips their compute. Online-softmax state lives in VMEM scratch
   (m, l as [R_pad, 128] lane-replicated like the official flash kernel). Blocks
   respect the (8, 128) tiling: R_pad is a multiple of 8 (f32) / 16 (bf16),
   block_k = 512 (or S when S <= 512: a block equal to the full dim is legal),
@@ -102,11 +107,13 @@ def _from_rows(o, T, group):
 
 # ----------------------------------------------------------------------------- GPU (Triton)
 
-def _gpu_kernel(len_ref, pos_ref, q_ref, k_ref, v_ref, *out_refs, block_k, splits, scale, prec):
+def _gpu_kernel(len_ref, row_ref, pos_ref, q_ref, k_ref, v_ref, *out_refs, block_k, splits,
+                scale, prec):
     from jax.experimental.pallas import triton as plgpu
 
     j = pl.program_id(2)
     length = len_ref[()]
+    row = row_ref[()]                   # cache row rows[b]; k_ref, v_ref: [N, S, D]
     num_blocks = lax.div(length + block_k - 1, block_k)      # non-negative: truncating div
     lo = lax.div(j * num_blocks, splits)
     hi = lax.div((j + 1) * num_blocks, splits)
@@ -121,7 +128,7 @@ def _gpu_kernel(len_ref, pos_ref, q_ref, k_ref, v_ref, *out_refs, block_k, split
         start = pl.multiple_of(i * block_k, block_k)
         cols = start + offs
         live = (cols < length)[:, None]
-        k = plgpu.load(k_ref.at[pl.ds(start, block_k), :], mask=live, other=0.0)
+        k = plgpu.load(k_ref.at[row, pl.ds(start, block_k), :], mask=live, other=0.0)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
                             preferred_element_type=jnp.float32) * scale
         s = jnp.where(cols[None, :] <= rowpos[:, None], s, NEG_INF)
@@ -130,7 +137,7 @@ def _gpu_kernel(len_ref, pos_ref, q_ref, k_ref, v_ref, *out_refs, block_k, split
         alpha = jnp.exp(m - m_safe)
         p = jnp.exp(s - m_safe[:, None])
         l = alpha * l + jnp.sum(p, axis=1)
-        v = plgpu.load(v_ref.at[pl.ds(start, block_k), :], mask=live, other=0.0)
+        v = plgpu.load(v_ref.at[row, pl.ds(start, block_k), :], mask=live, other=0.0)
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec,
                              preferred_element_type=jnp.float32)
         return acc * alpha[:, None] + pv, m_new, l
@@ -174,12 +181,12 @@ def gpu_config(B, T, Hq, Hkv, S, D, num_splits=None, block_k=None):
     return r_pad, block_k, int(num_splits), num_warps
 
 
-def _verify_attention_gpu(q, k_cache, v_cache, q_positions, *, interpret, num_splits=None,
-                          block_k=None):
+def _verify_attention_gpu(q, k_cache, v_cache, q_positions, rows, *, interpret,
+                          num_splits=None, block_k=None):
     from jax.experimental.pallas import triton as plgpu
 
     B, T, Hq, D = q.shape
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    N, Hkv, S = k_cache.shape[:3]
     group = Hq // Hkv
     if D & (D - 1):
         raise ValueError(f"Triton verify attention needs a power-of-two head_dim, got {D}")
@@ -195,10 +202,11 @@ def _verify_attention_gpu(q, k_cache, v_cache, q_positions, *, interpret, num_sp
                                scale=D ** -0.5, prec=_dot_precision(q.dtype))
     in_specs = [
         pl.BlockSpec((None,), lambda b, h, j: (b,)),
+        pl.BlockSpec((None,), lambda b, h, j: (b,)),
         pl.BlockSpec((None, r_pad), lambda b, h, j: (b, 0)),
         pl.BlockSpec((None, None, r_pad, D), lambda b, h, j: (b, h, 0, 0)),
-        pl.BlockSpec((None, None, S, D), lambda b, h, j: (b, h, 0, 0)),
-        pl.BlockSpec((None, None, S, D), lambda b, h, j: (b, h, 0, 0)),
+        pl.BlockSpec((N, None, S, D), lambda b, h, j: (0, h, 0, 0)),   # all rows: the kernel
+        pl.BlockSpec((N, None, S, D), lambda b, h, j: (0, h, 0, 0)),   # picks rows[b]
     ]
     if splits == 1:
         out_shape = jax.ShapeDtypeStruct((B, Hkv, r_pad, D), q.dtype)
@@ -214,7 +222,7 @@ def _verify_attention_gpu(q, k_cache, v_cache, q_positions, *, interpret, num_sp
         kernel, grid=(B, Hkv, splits), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, interpret=interpret, name="verify_attention_triton",
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
-    )(lengths, rowpos, qr, k_cache, v_cache)
+    )(lengths, rows, rowpos, qr, k_cache, v_cache)
     if splits == 1:
         o = out
     else:  # merge the split-K partials (tiny: B*Hkv*splits*R_pad*(D+2) floats)
@@ -229,7 +237,7 @@ def _verify_attention_gpu(q, k_cache, v_cache, q_positions, *, interpret, num_sp
 
 # ----------------------------------------------------------------------------- TPU (Mosaic)
 
-def _tpu_kernel(len_ref, pos_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *,
+def _tpu_kernel(len_ref, pos_ref, row_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *,
                 block_k, T, group, S, scale, prec):
     b = pl.program_id(0)
     j = pl.program_id(2)
@@ -302,7 +310,7 @@ def tpu_config(T, Hq, Hkv, S, dtype, block_k=None):
     return r_pad, block_k
 
 
-def _verify_attention_tpu(q, k_cache, v_cache, q_positions, *, interpret, block_k=None):
+def _verify_attention_tpu(q, k_cache, v_cache, q_positions, rows, *, interpret, block_k=None):
     from jax.experimental.pallas import tpu as pltpu
 
     B, T, Hq, D = q.shape
@@ -315,17 +323,17 @@ def _verify_attention_tpu(q, k_cache, v_cache, q_positions, *, interpret, block_
     lengths = jnp.clip(jnp.max(pos, axis=1) + 1, 0, S).astype(jnp.int32)
     qr = _to_rows(q, Hkv, r_pad)
 
-    def q_map(b, h, j, len_ref, pos_ref):
+    def q_map(b, h, j, len_ref, pos_ref, row_ref):
         return (b, h, 0, 0)
 
-    def kv_map(b, h, j, len_ref, pos_ref):
+    def kv_map(b, h, j, len_ref, pos_ref, row_ref):
         last = jnp.maximum(pl.cdiv(len_ref[b], block_k) - 1, 0)
-        return (b, h, jnp.minimum(j, last), 0)
+        return (row_ref[b], h, jnp.minimum(j, last), 0)
 
     kernel = functools.partial(_tpu_kernel, block_k=block_k, T=T, group=group, S=S,
                                scale=D ** -0.5, prec=_dot_precision(q.dtype))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
+        num_scalar_prefetch=3,
         grid=(B, Hkv, num_kv),
         in_specs=[pl.BlockSpec((None, None, r_pad, D), q_map),
                   pl.BlockSpec((None, None, block_k, D), kv_map),
@@ -341,16 +349,17 @@ def _verify_attention_tpu(q, k_cache, v_cache, q_positions, *, interpret, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret, name="verify_attention_mosaic",
-    )(lengths, pos.reshape(-1), qr, k_cache, v_cache)
+    )(lengths, pos.reshape(-1), rows, qr, k_cache, v_cache)
     return _from_rows(o, T, group)
 
 
 # ----------------------------------------------------------------------------- entry point
 
-def verify_attention(q, k_cache, v_cache, q_positions, *, interpret=False, platform=None,
-                     block_k=None, num_splits=None):
+def verify_attention(q, k_cache, v_cache, q_positions, rows=None, *, interpret=False,
+                     platform=None, block_k=None, num_splits=None):
     """Pallas verify attention; see the module docstring and `verify_attention_xla`.
 
+    rows:      None (batch row b reads cache row b) or int32 [B] cache-row indices in [0, N).
     interpret: False, True, or (TPU variant) a `pltpu.InterpretParams`.
     platform:  "gpu" | "tpu" | None (= `jax.default_backend()`; "tpu" when interpreting on CPU).
     block_k:   KV block (GPU: power of two >= 16, default 128/64; TPU: multiple of 128,
@@ -358,19 +367,23 @@ def verify_attention(q, k_cache, v_cache, q_positions, *, interpret=False, platf
     num_splits: GPU split-K factor (None: from the SM count and shapes).
     """
     B, T, Hq, D = q.shape
-    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.shape[0] != B \
+    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.shape[0] < B \
             or k_cache.shape[3] != D:
-        raise ValueError(f"caches must be [B, Hkv, S, D]; got q {q.shape}, k {k_cache.shape}, "
-                         f"v {v_cache.shape}")
+        raise ValueError(f"caches must be [N >= B, Hkv, S, D]; got q {q.shape}, "
+                         f"k {k_cache.shape}, v {v_cache.shape}")
     if Hq % k_cache.shape[1]:
         raise ValueError(f"Hq={Hq} is not a multiple of Hkv={k_cache.shape[1]}")
     if q_positions.shape != (B, T):
         raise ValueError(f"q_positions must be [B, T] = {(B, T)}, got {q_positions.shape}")
+    rows = jnp.arange(B) if rows is None else rows
+    rows = jnp.asarray(rows, jnp.int32)
+    if rows.shape != (B,):
+        raise ValueError(f"rows must be [B] = {(B,)}, got {rows.shape}")
     platform = resolve_platform(platform, interpret)
     if platform == "gpu":
         if interpret not in (True, False):
             raise ValueError("InterpretParams are for the TPU variant; use interpret=True")
-        return _verify_attention_gpu(q, k_cache, v_cache, q_positions, interpret=interpret,
-                                     num_splits=num_splits, block_k=block_k)
-    return _verify_attention_tpu(q, k_cache, v_cache, q_positions, interpret=interpret,
+        return _verify_attention_gpu(q, k_cache, v_cache, q_positions, rows,
+                                     interpret=interpret, num_splits=num_splits, block_k=block_k)
+    return _verify_attention_tpu(q, k_cache, v_cache, q_positions, rows, interpret=interpret,
                                  block_k=block_k)

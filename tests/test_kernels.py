@@ -52,12 +52,23 @@ def _positions(rng, B, T, S, kinds):
     return jnp.asarray(np.stack(rows), jnp.int32)
 
 
-def _attn_inputs(seed, B, T, Hq, Hkv, S, D, dtype, kinds):
+def _attn_inputs(seed, B, T, Hq, Hkv, S, D, dtype, kinds, N=None):
+    """Caches hold N >= B rows (default B + 2): the rows no batch row reads are noise too."""
     rng = np.random.default_rng(seed)
+    N = B + 2 if N is None else N
     q = jnp.asarray(rng.standard_normal((B, T, Hq, D)), dtype)
-    k = jnp.asarray(rng.standard_normal((B, Hkv, S, D)), dtype)
-    v = jnp.asarray(rng.standard_normal((B, Hkv, S, D)), dtype)
+    k = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dtype)
+    v = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dtype)
     return q, k, v, _positions(rng, B, T, S, kinds)
+
+
+def _cache_rows(B, N):
+    """A non-trivial row map: descending, stepping over rows, the first row repeated last
+    (B > 2), e.g. B 3, N 5 -> [4, 2, 4]; B 4, N 6 -> [5, 3, 1, 5]."""
+    rows = (N - 1 - 2 * np.arange(B)) % N
+    if B > 2:
+        rows[-1] = rows[0]
+    return jnp.asarray(rows, jnp.int32)
 
 
 def _rel_err(out, ref):
@@ -88,11 +99,32 @@ ATTN_CASES = [
 def test_verify_attention_interpret_matches_reference(case):
     platform, B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, kinds = case
     q, k, v, pos = _attn_inputs(zlib.crc32(repr(case).encode()), B, T, Hq, Hkv, S, D, dtype, kinds)
-    ref = verify_attention_xla(q, k, v, pos)
-    out = attention_pallas.verify_attention(q, k, v, pos, interpret=True, platform=platform,
+    rows = _cache_rows(B, k.shape[0])
+    ref = verify_attention_xla(q, k, v, pos, rows)
+    out = attention_pallas.verify_attention(q, k, v, pos, rows, interpret=True, platform=platform,
                                             block_k=block_k, num_splits=num_splits)
     assert out.shape == ref.shape and out.dtype == ref.dtype
     assert _rel_err(out, ref) < TOL[dtype]
+
+
+def test_reference_rows():
+    """The oracle itself: rows=None is rows 0..B-1, and rows[b] selects what batch row b sees."""
+    q, k, v, pos = _attn_inputs(5, 3, 2, 4, 2, 30, 64, F32, ("odd", "full", "one"), N=5)
+    rows = _cache_rows(3, 5)
+    np.testing.assert_array_equal(verify_attention_xla(q, k, v, pos),
+                                  verify_attention_xla(q, k[:3], v[:3], pos, jnp.arange(3)))
+    np.testing.assert_array_equal(verify_attention_xla(q, k, v, pos, rows),
+                                  verify_attention_xla(q, k[rows], v[rows], pos))
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_verify_attention_rows_none_reads_first_rows(platform):
+    """rows=None with N > B: batch row b reads cache row b (rows B..N-1 are never read)."""
+    q, k, v, pos = _attn_inputs(9, 3, 3, 8, 2, 140, 64, F32, ("odd", "full", "pad"), N=6)
+    ref = verify_attention_xla(q, k[:3], v[:3], pos)
+    out = attention_pallas.verify_attention(q, k, v, pos, interpret=True, platform=platform,
+                                            block_k=64 if platform == "gpu" else 128)
+    assert _rel_err(out, ref) < 1e-5
 
 
 def test_verify_attention_tpu_interpreter_uninitialized_memory():
@@ -101,15 +133,18 @@ def test_verify_attention_tpu_interpreter_uninitialized_memory():
     from jax.experimental.pallas import tpu as pltpu
     q, k, v, pos = _attn_inputs(7, 2, 3, 4, 2, 300, 64, F32, ("full", "odd"))
     params = pltpu.InterpretParams(out_of_bounds_reads="uninitialized", uninitialized_memory="nan")
-    out = attention_pallas.verify_attention(q, k, v, pos, interpret=params, platform="tpu",
+    rows = _cache_rows(2, k.shape[0])
+    out = attention_pallas.verify_attention(q, k, v, pos, rows, interpret=params, platform="tpu",
                                             block_k=128)
-    assert _rel_err(out, verify_attention_xla(q, k, v, pos)) < 1e-5
+    assert _rel_err(out, verify_attention_xla(q, k, v, pos, rows)) < 1e-5
 
 
 def test_verify_attention_dispatch():
     q, k, v, pos = _attn_inputs(3, 2, 2, 4, 2, 24, 64, F32, ("odd", "full"))
-    ref = kernels.verify_attention(q, k, v, pos, backend="xla")
-    out = jax.jit(functools.partial(kernels.verify_attention, backend="interpret"))(q, k, v, pos)
+    rows = _cache_rows(2, k.shape[0])
+    ref = kernels.verify_attention(q, k, v, pos, rows, backend="xla")
+    out = jax.jit(functools.partial(kernels.verify_attention, backend="interpret"))(q, k, v, pos,
+                                                                                    rows)
     assert _rel_err(out, ref) < 1e-5
     if jax.default_backend() == "cpu":
         with pytest.raises(ValueError, match="no Pallas variant"):
@@ -236,6 +271,7 @@ MODELS = {
     "qwen3-8b": (32, 8, 128, 151936),
 }
 LOWER_B, LOWER_T, LOWER_S = 8, 5, 2048
+LOWER_N = 12   # cache rows (> B, not a power of two): the kernels take the whole buffer
 LOWERING = {"cuda": "gpu", "tpu": "tpu"}
 
 
@@ -294,10 +330,10 @@ def _verify_triton(blob):
 @pytest.mark.parametrize("model", list(MODELS))
 def test_verify_attention_lowers(model, dtype, lowering_platform):
     Hq, Hkv, D, _ = MODELS[model]
-    B, T, S = LOWER_B, LOWER_T, LOWER_S
+    B, T, S, N = LOWER_B, LOWER_T, LOWER_S, LOWER_N
     sds = jax.ShapeDtypeStruct
-    args = (sds((B, T, Hq, D), dtype), sds((B, Hkv, S, D), dtype), sds((B, Hkv, S, D), dtype),
-            sds((B, T), jnp.int32))
+    args = (sds((B, T, Hq, D), dtype), sds((N, Hkv, S, D), dtype), sds((N, Hkv, S, D), dtype),
+            sds((B, T), jnp.int32), sds((B,), jnp.int32))
     fn = functools.partial(attention_pallas.verify_attention,
                            platform=LOWERING[lowering_platform])
     _check_lowered(_lower(fn, args, lowering_platform), lowering_platform)
@@ -320,13 +356,16 @@ def test_rejection_lowers(model, one_hot_q, lowering_platform):
 def test_odd_shapes_lower(lowering_platform):
     """Edge shapes: T = 9 with GQA 7 (63 rows), T = 1, head_dim 64, cache lengths that are
     not a block multiple (max_seq_len + max_k + 1; S < 128; 128 < S < 512 as one block),
-    K = 0 and K = 8 rejection, a small vocab that is one non-128-multiple block."""
+    rows=None with N > B, a cache buffer over 4 GiB (64-bit Triton offsets), K = 0 and
+    K = 8 rejection, a small vocab that is one non-128-multiple block."""
     sds = jax.ShapeDtypeStruct
     platform = LOWERING[lowering_platform]
-    for (B, T, Hq, Hkv, S, D) in [(3, 9, 28, 4, 2057, 128), (1, 1, 8, 8, 100, 64),
-                                  (2, 3, 16, 2, 300, 64)]:
-        args = (sds((B, T, Hq, D), BF16), sds((B, Hkv, S, D), BF16), sds((B, Hkv, S, D), BF16),
-                sds((B, T), jnp.int32))
+    for (B, T, Hq, Hkv, S, D, N, rows) in [(3, 9, 28, 4, 2057, 128, 5, True),
+                                           (1, 1, 8, 8, 100, 64, 1, True),
+                                           (2, 3, 16, 2, 300, 64, 7, False),
+                                           (4, 5, 32, 8, 32777, 128, 64, True)]:
+        args = (sds((B, T, Hq, D), BF16), sds((N, Hkv, S, D), BF16), sds((N, Hkv, S, D), BF16),
+                sds((B, T), jnp.int32), sds((B,), jnp.int32) if rows else None)
         fn = functools.partial(attention_pallas.verify_attention, platform=platform)
         _check_lowered(_lower(fn, args, lowering_platform), lowering_platform)
     for K, V in ((0, 151936), (8, 151936), (3, 1000)):

@@ -33,7 +33,12 @@ each configuration does one untimed run whose live batch shrinks through every
 bucket. Timed runs are interleaved: for each repeat, for each batch size and each of
 its prompt groups, the configurations run in an order rotated by one each time, so
 slow drift of the machine (thermal, other processes) spreads over all of them.
-Reported numbers are medians over repeats.
+Reported numbers are medians over repeats. Every (prompt group, repeat) of the sweep
+and every repeat of the rollout is a *pair unit*: all configurations ran it back to
+back, so its tokens/s are compared pair by pair (``tokens_per_s_pairs``), and each
+configuration's ratio to vanilla and to the best static K carries a paired bootstrap
+95% interval (`dsd_jax.stats.paired_ratio`: ``vs_vanilla``, ``vs_best_static``). A
+difference is called real only when its interval excludes 1 (``summarize()["differences"]``).
 
 Workloads:
 
@@ -62,13 +67,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dsd_jax import stats
 from dsd_jax.config import DynamicConfig, SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.profile import Profile
 from dsd_jax.sampling import SamplingParams
 
 __all__ = ["run_bench", "main", "demo", "summarize", "format_table", "write_json", "write_plot",
-           "parse_config", "environment", "rollout_lengths", "profile_fit_problems", "QUICK", "FULL"]
+           "parse_config", "environment", "rollout_lengths", "profile_fit_problems", "add_intervals",
+           "QUICK", "FULL"]
 
 # Settings of the two modes (every one can be overridden).
 FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
@@ -392,6 +399,9 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     "mean_accepted_len", "k_hist", "lossless", ...}`` and ``{"workload": "rollout",
     "config", "makespan_s", "tokens_per_s", "lossless", ...}``, plus one
     ``{"workload": "meta", ...}`` row with the settings, the profile summary and timings.
+    Sweep and rollout rows also carry ``tokens_per_s_pairs`` (one per pair unit) and the
+    paired intervals ``vs_vanilla`` and ``vs_best_static`` (``{"ratio", "lo", "hi", "n",
+    "ci"}``, see `add_intervals`).
     """
     t_start = time.perf_counter()
     log = log or (lambda s: None)
@@ -511,6 +521,9 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     timings: dict[tuple, list[float]] = {}
     outputs: dict[tuple, list] = {}
     infos: dict[tuple, list[dict]] = {}
+    # tokens/s of every interleaved pair unit (one prompt group of one repeat; the rollout
+    # of one repeat), in the same order for every configuration: the paired intervals
+    pairs: dict[tuple, list[float]] = {}
     rotation = 0
 
     def order():
@@ -534,6 +547,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                 for s in sets:
                     for c in order():
                         w, o, inf = runner.run(c, s, greedy)
+                        pairs.setdefault(("sweep", b, c), []).append(inf["tokens"] / w)
                         wall, outs, info = acc[c]
                         acc[c] = (wall + w, outs + o, inf if info is None else _merge_info(info, inf))
                 for c, (wall, outs, info) in acc.items():
@@ -548,6 +562,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
             for c in order():
                 wall, outs, info = runner.run(c, roll_prompts, roll_sp)
                 key = ("rollout", None, c)
+                pairs.setdefault(key, []).append(info["tokens"] / wall)
                 timings.setdefault(key, []).append(wall)
                 outputs.setdefault(key, []).append(outs)
                 infos.setdefault(key, []).append(info)
@@ -590,6 +605,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                    k_hist={str(k): v for k, v in k_hist.items()},
                    lossless=lossless, mismatched_requests=max(mism),
                    tokens_per_s_repeats=[round(x, 3) for x in tps], repeats=len(walls),
+                   tokens_per_s_pairs=[round(x, 3) for x in pairs[(workload, b, c)]],
                    step_calibration=_calibration([x for i in reps for x in i["step_ms"]], runner.profile))
         if info.get("controller") is not None:
             row["controller"] = reps[-1]["controller"]
@@ -603,6 +619,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
         r["speedup_vs_vanilla"] = r["tokens_per_s"] / base[key]
         r["decode_speedup_vs_vanilla"] = (r["decode_tokens_per_s"] / dbase[key]
                                           if r["decode_tokens_per_s"] and dbase[key] else None)
+    add_intervals(rows)
     meta = {"workload": "meta", "quick": bool(quick), "configs": configs, "batch_sizes": batch_sizes,
             "repeats": repeats, "max_tokens": max_tokens, "prompt_len": prompt_len,
             "rows_per_point": rows_per_point, "max_seq_len": max_seq_len, "max_k": runner.max_k,
@@ -627,26 +644,89 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
 
 # --------------------------------------------------------------------------- reporting
 
+def _points(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(workload, batch size) -> config -> row, for the sweep and rollout rows."""
+    out: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r["workload"] in ("sweep", "rollout"):
+            out.setdefault((r["workload"], r.get("batch_size")), {})[r["config"]] = r
+    return out
+
+
+def _throughput_score(r: dict) -> float:
+    """Geometric mean of the paired tokens/s (the ranking the paired ratios give), else the median."""
+    pairs = r.get("tokens_per_s_pairs")
+    return float(np.exp(np.mean(np.log(pairs)))) if pairs else r["tokens_per_s"]
+
+
+def _best_static(pts: dict[str, dict]) -> str | None:
+    """The static-K configuration with the highest throughput at a point (None: none ran),
+    ranked as the paired ratios rank them. Chosen from the same data it is then compared
+    with, so "better than the best static" is, if anything, slightly understated."""
+    statics = {c: _throughput_score(r) for c, r in pts.items() if parse_config(c)[0] == "static"}
+    return max(statics, key=statics.get) if statics else None
+
+
+def _pair_ratios(pts: dict[str, dict], baseline: str | None) -> dict[str, dict | None]:
+    """Each configuration's paired interval against `baseline` at one point (None without pairs)."""
+    samples = {c: r.get("tokens_per_s_pairs") for c, r in pts.items()}
+    return stats.ratios_to(samples, baseline) if baseline else {c: None for c in pts}
+
+
+def add_intervals(rows: list[dict]) -> list[dict]:
+    """Sets ``vs_vanilla``, ``best_static`` and ``vs_best_static`` (paired bootstrap ratios of
+    tokens/s, `dsd_jax.stats.paired_ratio`) on every sweep and rollout row, in place."""
+    for pts in _points(rows).values():
+        best = _best_static(pts)
+        vs_v, vs_s = _pair_ratios(pts, "vanilla"), _pair_ratios(pts, best)
+        for c, r in pts.items():
+            r["vs_vanilla"], r["best_static"], r["vs_best_static"] = vs_v[c], best, vs_s[c]
+    return rows
+
+
+def _differences(points: dict[tuple, dict[str, dict]]) -> list[dict]:
+    """Every configuration against vanilla and against the best static K, with the verdict
+    of its interval ("higher"/"lower": the interval excludes 1; else "unresolved")."""
+    out = []
+    for (workload, b), pts in points.items():
+        best = _best_static(pts)
+        for baseline, ratios in (("vanilla", _pair_ratios(pts, "vanilla")), (best, _pair_ratios(pts, best))):
+            for c, res in ratios.items():
+                if res is None or c == baseline or (baseline == best and c == "vanilla"):
+                    continue
+                out.append({"workload": workload, "batch_size": b, "config": c, "baseline": baseline,
+                            **res, "real": stats.is_real(res), "verdict": stats.verdict(res),
+                            "resolution": stats.resolution(res)})
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Dynamic vs the best other configuration per sweep batch size and for the rollout."""
+    """Dynamic vs the best other configuration per sweep batch size and for the rollout, and
+    which differences between configurations the paired intervals resolve."""
     data = [r for r in rows if r["workload"] in ("sweep", "rollout")]
+    points = _points(rows)
     out: dict[str, Any] = {"sweep": [], "rollout": None,
                            "lossless": all(r["lossless"] for r in data)}
     sizes = sorted({r["batch_size"] for r in data if r["workload"] == "sweep"})
     for b in sizes:
-        pts = {r["config"]: r["tokens_per_s"] for r in data if r["workload"] == "sweep" and r["batch_size"] == b}
+        rows_b = points[("sweep", b)]
+        pts = {c: r["tokens_per_s"] for c, r in rows_b.items()}
         others = {c: v for c, v in pts.items() if parse_config(c)[0] != "dynamic"}
         best_c = max(others, key=others.get)
         entry = {"batch_size": b, "best_config": max(pts, key=pts.get), "best_other": best_c,
                  "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
         if "dynamic" in pts:
             entry["dynamic_vs_best_other"] = pts["dynamic"] / others[best_c]
+            entry["dynamic_vs_best_other_ci"] = _pair_ratios(rows_b, best_c)["dynamic"]
         # run-to-run noise at this point: the median over configurations of the spread
         # (max - min) / median of their repeats; a gap smaller than this is not a finding
         spreads = [(max(r) - min(r)) / statistics.median(r) for r in
-                   (x.get("tokens_per_s_repeats") or [] for x in data
-                    if x["workload"] == "sweep" and x["batch_size"] == b) if len(r) > 1]
+                   (x.get("tokens_per_s_repeats") or [] for x in rows_b.values()) if len(r) > 1]
         entry["repeat_spread"] = statistics.median(spreads) if spreads else None
+        # what the paired intervals resolve here: the median half-width against vanilla
+        widths = [w for w in (stats.resolution(x) for c, x in _pair_ratios(rows_b, "vanilla").items()
+                              if c != "vanilla") if w is not None]
+        entry["resolution"] = statistics.median(widths) if widths else None
         out["sweep"].append(entry)
     # Smallest batch size from which on no static K beats vanilla any more.
     out["speculation_stops_paying_at"] = None
@@ -669,6 +749,10 @@ def summarize(rows: list[dict]) -> dict:
         if "dynamic" in roll:
             out["rollout"]["dynamic_makespan_s"] = roll["dynamic"]
             out["rollout"]["dynamic_vs_best_other"] = roll["dynamic"] / others[best_c]
+            # a makespan ratio like dynamic_vs_best_other (below 1: dynamic finished sooner)
+            out["rollout"]["dynamic_vs_best_other_ci"] = stats.reciprocal(
+                _pair_ratios(points[("rollout", None)], best_c)["dynamic"])
+    out["differences"] = _differences(points)
     return out
 
 
@@ -677,30 +761,55 @@ def _fmt_hist(h: dict) -> str:
     return " ".join(f"K{k}:{100 * v / total:.0f}%" for k, v in sorted(h.items(), key=lambda kv: int(kv[0])))
 
 
+def _speedup_cell(r: dict) -> str:
+    """``1.23x [1.18, 1.29]*`` (paired 95% interval; * = real) or ``(1.23x)`` without pairs."""
+    return stats.format_ratio(r["vs_vanilla"]) if r.get("vs_vanilla") else f"({r['speedup_vs_vanilla']:.2f}x)"
+
+
+def _differences_lines(s: dict) -> list[str]:
+    """The summary's verdicts: which differences the paired intervals resolve, which not."""
+    where = lambda d: "rollout" if d["workload"] == "rollout" else f"B={d['batch_size']}"  # noqa: E731
+    real = [d for d in s.get("differences", []) if d["real"]]
+    unresolved = [d for d in s.get("differences", []) if not d["real"] and d.get("lo") is not None]
+    lines = ["differences the data resolve (paired 95% interval excludes 1): "
+             + (str(len(real)) if real else "none")]
+    lines += [f"  {where(d)}: {d['config']} {d['verdict']} than {d['baseline']}: {stats.format_ratio(d)}"
+              for d in real]
+    if unresolved:
+        lines.append("not resolved (interval contains 1): " + "; ".join(
+            f"{where(d)} {d['config']} vs {d['baseline']} {stats.format_ratio(d)}" for d in unresolved))
+    return lines
+
+
 def format_table(rows: list[dict]) -> str:
-    """Batch size x config (tokens/s and speedup over vanilla), dynamic's K histogram, rollout."""
+    """Batch size x config (tokens/s and speedup over vanilla with its paired 95% interval),
+    dynamic's K histogram, ratios to the best static K, rollout, and which differences are real."""
     sweep = [r for r in rows if r["workload"] == "sweep"]
     roll = [r for r in rows if r["workload"] == "rollout"]
     meta = next((r for r in rows if r["workload"] == "meta"), {})
     configs = meta.get("configs") or list(dict.fromkeys(r["config"] for r in sweep + roll))
     lines = []
     if sweep:
-        w = max(12, max(len(c) for c in configs) + 2)
-        lines.append("sweep: tokens/s (speedup over vanilla), greedy, "
+        cells_of = {(r["batch_size"], r["config"]): f"{r['tokens_per_s']:.1f} {_speedup_cell(r)}" for r in sweep}
+        w = max([len(c) for c in configs] + [len(x) for x in cells_of.values()])
+        lines.append("sweep: tokens/s and speedup over vanilla [paired 95% interval; * = real], greedy, "
                      f"{meta.get('max_tokens', '?')} tokens per request")
-        lines.append(f"{'batch':>5} | " + " | ".join(f"{c:>{w + 8}}" for c in configs)
+        lines.append(f"{'batch':>5} | " + " | ".join(f"{c:>{w}}" for c in configs)
                      + (" | dynamic K histogram" if "dynamic" in configs else ""))
         for b in sorted({r["batch_size"] for r in sweep}):
-            pts = {r["config"]: r for r in sweep if r["batch_size"] == b}
-            cells = []
-            for c in configs:
-                r = pts.get(c)
-                cells.append(f"{'-':>{w + 8}}" if r is None else
-                             f"{r['tokens_per_s']:>{w}.1f} ({r['speedup_vs_vanilla']:.2f}x)")
-            line = f"{b:>5} | " + " | ".join(cells)
-            if "dynamic" in pts:
-                line += " | " + _fmt_hist(pts["dynamic"]["k_hist"])
+            line = f"{b:>5} | " + " | ".join(f"{cells_of.get((b, c), '-'):>{w}}" for c in configs)
+            dyn = next((r for r in sweep if r["batch_size"] == b and r["config"] == "dynamic"), None)
+            if dyn is not None:
+                line += " | " + _fmt_hist(dyn["k_hist"])
             lines.append(line)
+    if sweep and any(r.get("vs_best_static") for r in sweep):
+        lines.append("ratio to the best static K at each batch size [paired 95% interval; * = real]:")
+        for b in sorted({r["batch_size"] for r in sweep}):
+            pts = [r for r in sweep if r["batch_size"] == b and r.get("vs_best_static")]
+            if pts:
+                lines.append(f"{b:>5} | best {pts[0]['best_static']}: " + "  ".join(
+                    f"{r['config']} {stats.format_ratio(r['vs_best_static'])}" for r in pts
+                    if r["config"] != r["best_static"]))
     if sweep and any(r.get("decode_speedup_vs_vanilla") for r in sweep):
         lines.append("decode-only speedup over vanilla (prefill and first step excluded):")
         for b in sorted({r["batch_size"] for r in sweep}):
@@ -728,7 +837,7 @@ def format_table(rows: list[dict]) -> str:
                      f"(median {n.get('median_tokens', '?')}, max {max(n.get('lengths') or [0])})")
         for r in roll:
             lines.append(f"  {r['config']:>12}: makespan {r['makespan_s']:.2f} s, "
-                         f"{r['tokens_per_s']:.1f} tok/s ({r['speedup_vs_vanilla']:.2f}x)"
+                         f"{r['tokens_per_s']:.1f} tok/s {_speedup_cell(r)}"
                          + (f", K histogram {_fmt_hist(r['k_hist'])}"
                             if parse_config(r["config"])[0] == "dynamic" else ""))
     learnt = [r["controller"] for r in sweep + roll if r["config"] == "dynamic" and r.get("controller")]
@@ -740,12 +849,15 @@ def format_table(rows: list[dict]) -> str:
     s = summarize(rows)
     for e in s["sweep"]:
         if "dynamic_vs_best_other" in e:
-            spread = e.get("repeat_spread")
+            spread, ci = e.get("repeat_spread"), e.get("dynamic_vs_best_other_ci")
             lines.append(f"  B={e['batch_size']:>3}: dynamic = {e['dynamic_vs_best_other']:.2f} x best other "
-                         f"({e['best_other']})" + (f"; repeats spread {100 * spread:.0f}%" if spread else ""))
+                         f"({e['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else "")
+                         + (f"; repeats spread {100 * spread:.0f}%" if spread else ""))
     if s["rollout"] and "dynamic_vs_best_other" in s["rollout"]:
+        ci = s["rollout"].get("dynamic_vs_best_other_ci")
         lines.append(f"  rollout: dynamic makespan = {s['rollout']['dynamic_vs_best_other']:.2f} x best other "
-                     f"({s['rollout']['best_other']})")
+                     f"({s['rollout']['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else ""))
+    lines += _differences_lines(s)
     lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO"))
     return "\n".join(lines)
 
@@ -802,11 +914,16 @@ def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = No
             pts = sorted((r["batch_size"], r["speedup_vs_vanilla"]) for r in sweep if r["config"] == c)
             if pts:
                 ax.plot(*zip(*pts), label=c, **style(c))
+            cis = [(r["batch_size"], r["vs_vanilla"]) for r in sweep if r["config"] == c and c != "vanilla"
+                   and (r.get("vs_vanilla") or {}).get("lo") is not None]
+            if cis:  # the paired 95% intervals
+                ax.vlines([b for b, _ in cis], [x["lo"] for _, x in cis], [x["hi"] for _, x in cis],
+                          color=colors[c], lw=4, alpha=0.35)
         ax.axhline(1.0, color="gray", lw=0.8)
         _batch_axis(ax, sweep)
         ax.set_xlabel("batch size")
         ax.set_ylabel("speedup over vanilla")
-        ax.set_title("speedup vs batch size")
+        ax.set_title("speedup vs batch size (bars: paired 95% intervals)")
         ax.grid(True, which="both", alpha=0.3)
     if roll:
         ax = axes.pop(0)

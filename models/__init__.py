@@ -3,9 +3,9 @@
 from .builtin import builtin, heldout_prompts
 from .checkpoint import restore, save
 from .config import ModelConfig, SUPPORTED_MODEL_TYPES
-from .hf import load_hf, load_tokenizer
+from .hf import load_hf, load_tokenizer, save_hf
 from .transformer import KVCache, Transformer, forward, init_kv_cache, init_model, num_params
 
 __all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "KVCache", "Transformer", "forward",
-           "init_kv_cache", "init_model", "num_params", "load_hf", "load_tokenizer",
+           "init_kv_cache", "init_model", "num_params", "load_hf", "load_tokenizer", "save_hf",
            "save", "restore", "builtin", "heldout_prompts"]

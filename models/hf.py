@@ -1,4 +1,5 @@
-"""Loading Hugging Face checkpoints (Llama 3.x, Qwen2/2.5, Qwen3) from a local directory.
+"""Loading Hugging Face checkpoints (Llama 3.x, Qwen2/2.5, Qwen3) from a local directory,
+and exporting our models to one.
 
 `load_hf(path)` reads `config.json` and `model.safetensors` (or a sharded
 `model.safetensors.index.json`) and returns a `Transformer`. Nothing is downloaded:
@@ -10,6 +11,10 @@ transposed where needed (HF linear weights are `[out, in]`, ours `[in, out]`), c
 the requested dtype and placed on the device once. Any tensor the model would not use
 is an error, not a silent skip: it means a feature we do not implement (e.g. o_proj
 or MLP biases), which would otherwise give wrong numbers.
+
+`save_hf(model, directory)` is the reverse: `config.json` + `model.safetensors` that
+`transformers.AutoModelForCausalLM.from_pretrained` and `load_hf` both load (used to
+run the same weights in transformers, e.g. for `benchmarks/side_by_side.py`).
 """
 
 from __future__ import annotations
@@ -196,4 +201,98 @@ def load_tokenizer(path):
     return Tokenizer.from_file(tok_path)
 
 
-__all__ = ["load_hf", "load_tokenizer", "read_hf_config"]
+# ---- export --------------------------------------------------------------------------------
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The Hugging Face `config.json` dict of a `ModelConfig` (the inverse of `ModelConfig.from_hf`).
+
+    RoPE settings are written in both layouts, transformers 4 (top-level `rope_theta`,
+    `rope_scaling`) and 5 (`rope_parameters`), so either version reads them. No special
+    token ids are written (`bos`/`eos` null: our models have none), so transformers'
+    `generate` stops at `max_new_tokens` only, as an engine request without stop ids.
+    """
+    # A feature HF ties to the architecture must match it, or HF would build another model
+    # (llama with attention_bias also has an o_proj bias, which we do not have).
+    if cfg.qkv_bias != (cfg.model_type == "qwen2") or cfg.qk_norm != (cfg.model_type == "qwen3"):
+        raise ValueError(f"cannot export a {cfg.model_type} model with qkv_bias={cfg.qkv_bias}, "
+                         f"qk_norm={cfg.qk_norm}: Hugging Face has qkv biases only for qwen2 and q/k "
+                         "norms only for qwen3")
+    scaling = cfg.rope_scaling_dict
+    rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if scaling:
+        rope_parameters = {**scaling, "rope_theta": cfg.rope_theta}
+    out = {
+        "architectures": [_ARCHITECTURES[cfg.model_type]],
+        "model_type": cfg.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": scaling,
+        "rope_parameters": rope_parameters,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": False,  # o_proj bias; qwen2's q/k/v biases are implied by its model_type
+        "mlp_bias": False,
+        "use_sliding_window": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "torch_dtype": cfg.dtype,  # transformers 4
+        "dtype": cfg.dtype,  # transformers 5
+    }
+    return out
+
+
+def _check_out_dir(directory) -> str:
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"save_hf: {directory!r} is an existing file, not a directory")
+    if os.path.isfile(os.path.join(directory, WEIGHTS_INDEX_FILE)):
+        raise ValueError(f"save_hf: {directory!r} holds a sharded checkpoint ({WEIGHTS_INDEX_FILE}); "
+                         "loaders would not know which weights to read: use an empty directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"save_hf: cannot create the directory {directory!r}: {e}") from None
+    return directory
+
+
+def save_hf(model: Transformer, directory, tokenizer=None) -> str:
+    """Writes `model` as a Hugging Face checkpoint directory; returns its path.
+
+    Files: `config.json` (see `hf_config`) and `model.safetensors` (HF names, `[out, in]`
+    linear weights, the model's own dtype), plus `tokenizer.json` when a
+    `tokenizers.Tokenizer` is given. `directory` is created if needed; an existing file
+    there is an error. A tied model stores no `lm_head.weight` (HF ties it on load).
+    Loading it back with `load_hf` gives identical parameters.
+    """
+    from safetensors.numpy import save_file
+
+    cfg = model.config
+    config = hf_config(cfg)
+    directory = _check_out_dir(directory)
+    tensors = {}
+    for param_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        name, transpose = _hf_name(param_path)
+        arr = np.asarray(jax.device_get(var.get_value()))
+        tensors[name] = np.ascontiguousarray(arr.T if transpose else arr)
+    save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    if tokenizer is not None:
+        tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
+    return directory
+
+
+__all__ = ["load_hf", "load_tokenizer", "read_hf_config", "save_hf", "hf_config"]

@@ -20,7 +20,7 @@ def _prompts(n, vocab=64, seed=0):
     return [rng.integers(1, vocab, size=int(rng.integers(6, 14))).tolist() for _ in range(n)]
 
 
-TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=1, max_tokens=8, quick=True,
+TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=2, max_tokens=8, quick=True,
             prompt_len=12, rows_per_point=2, rollout_requests=4, rollout_prompt_len=8,
             rollout_median_tokens=4, rollout_max_tokens=12, max_seq_len=32, max_k=2, batch_buckets=[4],
             log=None)
@@ -76,15 +76,27 @@ def test_rows_schema_and_lossless(bench_rows):
         assert cal and all(e["measured_ms"] > 0 and e["profile_ms"] > 0 for e in cal)
         assert {e["k"] for e in cal} <= {int(k) for k in r["k_hist"]}
         hist = {int(k): v for k, v in r["k_hist"].items()}
-        assert sum(hist.values()) == r["steps"] > 0
+        assert sum(hist.values()) >= r["steps"] > 0  # the histogram counts every repeat's steps
         if r["config"] == "vanilla":
-            assert hist == {0: r["steps"]} and r["mean_accepted_len"] == 1.0
+            assert hist == {0: r["steps"] * r["repeats"]} and r["mean_accepted_len"] == 1.0
         elif r["config"] == "static-2":
             assert set(hist) == {2} and 1.0 <= r["mean_accepted_len"] <= 3.0
         else:
             assert set(hist) <= {0, 1, 2} and "itl_mape" in r["controller"]
     roll = [r for r in rows if r["workload"] == "rollout"]
     assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
+    # one paired sample per (repeat, prompt group): B=1 runs 2 groups, B=4 and the rollout 1
+    for r in sweep + roll:
+        n = 4 if r.get("batch_size") == 1 else 2
+        assert len(r["tokens_per_s_pairs"]) == n and all(x > 0 for x in r["tokens_per_s_pairs"])
+        for key in ("vs_vanilla", "vs_best_static"):
+            ci = r[key]
+            assert ci["n"] == n and ci["lo"] <= ci["ratio"] <= ci["hi"], (key, ci)
+        assert r["best_static"] == "static-2"
+        if r["config"] == "vanilla":
+            assert r["vs_vanilla"]["lo"] == pytest.approx(1.0) == r["vs_vanilla"]["hi"]
+        if r["config"] == "static-2":
+            assert r["vs_best_static"]["ratio"] == pytest.approx(1.0)
     lengths = meta[0]["rollout"]["lengths"]
     assert len(lengths) == 4 and all(1 <= n <= 12 for n in lengths)
     for r in roll:
@@ -102,11 +114,23 @@ def test_json_plot_and_table(bench_rows, tmp_path):
     s = doc["summary"]
     assert s["lossless"] is True and [e["batch_size"] for e in s["sweep"]] == [1, 4]
     assert "dynamic_vs_best_other" in s["sweep"][0] and "dynamic_vs_best_other" in s["rollout"]
+    ci = s["sweep"][0]["dynamic_vs_best_other_ci"]
+    assert ci["n"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]
+    assert s["rollout"]["dynamic_vs_best_other_ci"]["n"] == 2
+    # every configuration against vanilla and the best static K, with a verdict
+    diffs = {(d["workload"], d["batch_size"], d["config"], d["baseline"]) for d in s["differences"]}
+    assert diffs == {(w, b, c, base) for w, b in (("sweep", 1), ("sweep", 4), ("rollout", None))
+                     for c, base in (("static-2", "vanilla"), ("dynamic", "vanilla"), ("dynamic", "static-2"))}
+    assert all(d["verdict"] in ("higher", "lower", "unresolved") and d["real"] == (d["verdict"] != "unresolved")
+               for d in s["differences"])
     bench.write_plot(bench_rows, tmp_path / "b.png")
     png = (tmp_path / "b.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     table = bench.format_table(bench_rows)
     assert "static-2" in table and "lossless" in table and "K histogram" in table
+    assert "best static K" in table and "differences the data resolve" in table
+    vanilla_1 = next(r for r in bench_rows if r.get("batch_size") == 1 and r["config"] == "vanilla")
+    assert f"{vanilla_1['tokens_per_s']:.1f} 1.00x [1.00, 1.00]" in table
 
 
 def _row(b, c, tps, workload="sweep"):
@@ -140,12 +164,44 @@ def test_summary_on_hand_made_rows():
         r["tokens_per_s_repeats"] = reps
     spread = bench.summarize(rows)["sweep"][0]["repeat_spread"]
     assert spread == pytest.approx(statistics.median([0.2, 0.2, 0.0, 0.0]))
+    assert s["differences"] == []  # no paired samples, no verdicts
     rows[0]["lossless"] = False
     assert bench.summarize(rows)["lossless"] is False
     # dynamic-throughput is a dynamic variant, never the "best other" dynamic is held to
     rows += [_row(1, "dynamic-throughput", 30), _row(None, "dynamic-throughput", 50, "rollout")]
     s = bench.summarize(rows)
     assert s["sweep"][0]["best_other"] == "static-4" and s["rollout"]["best_other"] == "static-2"
+
+
+def test_paired_intervals_on_hand_made_rows():
+    """Interleaved pairs share the machine's drift: a 10% gain under 30% drift is resolved, a
+    config equal to vanilla is not."""
+    rng = np.random.default_rng(0)
+    drift = rng.lognormal(0.0, 0.3, 12)
+    noise = lambda: rng.lognormal(0.0, 0.02, 12)  # noqa: E731
+    jitter = noise()
+    vanilla = 100 * drift * noise()
+    pairs = {"vanilla": vanilla, "static-2": 110 * drift * noise(),
+             "static-4": vanilla * jitter / np.exp(np.mean(np.log(jitter))),  # geometric mean ratio 1
+             "dynamic": 112 * drift * noise()}
+    rows = []
+    for c, p in pairs.items():
+        r = _row(1, c, float(np.median(p)))
+        r["tokens_per_s_pairs"] = p.tolist()
+        rows.append(r)
+    bench.add_intervals(rows)
+    by_c = {r["config"]: r for r in rows}
+    assert by_c["static-2"]["vs_vanilla"]["lo"] > 1.0 and by_c["static-2"]["vs_vanilla"]["n"] == 12
+    assert by_c["static-4"]["vs_vanilla"]["lo"] < 1.0 < by_c["static-4"]["vs_vanilla"]["hi"]
+    assert all(r["best_static"] == "static-2" for r in rows)
+    s = bench.summarize(rows)
+    verdicts = {(d["config"], d["baseline"]): d["verdict"] for d in s["differences"]}
+    assert verdicts[("static-2", "vanilla")] == verdicts[("dynamic", "vanilla")] == "higher"
+    assert verdicts[("static-4", "vanilla")] == "unresolved"
+    assert verdicts[("static-4", "static-2")] == "lower"
+    assert s["sweep"][0]["resolution"] < 0.05
+    table = bench.format_table(rows)
+    assert "static-2 higher than vanilla: 1.1" in table and "not resolved" in table
 
 
 def test_config_parsing_and_lengths():

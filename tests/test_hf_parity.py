@@ -310,3 +310,93 @@ def test_from_hf_config_variants():
             models.ModelConfig.from_hf({**base, **bad})
     with pytest.raises(ValueError, match="missing required field 'num_attention_heads'"):
         models.ModelConfig.from_hf({k: v for k, v in base.items() if k != "num_attention_heads"})
+
+
+# ---- export (save_hf) --------------------------------------------------------------------
+
+def _sharp(model, seed: int = 0):
+    """Our model with HF-parity-test weights: large matrices, random norms and biases."""
+    rng = np.random.default_rng(seed)
+    graph, state = nnx.split(model)
+    for path, var in nnx.to_flat_state(state):
+        x, name = var.get_value(), str(path[-1])
+        if "norm" in name:
+            v = rng.uniform(0.5, 1.5, x.shape)
+        elif name.startswith("b"):
+            v = rng.normal(0.0, 0.5, x.shape)
+        else:
+            v = rng.normal(0.0, 0.25, x.shape)
+        var.set_value(jnp.asarray(v, x.dtype))
+    return nnx.merge(graph, state)
+
+
+def _assert_same_params(a, b):
+    sa, sb = nnx.state(a), nnx.state(b)
+    assert jax.tree.structure(sa) == jax.tree.structure(sb)
+    for x, y in zip(jax.tree.leaves(sa), jax.tree.leaves(sb)):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+BUILTIN_LIKE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=16, model_type="llama", tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("variant", ["builtin-like", "llama-scaled-untied", "qwen2", "qwen3"])
+def test_save_hf_round_trip(variant, tmp_path):
+    """Ours -> save_hf -> transformers: same logits; -> load_hf: identical parameters."""
+    extra = {"builtin-like": {},
+             "llama-scaled-untied": dict(tie_word_embeddings=False, rope_theta=500000.0, rope_scaling=(
+                 ("rope_type", "llama3"), ("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                 ("original_max_position_embeddings", 64))),
+             "qwen2": dict(model_type="qwen2", qkv_bias=True, rope_theta=1000.0),
+             "qwen3": dict(model_type="qwen3", qk_norm=True, head_dim=24, tie_word_embeddings=False)}[variant]
+    cfg = models.ModelConfig(**{**BUILTIN_LIKE, **extra})
+    ours = _sharp(models.init_model(cfg, seed=0))
+    out = models.save_hf(ours, tmp_path / "export")
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    if cfg.tie_word_embeddings:
+        assert "lm_head.weight" not in load_file(os.path.join(out, "model.safetensors"))
+
+    back = load_hf(out)
+    assert back.config.to_dict() == cfg.to_dict()
+    _assert_same_params(ours, back)
+
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    assert hf_model.dtype == torch.float32 and hf_model.config.tie_word_embeddings == cfg.tie_word_embeddings
+    assert hf_model.generation_config.eos_token_id is None  # generate stops at max_new_tokens only
+    prompts = _prompts()
+    ref = _hf_logits(hf_model, prompts)
+    assert max(float(np.abs(r).max()) for r in ref) > 1.0
+    diff = _max_diff(_full_forward(ours, prompts), ref)
+    print(f"{variant}: exported, max |logit diff| vs transformers {diff:.2e}")
+    assert diff < FP32_TOL, diff
+
+
+def test_save_hf_of_loaded_checkpoint_and_bfloat16(checkpoints, tmp_path):
+    """An HF checkpoint loaded and exported again loads identically; bf16 stays bf16."""
+    path, _ = checkpoints["qwen2"]
+    m = load_hf(path)
+    _assert_same_params(m, load_hf(models.save_hf(m, tmp_path / "again")))
+    m16 = load_hf(path, dtype="bfloat16")
+    out = models.save_hf(m16, tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    _assert_same_params(m16, load_hf(out, dtype="bfloat16"))
+
+
+def test_save_hf_errors(tmp_path):
+    model = models.init_model(models.ModelConfig(**BUILTIN_LIKE), seed=0)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="existing file"):
+        models.save_hf(model, tmp_path / "file")
+    with pytest.raises(ValueError, match="cannot create"):
+        models.save_hf(model, tmp_path / "file" / "sub")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ValueError, match="sharded"):
+        models.save_hf(model, sharded)
+    odd = models.init_model(models.ModelConfig(**{**BUILTIN_LIKE, "qkv_bias": True}), seed=0)
+    with pytest.raises(ValueError, match="qkv_bias"):
+        models.save_hf(odd, tmp_path / "odd")
+    assert not (tmp_path / "odd").exists()  # nothing written for a model that cannot be exported

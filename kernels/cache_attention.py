@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-DEFAULT_BLOCK = 512  # KV positions per loop iteration on the XLA path (see docs/design.md)
+DEFAULT_BLOCK = 256  # KV positions per loop iteration on the XLA path (see docs/design.md)
 
 
 def write_entries(cache, new, rows, positions):

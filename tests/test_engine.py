@@ -190,3 +190,20 @@ def test_profile_for_other_models_warns(pair, tmp_path):
     spec = SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig(profile=str(path)))
     with pytest.warns(ProfileMismatchWarning, match="fingerprint"):
         SpecEngine(*pair, spec, max_batch_size=4, max_seq_len=32)
+
+
+def test_prefill_pieces_cover_the_prompt_at_least_cost():
+    from dsd_jax.engine import chunk_buckets, prefill_pieces
+    chunks = chunk_buckets(256)
+    assert chunks == (16, 32, 64, 128, 256)
+    assert chunk_buckets(100) == (16, 32, 64, 100)
+    for n in range(1, 700):
+        pieces = prefill_pieces(n, chunks)
+        # contiguous from 0, every size compiled, covering n with less than a chunk to spare
+        assert [s for s, _ in pieces] == list(np.cumsum([0] + [c for _, c in pieces[:-1]]))
+        assert all(c in chunks for _, c in pieces)
+        assert sum(c for _, c in pieces) - pieces[-1][1] < n <= sum(c for _, c in pieces)
+    assert [c for _, c in prefill_pieces(56, chunks)] == [64]  # one padded piece, not 4 x 16
+    assert [c for _, c in prefill_pieces(140, chunks)] == [128, 16]  # not one padded 256
+    assert [c for _, c in prefill_pieces(600, chunks)] == [256, 256, 128]
+    assert prefill_pieces(0, chunks) == []

@@ -190,7 +190,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     target, draft, tok = builtin("float32", path=args.models)
-    res = {"models": args.models, "dtype": "float32",
+    res = {"models": Path(args.models).name, "dtype": "float32",  # no machine paths in the record
            "target": {"config": target.config.to_dict(), "params": int(num_params(target))},
            "draft": {"config": draft.config.to_dict(), "params": int(num_params(draft))}}
     for name, cfg in (("target", target.config), ("draft", draft.config)):

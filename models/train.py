@@ -283,7 +283,8 @@ def main(argv=None):
         d_opt = make_optimizer(args.draft_lr, joint_steps + distill_steps, args.warmup, args.weight_decay)
         return t_opt, d_opt
 
-    record = {"args": vars(args), "target_config": TARGET_CONFIG.to_dict(),
+    record = {"args": {**vars(args), "out": out.name},  # no machine paths in the record
+              "target_config": TARGET_CONFIG.to_dict(),
               "draft_config": DRAFT_CONFIG.to_dict(), "train_files": len(train_rel),
               "train_tokens": int(len(stream)), "train_bytes": n_bytes}
     last_ckpt = time.time()
@@ -295,7 +296,7 @@ def main(argv=None):
         record["log"] = log_lines[-400:]
         (out / "train_log.json").write_text(json.dumps(record, indent=1))
         last_ckpt = time.time()
-        log(f"checkpoint ({tag}) -> {out}/target, {out}/draft")
+        log(f"checkpoint ({tag}) -> {out.name}/target, {out.name}/draft")
 
     # Plan: the draft's optimizer runs over both phases (one schedule), the target's
     # over phase 1. With a time budget, time a few steps with a provisional plan, then

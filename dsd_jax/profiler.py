@@ -8,7 +8,11 @@ Latency: for every batch bucket B of the engine, every K in 0..max_k and every
 context length, the engine's own compiled (K, B) step program is run on a synthetic
 device state (B live slots holding that many random committed tokens, draft cache
 caught up) and timed with `jax.block_until_ready`: `warmup_reps` untimed calls, then
-the median of `repeats` timed calls. The Ks of one (context, B) are timed in turn,
+the median of `repeats` timed calls. A call is one dispatch of `rounds_per_sample`
+rounds, divided by the rounds it ran: the engine runs several rounds per dispatch while
+its K is stable, so a one-round sample would charge every step the whole dispatch
+overhead (about 0.3 ms here: 4% of a 7 ms B=1 step, which made K=0 look worse against
+K>0 than it is). The Ks of one (context, B) are timed in turn,
 rep by rep, so a slow stretch of the machine falls on all of them alike: the
 controller compares Ks at one batch size, so their differences matter most. A step
 with more drafts or more rows does a superset of the work, so the medians are then
@@ -49,6 +53,7 @@ from flax import nnx
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile
 from dsd_jax.sampling import SamplingParams
+from dsd_jax.step import MAX_ROUNDS
 
 __all__ = ["profile_engine", "model_fingerprint", "engine_fingerprints", "device_kind",
            "format_profile", "monotone_latency"]
@@ -249,7 +254,7 @@ def _prepare_prompts(engine, prompts, max_tokens: int) -> list:
 # --------------------------------------------------------------------------- profile_engine
 
 def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: int = 7,
-                   warmup_reps: int = 2, prompts: Sequence | None = None,
+                   warmup_reps: int = 2, rounds_per_sample: int = 4, prompts: Sequence | None = None,
                    acceptance_max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
                    progress: Callable[[int, int], None] | None = None,
                    latency_temperature: float = 0.0, seed: int = 0) -> Profile:
@@ -259,6 +264,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         1..engine.max_seq_len; sorted and de-duplicated).
     repeats / warmup_reps: timed and untimed calls per (context, B, K) cell; the cell
         is the median of the timed calls, in milliseconds.
+    rounds_per_sample: rounds per timed call (1..MAX_ROUNDS), the call's time divided
+        by the rounds it ran; rows run from their context length onwards.
     prompts: token-id lists (or strings, with a tokenizer) for the acceptance runs;
         None uses 8 random 16-token prompts (only meaningful for random models: pass
         prompts representative of your workload). Each prompt keeps its last tokens
@@ -279,6 +286,9 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         raise ValueError(f"need repeats >= 1 and warmup_reps >= 0, got {repeats}, {warmup_reps}")
     if int(acceptance_max_tokens) < 1:
         raise ValueError(f"acceptance_max_tokens must be >= 1, got {acceptance_max_tokens}")
+    if not 1 <= int(rounds_per_sample) <= MAX_ROUNDS:
+        raise ValueError(f"rounds_per_sample must be in 1..{MAX_ROUNDS}, got {rounds_per_sample}")
+    rounds = np.int32(rounds_per_sample)
     temperatures = [float(t) for t in temperatures]
     if not temperatures or any(not (t >= 0.0) or t != t for t in temperatures):
         raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {temperatures}")
@@ -306,10 +316,10 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                         state = _reset_jit(state, np.int32(b), np.int32(ctx))
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
-                        state, out, _ = steps[k](tp, dp, state, np.int32(1))  # one round
+                        state, out, ran = steps[k](tp, dp, state, rounds)
                         jax.block_until_ready((state, out))
                         if rep >= warmup_reps:
-                            times[k].append(time.perf_counter() - t0)
+                            times[k].append((time.perf_counter() - t0) / max(int(ran), 1))
                 for k in ks:
                     table[ci, bi, k] = statistics.median(times[k]) * 1e3
                     done += 1
@@ -363,6 +373,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         meta={
             "context_lengths": context_lengths,
             "repeats": int(repeats),
+            "rounds_per_sample": int(rounds_per_sample),
             "warmup_reps": int(warmup_reps),
             "latency_ms_raw": table.tolist(),
             "latency_temperature": float(latency_temperature),

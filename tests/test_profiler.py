@@ -71,7 +71,7 @@ def test_latency_table_shape_and_positive(run, engine):
     assert prof.platform == jax.devices()[0].platform and prof.jax_version == jax.__version__
     assert prof.method == "draft_model"
     m = prof.meta
-    assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["num_prompts"] == len(PROMPTS)
+    assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["rounds_per_sample"] == 4 and m["num_prompts"] == len(PROMPTS)
     assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
     # the stored table is the monotone fit of the raw medians kept in meta
     raw = np.asarray(m["latency_ms_raw"])
@@ -188,6 +188,8 @@ def test_argument_validation(engine):
         prof_lib.profile_engine(engine, context_lengths=(0,))
     with pytest.raises(ValueError, match="repeats"):
         prof_lib.profile_engine(engine, repeats=0, context_lengths=(8,))
+    with pytest.raises(ValueError, match="rounds_per_sample"):
+        prof_lib.profile_engine(engine, rounds_per_sample=0, context_lengths=(8,))
     with pytest.raises(ValueError, match="temperatures"):
         prof_lib.profile_engine(engine, temperatures=(), context_lengths=(8,))
 

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,17 @@ from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions
 
 STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
+
+
+class _Dispatch(NamedTuple):
+    """A step program call whose outputs have not been read back yet."""
+
+    out: Any  # StepOutput stacked [MAX_ROUNDS, ...]
+    ran: Any  # rounds run (device scalar)
+    snapshot: list  # the live requests, in slot order, when it was dispatched
+    k: int
+    context: int
+    rounds: int  # rounds asked for
 
 
 @dataclasses.dataclass
@@ -326,13 +337,14 @@ class SpecEngine:
             live.pop()
             r.slot = -1
 
-    def _process(self, out, rounds, snapshot: list[_Request], k: int, context: int) -> tuple:
+    def _process(self, d: _Dispatch) -> tuple:
         """Reads one dispatch's outputs back (the only device->host copy in the loop) and
         applies its rounds as if each had been its own step: stats and the controller see
         every round, a row finishing in round j is live in rounds 0..j only. Each request
         gets one event with everything the dispatch emitted for it (it all arrived at once)."""
+        out, snapshot, k, context = d.out, d.snapshot, d.k, d.context
         tokens, n_emit, n_acc, done, lp, raw, rounds = jax.device_get(
-            (out.tokens, out.n_emit, out.n_accepted, out.done, out.logprobs, out.raw_logprobs, rounds))
+            (out.tokens, out.n_emit, out.n_accepted, out.done, out.logprobs, out.raw_logprobs, d.ran))
         R = int(rounds)
         tokens, n_emit, n_acc, done, lp, raw = (x[:R] for x in (tokens, n_emit, n_acc, done, lp, raw))
         now = time.perf_counter()
@@ -400,9 +412,9 @@ class SpecEngine:
                     b = bucket_for(len(live), self.batch_buckets)
                     self.state, out, ran = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))
-                    dispatched = (out, ran, list(live), k, context, rounds)
+                    dispatched = _Dispatch(out, ran, list(live), k, context, rounds)
                 if inflight:
-                    events, finished = self._process(*inflight[:5])
+                    events, finished = self._process(inflight)
                     yield from events
                     self._remove(live, [r for r in finished if r.slot >= 0])
                 # once every request of a dispatched step has finished its outputs are empty
@@ -427,7 +439,7 @@ class SpecEngine:
                   and all(x == k for x in self._k_history))
         if queued or not stable:
             return 1
-        pending = 0 if inflight is None else inflight[5] * (inflight[3] + 1)
+        pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, MAX_ROUNDS))
 

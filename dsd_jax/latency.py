@@ -16,14 +16,25 @@ bucket's factor, and a machine uniformly 20% slower than its profile scales
 every K of a bucket alike and changes no decision. A K whose own steps are
 measured relatively slower or faster moves away from the others only as far as
 its evidence outweighs the prior.
+
+`LatencyModel` is what the controller reads: the profile's ITL at the compiled
+batch bucket a live batch runs in and at a context bucket (context lengths are
+rounded to `context_subdivisions` points per profiled interval, so the tables
+built per bucket stay few), times the `LatencyCorrection` when one is learnt.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from typing import Sequence
+import numbers
+from typing import Any, Sequence
 
 import numpy as np
+
+from .profile import Profile
+
+__all__ = ["LatencyCorrection", "LatencyModel"]
 
 # Single steps on a shared CPU scatter by 20% and more, and a cell's estimate stops
 # moving once exploring ends, so the prior is strong: a K must be measured off its
@@ -31,6 +42,8 @@ import numpy as np
 PRIOR_STEPS = 16.0  # observations the bucket mean weighs as the prior of a cell's mean
 MAX_LOG_RATIO = math.log(1.5)  # one step counts as at most 1.5x off: a stall is not a trend
 LEARNT_WEIGHT = 16.0  # (discounted) observations after which a cell is not explored any more
+REFRESH_TOL = 0.01  # rebuild the ITL rows when a log factor moved by more than this (~1%)
+_CTX_CACHE_LIMIT = 1 << 16  # context lengths remembered with their bucket
 
 
 class LatencyCorrection:
@@ -93,3 +106,143 @@ class LatencyCorrection:
         """{bucket: factors for K = 0..num_k-1} for the buckets with observations."""
         return {b: np.exp(self._log_factors[i]).round(4).tolist()
                 for b, i in self._index.items() if self._W[i].sum() > 0}
+
+
+class LatencyModel:
+    """ITL(B, K) in ms as the controller predicts it; see the module docstring.
+
+    Args:
+      profile: the `Profile`.
+      max_batch_size: `itl_rows` covers live batch sizes 1..max_batch_size.
+      num_k: ITLs cover K = 0..num_k-1.
+      batch_buckets: the engine's compiled batch buckets (sorted), or None: a live
+        batch of n rows runs the program of the smallest bucket >= n, so its ITL is
+        the profile's at that bucket, not the interpolation at n.
+      context_subdivisions: context buckets per profiled context interval.
+      forgetting: the `LatencyCorrection`'s (0: trust the profile, no correction).
+    """
+
+    def __init__(self, profile: Profile, max_batch_size: int, num_k: int, batch_buckets: Sequence[int] | None,
+                 context_subdivisions: int, forgetting: float = 0.0):
+        self.profile = profile
+        self._max_b = max_batch_size
+        self._num_k = num_k
+        self._buckets = None if batch_buckets is None else list(batch_buckets)
+        self._subdiv = context_subdivisions
+        self.correction = None
+        if forgetting > 0:
+            self.correction = LatencyCorrection(self._buckets or range(1, max_batch_size + 1), num_k, forgetting)
+        self._log_factors = None  # the correction's log factors the cached rows were built with
+        self._rows_cache: dict[int, np.ndarray] = {}
+        self._key_cache: dict[Any, int] = {}
+
+    # ---------------------------------------------------------------- buckets
+
+    def bucket(self, b: int) -> int:
+        """The batch bucket a live batch of b rows runs at (b past the largest)."""
+        if self._buckets is None:
+            return b
+        i = bisect.bisect_left(self._buckets, b)
+        return self._buckets[i] if i < len(self._buckets) else b
+
+    def context_key(self, context_len) -> int:
+        """The context bucket of a context length (0: the first profiled one)."""
+        if isinstance(context_len, bool) or not isinstance(context_len, numbers.Real):
+            raise ValueError(f"context_len must be a number or None, got {context_len!r}")
+        c = float(context_len)
+        if math.isnan(c):
+            raise ValueError("context_len must not be NaN")
+        grid = self.profile.context_lengths
+        s = self._subdiv
+        if len(grid) == 1 or c <= grid[0]:
+            key = 0
+        elif c >= grid[-1]:
+            key = (len(grid) - 1) * s
+        else:
+            j = bisect.bisect_right(grid, c) - 1
+            key = j * s + int(round((c - grid[j]) / (grid[j + 1] - grid[j]) * s))
+        if len(self._key_cache) >= _CTX_CACHE_LIMIT:
+            self._key_cache.clear()
+        self._key_cache[context_len] = key
+        return key
+
+    def cached_context_key(self, context_len) -> int:
+        """`context_key`, a dict lookup for a context length seen before (the hot path)."""
+        key = self._key_cache.get(context_len)
+        return self.context_key(context_len) if key is None else key
+
+    def context_value(self, key: int) -> float:
+        """The context length of a context bucket."""
+        grid = self.profile.context_lengths
+        j, sub = divmod(key, self._subdiv)
+        if sub == 0:
+            return float(grid[j])
+        return grid[j] + sub / self._subdiv * (grid[j + 1] - grid[j])
+
+    # ---------------------------------------------------------------- predictions
+
+    def itl_rows(self, key: int) -> np.ndarray:
+        """ITL [max_batch_size + 1, num_k] at a context bucket (row 0 copies row 1); cached."""
+        itl = self._rows_cache.get(key)
+        if itl is None:
+            ctx = self.context_value(key)
+            bs = [self.bucket(b) for b in range(1, self._max_b + 1)]
+            t = self.profile.itl_table(ctx, bs)[:, : self._num_k]
+            if self.correction is not None:
+                factors = {bk: self.correction.factors(bk) for bk in set(bs)}
+                t = t * np.stack([factors[bk] for bk in bs])
+            itl = np.concatenate([t[:1], t], axis=0)
+            self._rows_cache[key] = itl
+        return itl
+
+    def itl(self, b: int, key: int) -> np.ndarray:
+        """ITL for K = 0..num_k-1 at live batch size b >= 1 and a context bucket."""
+        if b <= self._max_b:
+            return self.itl_rows(key)[b]
+        bucket = self.bucket(b)
+        itl = self.profile.itl_table(self.context_value(key), [bucket])[0, : self._num_k]
+        if self.correction is not None:
+            itl = itl * self.correction.factors(bucket)
+        return itl
+
+    def predict_ms(self, b: int, k: int, context_len: float | None) -> tuple[float, float] | None:
+        """(profile ITL, predicted ITL) of one step, at the exact context length; None
+        when the profile has no such k."""
+        if k > self.profile.max_k:
+            return None
+        bucket = self.bucket(b)
+        profile_ms = self.profile.itl_ms(bucket, k, context_len)
+        pred_ms = profile_ms
+        if self.correction is not None and k < self._num_k:
+            pred_ms *= float(self.correction.factors(bucket)[k])
+        return profile_ms, pred_ms
+
+    def learn(self, b: int, k: int, measured_ms: float, profile_ms: float) -> bool:
+        """Feeds a measured step to the correction. True when that rebuilt the ITLs
+        (a factor moved by more than REFRESH_TOL), so tables made from them are stale."""
+        if self.correction is None or k >= self._num_k:
+            return False
+        self.correction.observe(self.bucket(b), k, measured_ms, profile_ms)
+        f = self.correction.log_factors()
+        if self._log_factors is not None and np.abs(f - self._log_factors).max() <= REFRESH_TOL:
+            return False
+        self._log_factors = f
+        self._rows_cache.clear()
+        return True
+
+    # ---------------------------------------------------------------- learning state
+
+    @property
+    def learnt_weight(self) -> float:
+        """Observations after which a (bucket, K) counts as learnt (inf without a correction)."""
+        return math.inf if self.correction is None else self.correction.learnt_weight
+
+    def weights(self, b: int) -> list[float]:
+        """Discounted observations per K at b's batch bucket (all 0 without a correction)."""
+        if self.correction is None:
+            return [0.0] * self._num_k
+        return self.correction.weights(self.bucket(b))
+
+    def observed(self) -> dict[int, list[float]]:
+        """{bucket: factors per K} for the buckets with measured steps."""
+        return {} if self.correction is None else self.correction.observed()

@@ -405,8 +405,9 @@ def test_per_request_is_bruteforce_argmax(prof, accs):
     c = Controller(goodput_spec(max_k=kmax, margin=0.0, per_request=True), prof)
     ids = [f"r{i}" for i in range(len(accs))]
     c.choose_k(len(ids), request_ids=ids)  # registers rows at the prior
+    rq = c._requests
     for rid, a in zip(ids, accs):
-        c._Ar[c._rows[rid]], c._Nr[c._rows[rid]] = a * 1e15, 1e15  # white-box: its estimate is a
+        rq.accepted[rq.row_of[rid]], rq.proposed[rq.row_of[rid]] = a * 1e15, 1e15  # white-box: its estimate is a
     b = len(ids)
     k = c.choose_k(b, request_ids=ids)
     al = np.array([sum(1 + kk * a for a in accs) for kk in range(kmax + 1)])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dsd_jax.controller import Controller
-from dsd_jax.latency import MAX_LOG_RATIO, PRIOR_STEPS, LatencyCorrection
+from dsd_jax.latency import MAX_LOG_RATIO, PRIOR_STEPS, LatencyCorrection, LatencyModel
 
 from test_controller import brute_goodput, goodput_spec, realistic_profile
 
@@ -101,6 +101,37 @@ def test_a_profile_cell_timed_wrong_stops_steering_the_choice():
     assert ks[-300:].count(2) / 300 > 0.9 and trusting.stats()["latency_factors"] == {}
 
 
+
+def test_model_reads_the_profile_at_the_batch_bucket_and_context_bucket():
+    p = realistic_profile(ctx=[0, 1000])
+    lm = LatencyModel(p, max_batch_size=16, num_k=4, batch_buckets=[1, 4, 16], context_subdivisions=4)
+    assert [lm.bucket(b) for b in (1, 2, 4, 5, 16, 40)] == [1, 4, 4, 16, 16, 40]
+    assert [lm.context_key(c) for c in (-5, 0, 120, 130, 999, 5000)] == [0, 0, 0, 1, 4, 4]
+    assert lm.cached_context_key(130) == 1 and lm.context_value(1) == 250.0
+    rows = lm.itl_rows(1)
+    assert rows.shape == (17, 4)
+    np.testing.assert_array_equal(rows[2], [p.itl_ms(4, k, 250.0) for k in range(4)])
+    np.testing.assert_array_equal(lm.itl(40, 0), [p.itl_ms(40, k) for k in range(4)])
+    assert lm.predict_ms(2, 3, 130) == (p.itl_ms(4, 3, 130), p.itl_ms(4, 3, 130))
+    assert lm.predict_ms(2, 7, None) is None  # the profile has no such K
+    assert lm.correction is None and not lm.learn(2, 1, 5.0, 4.0) and lm.observed() == {}
+    with pytest.raises(ValueError, match="NaN"):
+        lm.context_key(float("nan"))
+
+
+def test_model_rebuilds_its_rows_only_when_a_factor_moved():
+    p = realistic_profile()
+    lm = LatencyModel(p, max_batch_size=8, num_k=3, batch_buckets=None, context_subdivisions=8, forgetting=0.1)
+    before = lm.itl_rows(0)
+    assert lm.learn(8, 1, 2.0 * p.itl_ms(8, 1), p.itl_ms(8, 1))  # the first observation rebuilds
+    assert lm.itl_rows(0) is not before and lm.itl_rows(0)[8, 1] > before[8, 1]
+    # the same ratio again leaves every factor where it was (one bucket mean, the global mean)
+    assert not lm.learn(8, 1, 2.0 * p.itl_ms(8, 1), p.itl_ms(8, 1))
+    assert not lm.learn(8, 3, 1.0, 1.0)  # K outside the model: ignored
+    profile_ms, pred_ms = lm.predict_ms(8, 1, None)
+    assert pred_ms == pytest.approx(profile_ms * lm.correction.factors(8)[1])
+    assert lm.weights(8)[1] > 0 and lm.learnt_weight == lm.correction.learnt_weight
+
 def test_a_uniformly_slower_machine_changes_no_choice():
     p = realistic_profile()
     learning = Controller(goodput_spec(warmup_steps=0, latency_forgetting=0.02), p, max_batch_size=64,
@@ -112,7 +143,7 @@ def test_a_uniformly_slower_machine_changes_no_choice():
         b = int(rng.choice([1, 3, 4, 9, 16, 40, 64]))
         k = int(rng.integers(0, 7))
         accepted = rng.integers(0, k + 1, b)
-        ms = 1.5 * p.itl_ms(learning._bucket(b), k)
+        ms = 1.5 * p.itl_ms(learning._latency.bucket(b), k)
         for c in (learning, trusting):
             c.observe(k, accepted, step_time_s=ms / 1e3)
     for b in range(1, 65):

@@ -1,0 +1,203 @@
+"""Draft acceptance estimates for the K controller (numpy only, no JAX).
+
+``a_i`` = P(draft position i accepted), unconditional (= P(num_accepted >= i)),
+for i = 1..max_k; the expected tokens per row per step with K drafts is
+``AL(K) = 1 + sum_{i<=K} a_i`` (`al_curve`).
+
+`GlobalAcceptance`: the batch-wide estimate. It is the prior (the profile's
+acceptance) until ``warmup_steps`` steps with K > 0 have been observed, then live
+per-position counts with exponential forgetting (discounted counts: each step's
+counts are added after multiplying the history by ``1 - forgetting``; at a steady
+batch size the newest step weighs ``forgetting``). Positions the live data has not
+covered yet (K never reached them) are extrapolated from the prior's shape, and the
+estimate is kept non-increasing.
+
+`RequestAcceptance`: one estimate per live request, its own discounted counts
+shrunk toward the global estimate as if that were `ROW_PRIOR_STEPS` more observed
+steps (a request lives for tens of steps: too few to trust alone, too many to
+ignore).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+__all__ = ["GlobalAcceptance", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
+           "padded_prior"]
+
+ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
+
+
+def al_curve(a: np.ndarray, k: int) -> np.ndarray:
+    """AL(K) = 1 + sum_{i<=K} a_i for K = 0..k, along the last axis of `a`."""
+    al = np.ones(a.shape[:-1] + (k + 1,))
+    np.cumsum(a[..., :k], axis=-1, out=al[..., 1:])  # in place: the per-request path is hot
+    al[..., 1:] += 1.0
+    return al
+
+
+def padded_prior(acceptance: Sequence[float] | None, max_k: int) -> np.ndarray:
+    """a_1..a_max_k from a profile's acceptance (None: no prior), NaN where it stops."""
+    prior = np.full(max_k, np.nan)
+    if acceptance is not None and max_k > 0:
+        n = min(max_k, len(acceptance))
+        prior[:n] = acceptance[:n]
+    return prior
+
+
+def check_num_accepted(k: int, num_accepted) -> np.ndarray:
+    """num_accepted (drafts accepted per live row of a step with k drafts) as a 1-D
+    integer array, checked to hold values in 0..k."""
+    try:
+        acc = np.asarray(num_accepted)
+    except Exception as e:  # noqa: BLE001  (ragged input etc.)
+        raise ValueError(f"num_accepted must be a 1-D integer array: {e}") from None
+    if acc.ndim == 0:
+        acc = acc.reshape(1)
+    if acc.ndim != 1:
+        raise ValueError(f"num_accepted must be 1-D (one entry per live row), got shape {acc.shape}")
+    if acc.size and acc.dtype.kind not in "iu":
+        if acc.dtype.kind != "f" or not np.all(np.isfinite(acc)) or not np.all(acc == np.round(acc)):
+            raise ValueError(f"num_accepted must hold integers, got dtype {acc.dtype}")
+        acc = acc.astype(np.int64)
+    if acc.size and (acc.min() < 0 or acc.max() > k):
+        raise ValueError(f"num_accepted values must be in 0..k={k}, got range {acc.min()}..{acc.max()}")
+    return acc
+
+
+class GlobalAcceptance:
+    """The batch-wide a_1..a_max_k; see the module docstring.
+
+    Args:
+      prior: a_1..a_max_k before live data (NaN = unknown), e.g. `padded_prior`.
+      forgetting: weight of the newest step, in (0, 1].
+      warmup_steps: steps with K > 0 observed before live counts replace the prior
+        (a prior of all NaN is replaced at once).
+
+    `estimate` and `al` are replaced, never modified in place, by `observe`.
+    """
+
+    def __init__(self, prior: np.ndarray, forgetting: float, warmup_steps: int = 0):
+        self.prior = np.asarray(prior, dtype=float)
+        self.max_k = len(self.prior)
+        self.keep = 1.0 - forgetting
+        self._warmup = warmup_steps
+        # Live discounted counts per draft position 1..max_k.
+        self._A = np.zeros(self.max_k)
+        self._N = np.zeros(self.max_k)
+        self.kseen = 0  # live data covers draft positions 1..kseen
+        self.steps = 0  # observed steps with K > 0
+        self._update()
+
+    @property
+    def live(self) -> bool:
+        """Whether the estimate comes from live counts (warm-up done, data seen)."""
+        return self.steps >= self._warmup and self.kseen > 0
+
+    def observe(self, k: int, num_accepted: np.ndarray) -> None:
+        """One step with `k` > 0 drafts; num_accepted[r] in 0..k per live row (non-empty)."""
+        # accepted[i-1] = rows with num_accepted >= i, for i = 1..k
+        accepted = np.bincount(num_accepted, minlength=k + 1)[::-1].cumsum()[::-1][1:]
+        keep = self.keep
+        A, N = self._A, self._N
+        A[:k] *= keep
+        A[:k] += accepted
+        N[:k] *= keep
+        N[:k] += num_accepted.size
+        if k > self.kseen:
+            self.kseen = k
+        self.steps += 1
+        self._update()
+
+    def _update(self) -> None:
+        self.estimate = self._compute()
+        self.al = al_curve(self.estimate, self.max_k).tolist()  # AL(K), K = 0..max_k
+
+    def _compute(self) -> np.ndarray:
+        """Prior during warm-up; then live A/N on the positions seen so far (always a
+        prefix 1..J: a step with k drafts proposes positions 1..k), the rest
+        extrapolated from the prior's shape; made non-increasing."""
+        prior = self.prior
+        J = self.kseen
+        if J == 0 or (self.steps < self._warmup and not np.isnan(prior).all()):
+            return prior.copy()
+        est = prior.copy()
+        est[:J] = self._A[:J] / self._N[:J]
+        if J < self.max_k:
+            p = prior[J - 1]
+            if p > 0:  # False for NaN too
+                est[J:] = est[J - 1] * np.minimum(1.0, prior[J:] / p)
+            else:
+                est[J:] = np.where(np.isnan(prior[J:]), np.nan, 0.0)
+        # a_i = P(num_accepted >= i) is non-increasing in i (NaNs, if any, are a suffix).
+        fin = ~np.isnan(est)
+        est[fin] = np.minimum.accumulate(est[fin])
+        return est
+
+
+class RequestAcceptance:
+    """Per-request a_i, shrunk toward a `GlobalAcceptance`; see the module docstring.
+
+    Requests are rows of two [rows, max_k] count arrays, `accepted` and `proposed`
+    (discounted, with the global estimator's forgetting); a finished request's row
+    is reused (`forget`).
+    """
+
+    def __init__(self, shrink_toward: GlobalAcceptance):
+        self._global = shrink_toward
+        self.max_k = shrink_toward.max_k
+        self.row_of: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        self.accepted = np.zeros((0, self.max_k))
+        self.proposed = np.zeros((0, self.max_k))
+        self._positions = np.arange(1, self.max_k + 1)
+        self._prior_of = None  # the global estimate `_prior_counts` was made from
+        self._prior_counts = np.zeros(self.max_k)
+
+    def rows_for(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        """The rows of these requests (unseen ones get a fresh row)."""
+        rows = self.row_of
+        out = [rows.get(rid) for rid in request_ids]
+        if None in out:
+            out = [self._new_row(rid) if r is None else r for rid, r in zip(request_ids, out)]
+        return np.array(out, dtype=np.intp)  # an index array: numpy gathers it faster than a list
+
+    def _new_row(self, rid: Hashable) -> int:
+        if not self._free:
+            n = self.accepted.shape[0]
+            cap = max(16, 2 * n)
+            self.accepted = np.concatenate([self.accepted, np.zeros((cap - n, self.max_k))])
+            self.proposed = np.concatenate([self.proposed, np.zeros((cap - n, self.max_k))])
+            self._free = list(range(cap - 1, n - 1, -1))
+        r = self._free.pop()
+        self.accepted[r] = self.proposed[r] = 0.0
+        self.row_of[rid] = r
+        return r
+
+    def forget(self, rid: Hashable) -> None:
+        """Drop a finished request (no-op if unknown); its row is reused."""
+        r = self.row_of.pop(rid, None)
+        if r is not None:
+            self._free.append(r)
+
+    def observe(self, rows: np.ndarray, num_accepted: np.ndarray, k: int) -> None:
+        """One step with `k` > 0 drafts; num_accepted[j] is row rows[j]'s count."""
+        keep = self._global.keep
+        hits = num_accepted[:, None] >= self._positions[:k]  # [B, k]
+        self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hits
+        self.proposed[rows, :k] = keep * self.proposed[rows, :k] + 1.0
+
+    def estimate(self, rows, k: int) -> np.ndarray:
+        """a_1..a_k per row ([len(rows), k])."""
+        est = self._global.estimate
+        if est is not self._prior_of:  # the global estimate moved since the last call
+            self._prior_of = est
+            self._prior_counts = ROW_PRIOR_STEPS * np.nan_to_num(est)
+        return (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.proposed[rows, :k] + ROW_PRIOR_STEPS)
+
+    def request(self, rid: Hashable) -> np.ndarray | None:
+        """A request's a_1..a_max_k, or None if unseen."""
+        r = self.row_of.get(rid)
+        return None if r is None else self.estimate([r], self.max_k)[0]

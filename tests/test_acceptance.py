@@ -1,0 +1,146 @@
+"""Acceptance estimators: prior and warm-up, forgetting, extrapolation, per-request shrinkage."""
+
+import numpy as np
+import pytest
+
+from dsd_jax.acceptance import ROW_PRIOR_STEPS, GlobalAcceptance, RequestAcceptance, al_curve, padded_prior
+
+PRIOR = np.array([0.8, 0.6, 0.4, 0.2])
+
+
+def test_al_curve_is_one_plus_cumulative_acceptance_on_the_last_axis():
+    np.testing.assert_array_equal(al_curve(np.array([0.5, 0.25, 0.125]), 2), [1.0, 1.5, 1.75])
+    rows = np.array([[1.0, 1.0], [0.5, 0.0]])
+    np.testing.assert_array_equal(al_curve(rows, 2), [[1.0, 2.0, 3.0], [1.0, 1.5, 1.5]])
+    np.testing.assert_array_equal(al_curve(rows, 0), [[1.0], [1.0]])
+
+
+def test_padded_prior():
+    assert np.isnan(padded_prior(None, 3)).all()
+    np.testing.assert_array_equal(padded_prior([0.9, 0.5], 3), [0.9, 0.5, np.nan])
+    np.testing.assert_array_equal(padded_prior([0.9, 0.5, 0.3], 2), [0.9, 0.5])
+    assert padded_prior([0.9], 0).shape == (0,)
+
+
+def test_prior_until_warmup_then_live():
+    g = GlobalAcceptance(PRIOR, forgetting=0.5, warmup_steps=2)
+    np.testing.assert_array_equal(g.estimate, PRIOR)
+    g.observe(4, np.array([4, 4]))
+    assert not g.live and g.steps == 1
+    np.testing.assert_array_equal(g.estimate, PRIOR)  # still warming up
+    g.observe(4, np.array([4, 4]))
+    assert g.live
+    np.testing.assert_array_equal(g.estimate, [1.0, 1.0, 1.0, 1.0])
+    assert g.al == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_without_prior_live_data_is_used_at_once():
+    g = GlobalAcceptance(padded_prior(None, 2), forgetting=0.1, warmup_steps=100)
+    g.observe(2, np.array([1, 0]))
+    np.testing.assert_array_equal(g.estimate, [0.5, 0.0])
+
+
+def test_forgetting_discounts_history():
+    f = 0.25
+    g = GlobalAcceptance(PRIOR[:1], forgetting=f)
+    g.observe(1, np.array([1, 1, 1, 1]))  # 4 of 4 accepted
+    g.observe(1, np.array([0, 0]))  # 0 of 2: A = 0.75 * 4, N = 0.75 * 4 + 2
+    assert g.estimate[0] == pytest.approx(3.0 / 5.0)
+    for _ in range(200):  # at a steady batch size, the history fades geometrically
+        g.observe(1, np.array([0, 0]))
+    assert g.estimate[0] < 1e-20
+
+
+def test_forgetting_one_keeps_only_the_last_step():
+    g = GlobalAcceptance(PRIOR, forgetting=1.0)
+    g.observe(2, np.array([2, 2, 2]))
+    g.observe(2, np.array([1, 0, 0]))
+    np.testing.assert_allclose(g.estimate[:2], [1 / 3, 0.0])
+
+
+def test_unseen_positions_follow_the_prior_shape_and_stay_non_increasing():
+    g = GlobalAcceptance(PRIOR, forgetting=0.1)
+    g.observe(2, np.array([2, 2, 1, 0]))  # a_1 = 0.75, a_2 = 0.5 measured
+    np.testing.assert_allclose(g.estimate, [0.75, 0.5, 0.5 * 0.4 / 0.6, 0.5 * 0.2 / 0.6])
+    assert g.kseen == 2
+    g = GlobalAcceptance(np.array([0.9, 0.0, 0.0]), forgetting=0.1)
+    g.observe(1, np.array([1]))
+    np.testing.assert_array_equal(g.estimate, [1.0, 0.0, 0.0])  # a zero prior extrapolates to 0
+    g = GlobalAcceptance(np.array([0.5, np.nan]), forgetting=0.1)
+    g.observe(1, np.array([1]))
+    np.testing.assert_array_equal(g.estimate, [1.0, np.nan])  # no prior, no data: unknown
+
+
+def test_estimate_is_replaced_not_mutated():
+    g = GlobalAcceptance(PRIOR, forgetting=0.1)
+    before = g.estimate
+    g.observe(3, np.array([3, 0]))
+    assert g.estimate is not before
+    np.testing.assert_array_equal(before, PRIOR)
+
+
+def _requests(prior=PRIOR, forgetting=0.5):
+    g = GlobalAcceptance(prior, forgetting=forgetting)
+    return g, RequestAcceptance(g)
+
+
+def test_new_request_starts_at_the_global_estimate():
+    g, rq = _requests()
+    rows = rq.rows_for(["a", "b"])
+    np.testing.assert_allclose(rq.estimate(rows, 4), [PRIOR, PRIOR])
+    np.testing.assert_allclose(rq.request("a"), PRIOR)
+    assert rq.request("unseen") is None
+
+
+def test_request_estimate_is_shrunk_toward_the_global_one():
+    g, rq = _requests(forgetting=0.5)
+    g_est = g.estimate.copy()
+    rows = rq.rows_for(["easy"])
+    rq.observe(rows, np.array([4]), 4)  # one step, every draft accepted: own estimate 1
+    expected = (1.0 + ROW_PRIOR_STEPS * g_est) / (1.0 + ROW_PRIOR_STEPS)
+    np.testing.assert_allclose(rq.request("easy"), expected)
+    for _ in range(100):  # its own evidence saturates at 1 / forgetting = 2 steps
+        rq.observe(rows, np.array([4]), 4)
+    np.testing.assert_allclose(rq.request("easy"), (2.0 + ROW_PRIOR_STEPS * g_est) / (2.0 + ROW_PRIOR_STEPS))
+    assert np.all(rq.request("easy") > g_est)
+
+
+def test_shrinkage_target_follows_the_global_estimate():
+    g, rq = _requests(forgetting=1.0)
+    rq.rows_for(["a"])
+    np.testing.assert_allclose(rq.request("a"), PRIOR)
+    g.observe(4, np.array([4, 4]))  # the global estimate moves to all-accepted
+    np.testing.assert_allclose(rq.request("a"), [1.0, 1.0, 1.0, 1.0])
+
+
+def test_request_counts_only_positions_proposed():
+    g, rq = _requests(forgetting=1.0)
+    rows = rq.rows_for(["a", "b"])
+    rq.observe(rows, np.array([2, 0]), 2)
+    np.testing.assert_array_equal(rq.accepted[rows], [[1, 1, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(rq.proposed[rows], [[1, 1, 0, 0], [1, 1, 0, 0]])
+
+
+def test_forget_request_frees_and_resets_its_row():
+    g, rq = _requests()
+    (r,) = rq.rows_for(["a"])
+    rq.observe(np.array([r]), np.array([0]), 4)
+    assert rq.request("a")[0] < PRIOR[0]
+    rq.forget("a")
+    rq.forget("never seen")  # no-op
+    assert rq.request("a") is None and "a" not in rq.row_of
+    (r2,) = rq.rows_for(["b"])
+    assert r2 == r  # the freed row is reused, from zero counts
+    np.testing.assert_allclose(rq.request("b"), PRIOR)
+
+
+def test_rows_grow_and_keep_their_counts():
+    g, rq = _requests(forgetting=1.0)
+    first = rq.rows_for(["r0"])
+    rq.observe(first, np.array([4]), 4)
+    ids = [f"r{i}" for i in range(40)]
+    rows = rq.rows_for(ids)
+    assert len(set(rows.tolist())) == 40 and rows[0] == first[0]
+    assert rq.accepted.shape[0] >= 40
+    np.testing.assert_array_equal(rq.accepted[first[0]], [1, 1, 1, 1])
+    np.testing.assert_allclose(rq.request("r39"), PRIOR)

@@ -31,9 +31,10 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["SpecConfig", "DynamicConfig", "METHODS", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES", "OBJECTIVES"]
+from dsd_jax import drafters  # the registry only: no JAX
 
-METHODS = ("draft_model", "ngram", "none")
+__all__ = ["SpecConfig", "DynamicConfig", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES", "OBJECTIVES"]
+
 ACCEPTANCE_MODES = ("rejection", "drafter_invariant")
 DRAFT_SAMPLING_MODES = ("sample", "argmax")
 OBJECTIVES = ("throughput", "makespan")
@@ -243,7 +244,8 @@ class SpecConfig:
     """What to speculate with and how K is chosen (vLLM `speculative_config` names).
 
     method: "draft_model" (a smaller model sharing the tokenizer), "ngram" (prompt
-        lookup) or "none" (plain decoding; `num_speculative_tokens` is forced to 0).
+        lookup), "none" (plain decoding; `num_speculative_tokens` is forced to 0), or a
+        method added with `dsd_jax.drafters.register`.
     model: draft model path (informational; the engine receives the model itself).
     num_speculative_tokens: max K (>= 1 unless method is "none").
     num_speculative_tokens_per_batch_size: inclusive [start_bs, end_bs, K] ranges,
@@ -270,7 +272,7 @@ class SpecConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        method = _choice("method", self.method, METHODS)
+        method = _choice("method", self.method, drafters.names())  # built-in or registered
         set_("model", _opt_str("model", self.model))
         n = _int("num_speculative_tokens", self.num_speculative_tokens, min_value=0)
         if method == "none":

@@ -210,11 +210,6 @@ class Controller:
         self._refreshes = 0
         self._log: collections.deque = collections.deque(maxlen=max(1, _index("history", history)))
 
-    # tests/test_makespan.py sets a request's counts through these (white-box)
-    _Ar = property(lambda self: self._requests.accepted)
-    _Nr = property(lambda self: self._requests.proposed)
-    _rows = property(lambda self: self._requests.row_of)
-
     # ------------------------------------------------------------------ choose
 
     def choose_k(

@@ -30,6 +30,7 @@ from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.state import MAX_STOP_IDS, init_state
+from dsd_jax import drafters
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions
 
 STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
@@ -131,7 +132,8 @@ def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
-    target, draft: `dsd_jax.models.Transformer` (draft only for method "draft_model").
+    target, draft: `dsd_jax.models.Transformer` (draft only for methods that need a model,
+    such as "draft_model"; see `dsd_jax.drafters`).
     spec: `SpecConfig` (or a vLLM-style dict). max_batch_size slots, each holding up to
     max_seq_len tokens (prompt + output). `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`;
@@ -150,9 +152,10 @@ class SpecEngine:
         if max_batch_size < 1 or max_seq_len < 2:
             raise ValueError(f"need max_batch_size >= 1 and max_seq_len >= 2, got "
                              f"{max_batch_size}, {max_seq_len}")
-        if spec.method == "draft_model":
+        drafter_cls = drafters.get(spec.method)
+        if drafter_cls.needs_model:
             if draft is None:
-                raise ValueError("method 'draft_model' needs a draft model")
+                raise ValueError(f"method {spec.method!r} needs a draft model")
             if draft.config.vocab_size != target.config.vocab_size:
                 raise ValueError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
                                  f"{target.config.vocab_size}: the draft must share the tokenizer")
@@ -175,16 +178,16 @@ class SpecEngine:
         target_graph, self._target_params = nnx.split(target)
         draft_graph, self._draft_params = (None, None) if draft is None else nnx.split(draft)
         self.capacity = max_seq_len + self.max_k + 1
-        self.state = init_state(target.config, self.draft_config, max_batch_size, self.capacity,
+        self.drafter = drafter_cls.build(
+            spec, None if draft is None else (draft_graph, draft.config), backend)
+        self.state = init_state(target.config, self.drafter, max_batch_size, self.capacity,
                                 self.max_k)
-        opts = StepOptions(method=spec.method, acceptance=spec.acceptance,
-                           draft_sampling=spec.draft_sampling, ngram_min=spec.prompt_lookup_min,
-                           ngram_max=spec.prompt_lookup_max, backend=backend)
+        opts = StepOptions(acceptance=spec.acceptance, backend=backend)
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
         prefill_rows = self.batch_buckets
         prefill_chunks = chunk_buckets(self.prefill_chunk)
-        self.programs = Programs(target_graph, draft_graph, opts, self._target_params,
+        self.programs = Programs(target_graph, self.drafter, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
                                  prefill_rows, prefill_chunks)
         if controller is None:
@@ -317,8 +320,7 @@ class SpecEngine:
         for i, r in enumerate(new):
             stop[i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
         limit = lengths + np.array([self._budget(r) for r in new] + [0] * (n - len(new)))
-        draft_len = np.maximum(lengths - 1, 0) if self.draft_config is not None else np.zeros(n)
-        init = SlotInit(rows, lengths, limit.astype(np.int32), draft_len.astype(np.int32),
+        init = SlotInit(rows, lengths, limit.astype(np.int32),
                         np.array([p.temperature for p in sp], np.float32),
                         np.array([p.top_k for p in sp], np.int32),
                         np.array([p.top_p for p in sp], np.float32),

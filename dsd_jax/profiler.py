@@ -19,7 +19,7 @@ with more drafts or more rows does a superset of the work, so the medians are th
 fitted to the closest table (least squares) that is non-decreasing in K and in B,
 which removes noise inversions such as K=6 timing below K=5; the raw medians are
 kept in ``meta["latency_ms_raw"]``. The step program donates and advances the state,
-so a small donated reset program (not timed) puts `length`/`draft_len`/`active` back
+so a small donated reset program (not timed) puts `length`/`active`/the drafter's state back
 before every call: each rep runs at exactly the same context. The profiler borrows
 the engine's state buffers for this (no second KV cache is allocated) and leaves the
 engine idle (no live slots) afterwards, so do not call it while a `generate` is in
@@ -150,14 +150,15 @@ def device_kind() -> str:
 
 # --------------------------------------------------------------------------- latency
 
-def _reset(state, batch, context):
-    """Rows < batch live at `context` committed tokens (draft caught up); others idle."""
+def _reset(drafter, state, batch, context):
+    """Rows < batch live at `context` committed tokens (drafter caught up); others idle."""
     n = state.length.shape[0]
     live = jnp.arange(n) < batch
     big = jnp.int32(state.capacity)  # never reaches its limit while profiling
+    length = jnp.where(live, context, 0).astype(jnp.int32)
     return state._replace(
-        length=jnp.where(live, context, 0).astype(jnp.int32),
-        draft_len=jnp.where(live, jnp.maximum(context - 1, 0), 0).astype(jnp.int32),
+        length=length,
+        drafter=drafter.admit(state.drafter, jnp.arange(n), length),
         limit=jnp.where(live, big, 0).astype(jnp.int32),
         active=live,
     )
@@ -175,15 +176,14 @@ def _fill(state, key, vocab, temperature):
     )
 
 
-def _idle(state):
-    return state._replace(length=jnp.zeros_like(state.length), limit=jnp.zeros_like(state.limit),
-                          draft_len=jnp.zeros_like(state.draft_len),
-                          active=jnp.zeros_like(state.active))
+def _idle(drafter, state):
+    return _reset(drafter, state, 0, 0)
 
 
-_reset_jit = jax.jit(_reset, donate_argnums=0)
+# the drafter (hashed by identity) is static: one compilation per engine
+_reset_jit = jax.jit(_reset, donate_argnums=1, static_argnums=0)
 _fill_jit = jax.jit(_fill, donate_argnums=0, static_argnums=2)
-_idle_jit = jax.jit(_idle, donate_argnums=0)
+_idle_jit = jax.jit(_idle, donate_argnums=1, static_argnums=0)
 
 
 def _state_usable(state) -> bool:
@@ -313,7 +313,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 times: list[list[float]] = [[] for _ in ks]
                 for rep in range(int(warmup_reps) + int(repeats)):
                     for k in ks:  # interleaved: drift hits every K of this row alike
-                        state = _reset_jit(state, np.int32(b), np.int32(ctx))
+                        state = _reset_jit(engine.drafter, state, np.int32(b), np.int32(ctx))
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
                         state, out, ran = steps[k](tp, dp, state, rounds)
@@ -327,10 +327,10 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                         progress(done, total)
     finally:
         if state is not None and _state_usable(state):
-            engine.state = _idle_jit(state)
+            engine.state = _idle_jit(engine.drafter, state)
         else:  # a failed call left the donated buffers deleted: start from a fresh state
             from dsd_jax.state import init_state
-            engine.state = init_state(engine.target_config, engine.draft_config, engine.max_batch_size,
+            engine.state = init_state(engine.target_config, engine.drafter, engine.max_batch_size,
                                       engine.capacity, engine.max_k)
     latency_s = time.perf_counter() - t_start
 

@@ -24,7 +24,7 @@ def _i32(*shape):
 
 
 class Programs:
-    def __init__(self, target_graph, draft_graph, opts: step_lib.StepOptions, target_params,
+    def __init__(self, target_graph, drafter, opts: step_lib.StepOptions, target_params,
                  draft_params, state: DecodeState, batch_buckets, max_k: int, prefill_rows,
                  prefill_chunks):
         self.opts = opts
@@ -33,10 +33,10 @@ class Programs:
         self.prefill_rows = tuple(prefill_rows)
         self.prefill_chunks = tuple(prefill_chunks)
         self._args = (_abstract(target_params), _abstract(draft_params), _abstract(state))
-        self._step_fn = functools.partial(step_lib.spec_rounds, target_graph, draft_graph, opts)
-        self._prefill = jax.jit(functools.partial(step_lib.prefill, target_graph, draft_graph, opts),
+        self._step_fn = functools.partial(step_lib.spec_rounds, target_graph, drafter, opts)
+        self._prefill = jax.jit(functools.partial(step_lib.prefill, target_graph, drafter, opts),
                                 donate_argnums=2)
-        self._admit = jax.jit(step_lib.admit, donate_argnums=0)
+        self._admit = jax.jit(functools.partial(step_lib.admit, drafter), donate_argnums=0)
         self._move = jax.jit(step_lib.move_slot, donate_argnums=0)
         self._compiled: dict = {}
 
@@ -63,7 +63,7 @@ class Programs:
 
     def admit(self, n: int):
         f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
-        init = step_lib.SlotInit(_i32(n), _i32(n), _i32(n), _i32(n), f32, _i32(n), f32,
+        init = step_lib.SlotInit(_i32(n), _i32(n), _i32(n), f32, _i32(n), f32,
                                  jax.ShapeDtypeStruct((n,), jnp.uint32), _i32(n, MAX_STOP_IDS))
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 

@@ -2,14 +2,15 @@
 
 Per slot s (one request): `tokens[s, :length[s]]` are committed. The target KV cache
 holds positions 0..length-2; the last committed token is *pending* (the target has
-not processed it yet). The draft KV cache holds 0..draft_len-1 and may lag behind.
+not processed it yet). `drafter` is the speculative method's own state (for a draft
+model its KV cache and how far it holds; see `dsd_jax.drafters`).
 Buffers are `capacity = max_seq_len + max_k + 1` long so a verify window never
 writes past the end (and the scatters drop anything that would).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,6 @@ class DecodeState(NamedTuple):
     tokens: jax.Array  # [N, capacity] int32
     length: jax.Array  # [N] int32 committed tokens
     limit: jax.Array  # [N] int32 length at which the request finishes ("length")
-    draft_len: jax.Array  # [N] int32 positions the draft cache holds
     active: jax.Array  # [N] bool: live and not finished on device
     temperature: jax.Array  # [N] float32 (0 = greedy)
     top_k: jax.Array  # [N] int32 (0 = off)
@@ -33,7 +33,7 @@ class DecodeState(NamedTuple):
     accepted_per_pos: jax.Array  # [max_k] int32 drafts accepted at position i (cumulative)
     proposed_per_pos: jax.Array  # [max_k] int32 drafts proposed at position i (cumulative)
     target_kv: KVCache
-    draft_kv: KVCache | None
+    drafter: Any  # the drafter's state: a pytree with the slot axis first, or None
 
     @property
     def num_slots(self) -> int:
@@ -44,15 +44,15 @@ class DecodeState(NamedTuple):
         return self.tokens.shape[1]
 
 
-def init_state(target_cfg: ModelConfig, draft_cfg: ModelConfig | None, num_slots: int,
-               capacity: int, max_k: int) -> DecodeState:
+def init_state(target_cfg: ModelConfig, drafter, num_slots: int, capacity: int,
+               max_k: int) -> DecodeState:
+    """drafter: the engine's `dsd_jax.drafters.base.Drafter` (it sizes its own state)."""
     # Distinct buffers per field: donation rejects one buffer passed twice.
     zeros_i = lambda: jnp.zeros((num_slots,), jnp.int32)
     return DecodeState(
         tokens=jnp.zeros((num_slots, capacity), jnp.int32),
         length=zeros_i(),
         limit=zeros_i(),
-        draft_len=zeros_i(),
         active=jnp.zeros((num_slots,), bool),
         temperature=jnp.zeros((num_slots,), jnp.float32),
         top_k=zeros_i(),
@@ -62,7 +62,7 @@ def init_state(target_cfg: ModelConfig, draft_cfg: ModelConfig | None, num_slots
         accepted_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),
         proposed_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),
         target_kv=init_kv_cache(target_cfg, num_slots, capacity),
-        draft_kv=None if draft_cfg is None else init_kv_cache(draft_cfg, num_slots, capacity),
+        drafter=drafter.init_state(num_slots, capacity),
     )
 
 

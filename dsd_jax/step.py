@@ -5,11 +5,13 @@ Every program is a pure function `(target_params, draft_params, state, ...) ->
 place, and the params are arguments, so new weights never recompile.
 
 One round with K drafts, for the first B slots:
-  1. draft d_1..d_K (K > 0; K = 0 does not run the draft at all),
+  1. draft d_1..d_K with the drafter (`dsd_jax.drafters`): catch up, propose (K = 0
+     does not run it at all),
   2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
   3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
      max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling,
-  4. commit on device: append the accepted drafts + one emitted token, advance length.
+  4. commit on device: append the accepted drafts + one emitted token, advance length,
+     and tell the drafter what was accepted.
      Rejected KV entries simply sit past `length`: no copy, no rollback.
 """
 
@@ -21,26 +23,18 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dsd_jax import drafters, kernels, sampling
+from dsd_jax import kernels, sampling
+from dsd_jax.drafters.base import DraftContext, Drafter, gather_tokens
 from dsd_jax.models import forward
 from dsd_jax.state import DecodeState
 
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
-    """Static choices baked into the compiled programs."""
+    """Static choices baked into the compiled programs (the drafter's own are in it)."""
 
-    method: str = "draft_model"  # draft_model | ngram | none
     acceptance: str = "rejection"  # rejection | drafter_invariant
-    draft_sampling: str = "sample"  # sample | argmax
-    ngram_min: int = 1
-    ngram_max: int = 3
-    catchup_chunk: int = 32
     backend: str = "auto"  # kernels backend for attention and rejection sampling
-
-    @property
-    def draft_mode(self) -> str:
-        return "coupled" if self.acceptance == "drafter_invariant" else self.draft_sampling
 
 
 class StepOutput(NamedTuple):
@@ -54,28 +48,26 @@ class StepOutput(NamedTuple):
     raw_logprobs: jax.Array  # [B, K+1] float32 log_softmax of the raw target logits
 
 
-def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
+def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
               target_params, draft_params, state: DecodeState):
     """One speculative round with K drafts over slots 0..B-1."""
     tokens = state.tokens[:B]
     length, limit, active = state.length[:B], state.limit[:B], state.active[:B]
     temperature, top_k, top_p = state.temperature[:B], state.top_k[:B], state.top_p[:B]
     seed, stop_ids = state.seed[:B], state.stop_ids[:B]
-    draft_kv, draft_len = state.draft_kv, state.draft_len[:B]
+    ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed)
+    drafter_state = state.drafter
 
-    # 1. draft
+    # 1. draft (K = 0 does not run the drafter at all)
     q = None
-    if K > 0 and opts.method == "draft_model":
-        drafts, q, draft_kv, draft_len = drafters.propose_with_draft_model(
-            draft_graph, draft_params, draft_kv, tokens, length, draft_len, active,
-            (temperature, top_k, top_p, seed), K, opts.draft_mode, opts.catchup_chunk, opts.backend)
-    elif K > 0 and opts.method == "ngram":
-        drafts = drafters.propose_ngram(tokens, length, K, opts.ngram_min, opts.ngram_max)
+    if K > 0:
+        drafter_state = drafter.catch_up(draft_params, drafter_state, ctx)
+        drafts, q, drafter_state = drafter.propose(draft_params, drafter_state, ctx, K)
     else:
         drafts = jnp.zeros((B, 0), jnp.int32)
 
     # 2. verify
-    pending = drafters.gather_tokens(tokens, length[:, None] - 1)
+    pending = gather_tokens(tokens, length[:, None] - 1)
     positions = jnp.where(active[:, None], length[:, None] - 1 + jnp.arange(K + 1), -1)
     logits, target_kv = forward(target_graph, target_params, jnp.concatenate([pending, drafts], 1),
                                 positions, state.target_kv, attn_backend=opts.backend)
@@ -111,9 +103,8 @@ def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
     done = active & (has_stop | (new_length >= limit))
     write_at = jnp.where(j[None, :] < n_emit[:, None], length[:, None] + j, state.capacity)
     new_tokens = state.tokens.at[jnp.arange(B)[:, None], write_at].set(out_tokens, mode="drop")
-    if K > 0 and opts.method == "draft_model":
-        # fed drafts d_1..d_{K-1} are valid in the draft cache up to the first rejection
-        draft_len = jnp.minimum(draft_len + jnp.minimum(n_acc, K - 1), new_length)
+    if K > 0:
+        drafter_state = drafter.commit(drafter_state, ctx, K, n_acc, new_length)
 
     max_k = state.proposed_per_pos.shape[0]
     counted = jnp.arange(max_k) < K
@@ -124,12 +115,11 @@ def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
     new_state = state._replace(
         tokens=new_tokens,
         length=state.length.at[:B].set(new_length),
-        draft_len=state.draft_len.at[:B].set(draft_len),
         active=state.active.at[:B].set(active & ~done),
         accepted_per_pos=accepted.astype(jnp.int32),
         proposed_per_pos=proposed.astype(jnp.int32),
         target_kv=target_kv,
-        draft_kv=draft_kv,
+        drafter=drafter_state,
     )
     return new_state, StepOutput(out_tokens, n_emit, n_acc, done, logprobs, raw_logprobs)
 
@@ -137,7 +127,7 @@ def spec_step(target_graph, draft_graph, opts: StepOptions, K: int, B: int,
 MAX_ROUNDS = 8  # rounds one dispatch may run (the `rounds` program's output depth)
 
 
-def spec_rounds(target_graph, draft_graph, opts: StepOptions, K: int, B: int, target_params,
+def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int, target_params,
                 draft_params, state: DecodeState, num_rounds):
     """Up to `num_rounds` (<= MAX_ROUNDS, a runtime value) rounds of `spec_step` with the same
     K in one dispatch, stopping early once no row of the bucket is active.
@@ -158,7 +148,7 @@ def spec_rounds(target_graph, draft_graph, opts: StepOptions, K: int, B: int, ta
 
     def one_round(carry):
         i, state, outs = carry
-        state, out = spec_step(target_graph, draft_graph, opts, K, B, target_params, draft_params,
+        state, out = spec_step(target_graph, drafter, opts, K, B, target_params, draft_params,
                                state)
         return i + 1, state, jax.tree.map(lambda acc, x: acc.at[i].set(x), outs, out)
 
@@ -166,7 +156,7 @@ def spec_rounds(target_graph, draft_graph, opts: StepOptions, K: int, B: int, ta
     return state, outs, rounds
 
 
-def prefill(target_graph, draft_graph, opts: StepOptions, target_params, draft_params,
+def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, draft_params,
             state: DecodeState, rows, chunk, start, count, model_end):
     """Writes a chunk of prompt tokens for N slots and runs target (and draft) over them.
 
@@ -181,11 +171,8 @@ def prefill(target_graph, draft_graph, opts: StepOptions, target_params, draft_p
     model_pos = jnp.where(real & (pos < model_end[:, None]), pos, -1)
     _, target_kv = forward(target_graph, target_params, chunk, model_pos, state.target_kv, rows=rows,
                            attn_backend=opts.backend)
-    draft_kv = state.draft_kv
-    if opts.method == "draft_model":
-        _, draft_kv = forward(draft_graph, draft_params, chunk, model_pos, draft_kv, rows=rows,
-                              attn_backend=opts.backend)
-    return state._replace(tokens=tokens, target_kv=target_kv, draft_kv=draft_kv)
+    drafter_state = drafter.prefill(draft_params, state.drafter, chunk, model_pos, rows)
+    return state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
 
 
 class SlotInit(NamedTuple):
@@ -194,7 +181,6 @@ class SlotInit(NamedTuple):
     rows: jax.Array  # [N] int32, out of range (>= num_slots) for padding
     length: jax.Array
     limit: jax.Array
-    draft_len: jax.Array
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
@@ -202,14 +188,14 @@ class SlotInit(NamedTuple):
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
 
 
-def admit(state: DecodeState, init: SlotInit) -> DecodeState:
+def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
     def put(x, value):
         return x.at[init.rows].set(value, mode="drop")
 
     return state._replace(
+        drafter=drafter.admit(state.drafter, init.rows, init.length),
         length=put(state.length, init.length),
         limit=put(state.limit, init.limit),
-        draft_len=put(state.draft_len, init.draft_len),
         active=put(state.active, jnp.ones_like(init.length, bool)),
         temperature=put(state.temperature, init.temperature),
         top_k=put(state.top_k, init.top_k),
@@ -227,10 +213,10 @@ def move_slot(state: DecodeState, src, dst) -> DecodeState:
 
     moved = state._replace(
         **{f: mv(getattr(state, f)) for f in (
-            "tokens", "length", "limit", "draft_len", "active", "temperature", "top_k", "top_p",
+            "tokens", "length", "limit", "active", "temperature", "top_k", "top_p",
             "seed", "stop_ids")},
         target_kv=jax.tree.map(mv, state.target_kv),
-        draft_kv=jax.tree.map(mv, state.draft_kv),
+        drafter=jax.tree.map(mv, state.drafter),
     )
     return moved._replace(active=moved.active.at[src].set(False))
 

@@ -83,7 +83,7 @@ def engine():
 
 
 def _cache_shapes(engine) -> set[str]:
-    kv = [engine.state.target_kv, engine.state.draft_kv]
+    kv = [engine.state.target_kv, engine.state.drafter.kv]
     return {_shape_str(x) for cache in kv for x in cache.k + cache.v}
 
 

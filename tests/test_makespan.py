@@ -59,7 +59,8 @@ def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
     rem = [r for _, r in rows]
     c.choose_k(len(ids), request_ids=ids, remaining=rem)  # registers rows at the prior
     for rid, (a, _) in zip(ids, rows):
-        c._Ar[c._rows[rid]], c._Nr[c._rows[rid]] = a * 1e15, 1e15  # white-box: its estimate is a
+        req = c._requests  # white-box: its estimate is a
+        req.accepted[req.row_of[rid]], req.proposed[req.row_of[rid]] = a * 1e15, 1e15
     b = len(ids)
     k = c.choose_k(b, request_ids=ids, remaining=rem)
     g = [min((1 + kk * a) / max(r, 1) for a, r in rows) / prof.itl_ms(b, kk) for kk in range(kmax + 1)]

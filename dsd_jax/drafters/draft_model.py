@@ -1,0 +1,125 @@
+"""Method "draft_model": a smaller model of `dsd_jax.models` sharing the vocabulary.
+
+Its cache may lag behind the committed tokens (after K = 0 rounds it is not run at all),
+so a round first catches up by chunked prefill, re-reads a two-token window ending at the
+pending token, then proposes d_1..d_K one token at a time in a `scan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dsd_jax import sampling
+from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens
+from dsd_jax.models import KVCache, forward, init_kv_cache
+
+WINDOW = 2  # tokens the draft re-reads each round: after an all-accepted round it lags by 2
+
+
+class DraftModelState(NamedTuple):
+    kv: KVCache  # per layer [num_slots, Hkv, capacity, D]
+    length: jax.Array  # [num_slots] int32 positions the draft cache holds (may lag)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftModel(Drafter):
+    needs_model = True
+
+    graph: Any = None  # nnx.GraphDef of the draft model
+    config: Any = None  # its ModelConfig
+    mode: str = "sample"  # "sample" (d ~ q, q kept) | "argmax" (one-hot q) | "coupled"
+    catchup_chunk: int = 32
+    backend: str = "auto"
+
+    @classmethod
+    def build(cls, spec, model=None, backend="auto"):
+        graph, config = model
+        # drafter-invariant acceptance couples the draft to the target's noise
+        mode = "coupled" if spec.acceptance == "drafter_invariant" else spec.draft_sampling
+        return cls(graph=graph, config=config, mode=mode, backend=backend)
+
+    def init_state(self, num_slots, capacity):
+        return DraftModelState(init_kv_cache(self.config, num_slots, capacity),
+                               jnp.zeros((num_slots,), jnp.int32))
+
+    def _forward(self, params, tokens, positions, kv, rows=None):
+        return forward(self.graph, params, tokens, positions, kv, rows=rows,
+                       attn_backend=self.backend)
+
+    def prefill(self, params, state, chunk, positions, rows):
+        _, kv = self._forward(params, chunk, positions, state.kv, rows=rows)
+        return state._replace(kv=kv)
+
+    def admit(self, state, rows, lengths):
+        # prefill wrote every prompt position but the pending last one
+        return state._replace(length=state.length.at[rows].set(
+            jnp.maximum(lengths - 1, 0).astype(jnp.int32), mode="drop"))
+
+    def catch_up(self, params, state, ctx: DraftContext):
+        """Chunked prefill of the draft cache up to `length - WINDOW`, for every row whatever
+        its lag; zero iterations in the common case."""
+        B, chunk = ctx.length.shape[0], self.catchup_chunk
+
+        def remaining(dl):
+            return jnp.where(ctx.active, ctx.length - WINDOW - dl, 0)
+
+        def body(carry):
+            dl, kv = carry
+            n = jnp.clip(remaining(dl), 0, chunk)
+            pos = dl[:, None] + jnp.arange(chunk)
+            toks = gather_tokens(ctx.tokens, pos)
+            pos = jnp.where(jnp.arange(chunk) < n[:, None], pos, -1)
+            _, kv = self._forward(params, toks, pos, kv)
+            return dl + n, kv
+
+        dl, kv = lax.while_loop(lambda c: jnp.max(remaining(c[0])) > 0, body,
+                                (state.length[:B], state.kv))
+        return DraftModelState(kv, state.length.at[:B].set(dl))
+
+    def _propose_one(self, logits, position, ctx: DraftContext):
+        """logits [B, V] of the draft at `position` [B] -> (token [B], q [B, V] or None)."""
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+        if self.mode == "argmax":
+            return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
+        stream = sampling.STREAM_TARGET if self.mode == "coupled" else sampling.STREAM_DRAFT
+        noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
+            ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
+        token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
+        if self.mode == "coupled":  # drafter-invariant: d = argmax(log q + target's noise)
+            return token, None
+        return token, sampling.probs_from_processed(proc, ctx.temperature)
+
+    def propose(self, params, state, ctx: DraftContext, K: int) -> Proposal:
+        B, length, active = ctx.length.shape[0], ctx.length, ctx.active
+        pos = length[:, None] - WINDOW + jnp.arange(WINDOW)
+        toks = gather_tokens(ctx.tokens, pos)
+        pos = jnp.where((pos >= 0) & active[:, None], pos, -1)
+        logits, kv = self._forward(params, toks, pos, state.kv)
+        first, q_first = self._propose_one(logits[:, -1], length, ctx)
+
+        def step(carry, i):
+            kv, prev = carry
+            p = jnp.where(active, length - 1 + i, -1)[:, None]
+            logits, kv = self._forward(params, prev[:, None], p, kv)
+            token, q = self._propose_one(logits[:, 0], length + i, ctx)
+            return (kv, token), (token, q)
+
+        (kv, _), (rest, q_rest) = lax.scan(step, (kv, first), jnp.arange(1, K))
+        drafts = jnp.concatenate([first[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)
+        q = None if q_first is None else jnp.concatenate(
+            [q_first[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+        # The draft cache now holds everything up to the pending token (position length-1).
+        dl = state.length[:B]
+        dl = jnp.where(active, jnp.maximum(dl, length), dl)
+        return Proposal(drafts, q, DraftModelState(kv, state.length.at[:B].set(dl)))
+
+    def commit(self, state, ctx, K, n_accepted, new_length):
+        # fed drafts d_1..d_{K-1} are valid in the draft cache up to the first rejection
+        B = ctx.length.shape[0]
+        dl = jnp.minimum(state.length[:B] + jnp.minimum(n_accepted, K - 1), new_length)
+        return state._replace(length=state.length.at[:B].set(dl))

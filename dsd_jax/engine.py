@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation
+from dsd_jax import compilation, drafters
+from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.metrics import EngineStats
@@ -30,7 +31,6 @@ from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.state import MAX_STOP_IDS, init_state
-from dsd_jax import drafters
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions
 
 STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
@@ -73,60 +73,6 @@ class _Request:
     finish_reason: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-
-
-def power_of_two_buckets(max_size: int) -> tuple[int, ...]:
-    buckets = [1]
-    while buckets[-1] < max_size:
-        buckets.append(min(buckets[-1] * 2, max_size))
-    return tuple(buckets)
-
-
-def bucket_for(n: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket >= n (the compiled program that serves n rows or tokens)."""
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
-
-def chunk_buckets(largest: int) -> tuple[int, ...]:
-    """Prompt-chunk sizes compiled for prefill: 16, 32, 64, ... up to `largest` (included).
-    Doubling steps let any prompt up to `largest` run as one piece padded by < 2x (and
-    by < 16 tokens past that)."""
-    sizes, c = {largest}, 16
-    while c < largest:
-        sizes.add(c)
-        c *= 2
-    return tuple(sorted(sizes))
-
-
-def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
-    """(start, chunk size) pieces covering `length` prompt tokens at the least cost, where
-    a piece costs its padded tokens plus a fixed overhead worth two of the smallest chunk:
-    a dispatch has a fixed cost and small chunks run the matmuls at small M (measured on
-    XLA:CPU with the built-in target: 16 tokens 20-24 ms, 32 tokens 26-30, 64 tokens 29-44,
-    128 tokens 48, 256 tokens 127-143). So a 56-token prompt runs as one padded 64 (not
-    4 x 16), an 84-token one as 128, a 140-token one as 128 + 16 (not a padded 256)."""
-    largest, overhead = max(chunks), 2 * min(chunks)
-
-    def cost(plan):
-        return sum(plan) + overhead * len(plan)
-
-    def plan_for(rest: int) -> list[int]:  # rest <= largest
-        if rest <= 0:
-            return []
-        cover = [bucket_for(rest, chunks)]
-        fitting = [c for c in chunks if c <= rest]
-        if not fitting:
-            return cover
-        split = [max(fitting)] + plan_for(rest - max(fitting))
-        return min(cover, split, key=cost)  # a tie keeps the single piece
-
-    sizes = [largest] * max(0, -(-length // largest) - 1)
-    sizes += plan_for(length - sum(sizes))
-    starts = np.cumsum([0] + sizes[:-1])
-    return [(int(s), c) for s, c in zip(starts, sizes)]
 
 
 class SpecEngine:

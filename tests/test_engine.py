@@ -193,7 +193,7 @@ def test_profile_for_other_models_warns(pair, tmp_path):
 
 
 def test_prefill_pieces_cover_the_prompt_at_least_cost():
-    from dsd_jax.engine import chunk_buckets, prefill_pieces
+    from dsd_jax.buckets import chunk_buckets, prefill_pieces
     chunks = chunk_buckets(256)
     assert chunks == (16, 32, 64, 128, 256)
     assert chunk_buckets(100) == (16, 32, 64, 100)

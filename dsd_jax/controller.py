@@ -15,7 +15,9 @@ The estimates this reads live elsewhere: ``a_i`` (profile during warm-up, then
 live counts with forgetting; per request, shrunk toward the global estimate) in
 `dsd_jax.acceptance`, ``ITL(B, K)`` (the profile at the batch and context bucket,
 times a factor learnt per (batch bucket, K) from measured step times when
-``dynamic.latency_forgetting`` > 0) in `dsd_jax.latency`.
+``dynamic.latency_forgetting`` > 0) in `dsd_jax.latency`. How well both predicted
+each observed step (`calibration_log()`, the MAPEs in `stats()`) is kept by
+`dsd_jax.calibration`.
 
 Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
@@ -55,7 +57,6 @@ the tail alone: `benchmarks/straggler_tail.py`).
 
 from __future__ import annotations
 
-import collections
 import math
 import numbers
 import operator
@@ -65,6 +66,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from .acceptance import GlobalAcceptance, RequestAcceptance, al_curve, check_num_accepted, padded_prior
+from .calibration import Calibration, step_ms
 from .config import SpecConfig
 from .latency import LatencyModel
 from .profile import Profile, ProfileMismatchWarning
@@ -203,12 +205,8 @@ class Controller:
         self._steps = 0
         self._k_counts = [0] * (self.max_k + 1)
         self._k_steps = [0] * (self.max_k + 1)
-        self._itl_err_sum = 0.0
-        self._itl_n = 0
-        self._al_err_sum = 0.0
-        self._al_n = 0
         self._refreshes = 0
-        self._log: collections.deque = collections.deque(maxlen=max(1, _index("history", history)))
+        self._calibration = Calibration(_index("history", history))
 
     # ------------------------------------------------------------------ choose
 
@@ -423,24 +421,17 @@ class Controller:
         b = int(acc.size)
         if request_ids is not None and len(request_ids) != b:
             raise ValueError(f"request_ids has {len(request_ids)} entries but num_accepted has {b}")
-        if step_time_s is not None:
-            if isinstance(step_time_s, bool) or not isinstance(step_time_s, numbers.Real) or not (
-                math.isfinite(float(step_time_s)) and step_time_s > 0
-            ):
-                raise ValueError(f"step_time_s must be a positive finite number, got {step_time_s!r}")
+        meas_ms = step_ms(step_time_s)
 
         self._steps += 1
         self._k_steps[k] += 1
         if b == 0:
             return
         rows = self._requests.rows_for(request_ids) if self._track_rows and request_ids is not None else None
-        # Calibration: the controller's predictions for this step, before updating.
-        rec = {"step": self._steps, "k": k, "batch_size": b}
-        if k > 0:
-            self._calibrate_al(rec, k, acc, rows)
-        if step_time_s is not None:
-            self._calibrate_itl(rec, k, b, float(step_time_s) * 1e3, context_len)
-        self._log.append(rec)
+        # Calibration scores the predictions made for this step, before it updates them.
+        pred_al = None if k == 0 else self._step_al(k, acc, rows)
+        itl_ms = None if meas_ms is None else self._step_itl(k, b, meas_ms, context_len)
+        self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
         if k == 0:
             return
         self._acc.observe(k, acc)
@@ -452,31 +443,19 @@ class Controller:
                 self._est_tables = est.copy()
                 self._stale_tables()
 
-    def _calibrate_al(self, rec: dict, k: int, acc: np.ndarray, rows) -> None:
-        b = acc.size
-        if rows is not None:
-            pred_al = 1.0 + float(self._requests.estimate(rows, k).sum()) / b
-        else:
-            pred_al = self._acc.al[k]
-        meas_al = 1.0 + float(acc.sum()) / b
-        rec["pred_al"] = pred_al
-        rec["meas_al"] = meas_al
-        if pred_al == pred_al:  # not NaN (no prior and no live data yet)
-            self._al_err_sum += abs(pred_al - meas_al) / meas_al
-            self._al_n += 1
+    def _step_al(self, k: int, acc: np.ndarray, rows) -> float:
+        """The AL predicted for a step of `k` drafts: the rows' own estimates when tracked."""
+        if rows is None:
+            return self._acc.al[k]
+        return 1.0 + float(self._requests.estimate(rows, k).sum()) / acc.size
 
-    def _calibrate_itl(self, rec: dict, k: int, b: int, meas_ms: float, context_len) -> None:
-        rec["meas_itl_ms"] = meas_ms
+    def _step_itl(self, k: int, b: int, meas_ms: float, context_len):
+        """The (profile, predicted) ITL in ms for a step that took `meas_ms` (None without
+        a profile), taken before the measurement trains the latency factors."""
         pred = None if self._latency is None else self._latency.predict_ms(b, k, context_len)
-        if pred is None:
-            return
-        profile_ms, pred_ms = pred
-        if self._latency.learn(b, k, meas_ms, profile_ms):
+        if pred is not None and self._latency.learn(b, k, meas_ms, pred[0]):
             self._stale_tables()
-        rec["profile_itl_ms"] = profile_ms
-        rec["pred_itl_ms"] = pred_ms
-        self._itl_err_sum += abs(pred_ms - meas_ms) / meas_ms
-        self._itl_n += 1
+        return pred
 
     def _stale_tables(self) -> None:
         """Drops the precomputed tables: the estimate or the ITLs they were built from moved."""
@@ -512,7 +491,7 @@ class Controller:
 
     def calibration_log(self) -> list[dict]:
         """Recent per-step records: k, batch_size, pred/meas AL and ITL (ms)."""
-        return list(self._log)
+        return self._calibration.log()
 
     def stats(self) -> dict:
         """mode, steps_observed, acceptance, itl_mape / al_mape (percent, None without
@@ -526,8 +505,7 @@ class Controller:
             "spec_steps_observed": self._acc.steps,
             "using_live_acceptance": self.using_live_acceptance,
             "acceptance": [None if math.isnan(x) else float(x) for x in self._acc.estimate],
-            "itl_mape": 100.0 * self._itl_err_sum / self._itl_n if self._itl_n else None,
-            "al_mape": 100.0 * self._al_err_sum / self._al_n if self._al_n else None,
+            **self._calibration.mape(),
             "k_choices": {k: c for k, c in enumerate(self._k_counts)},
             "k_steps": {k: c for k, c in enumerate(self._k_steps)},
             "current_k": self._cur,

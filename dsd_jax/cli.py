@@ -9,7 +9,11 @@ Models: `--target DIR` / `--draft DIR` are checkpoints written by
 `dsd_jax.models.save`; `--hf-target DIR` / `--hf-draft DIR` are local Hugging Face
 safetensors directories (`dsd_jax.models.load_hf`); with neither, the built-in pair
 (`dsd_jax.models.builtin()`). Everything runs in this process (no subprocess, no
-shell). Every bad argument is a `SystemExit` whose message names the flag.
+shell). Every bad argument is a `SystemExit` whose message names the flag; what the
+library finds wrong with an input (`dsd_jax.loading.ArgumentError`: a missing directory,
+a bad prompt file) `main` turns into the same exit. The commands parse flags and call into
+the library (`dsd_jax.loading`, `dsd_jax.profiler`, `dsd_jax.bench`); nothing imports
+this module.
 """
 
 from __future__ import annotations
@@ -17,52 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import warnings
 from typing import Any
 
+from dsd_jax import loading
+
 __all__ = ["main", "build_parser"]
 
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
 
-
-# --------------------------------------------------------------------------- errors and paths
+# --------------------------------------------------------------------------- errors
 
 def _fail(cmd: str, flag: str | None, msg: str):
     where = f"{flag}: " if flag else ""
     raise SystemExit(f"dsd-jax {cmd}: error: {where}{msg}")
-
-
-def _existing_file(cmd: str, flag: str, path: str) -> str:
-    if not os.path.exists(path):
-        _fail(cmd, flag, f"no such file: {path!r}")
-    if not os.path.isfile(path):
-        _fail(cmd, flag, f"{path!r} is not a file")
-    return path
-
-
-def _existing_dir(cmd: str, flag: str, path: str) -> str:
-    if not os.path.exists(path):
-        _fail(cmd, flag, f"no such directory: {path!r}")
-    if not os.path.isdir(path):
-        _fail(cmd, flag, f"{path!r} is not a directory")
-    return path
-
-
-def _output_file(cmd: str, flag: str, path: str) -> str:
-    if os.path.isdir(path):
-        _fail(cmd, flag, f"{path!r} is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        _fail(cmd, flag, f"the directory of {path!r} does not exist ({parent!r})")
-    return path
-
-
-def _output_dir(cmd: str, flag: str, path: str) -> str:
-    if os.path.exists(path) and not os.path.isdir(path):
-        _fail(cmd, flag, f"{path!r} exists and is not a directory")
-    return path
 
 
 # --------------------------------------------------------------------------- argparse types
@@ -149,7 +121,7 @@ def _load_spec(cmd: str, args, has_draft: bool):
         return SpecConfig()
     src = args.speculative_config
     if not src.lstrip().startswith("{"):
-        _existing_file(cmd, "--speculative-config", src)
+        loading.existing_file("--speculative-config", src)
     try:
         spec = SpecConfig.from_json(src)
     except ValueError as e:
@@ -159,57 +131,10 @@ def _load_spec(cmd: str, args, has_draft: bool):
     return spec
 
 
-def _load_models(cmd: str, args, need_draft: bool = True):
-    """(target, draft or None, tokenizer or None, source)."""
-    from dsd_jax import models
-    if args.target and args.hf_target:
-        _fail(cmd, "--target", "give --target or --hf-target, not both")
-    if args.draft and args.hf_draft:
-        _fail(cmd, "--draft", "give --draft or --hf-draft, not both")
-    tokenizer, target, draft, source = None, None, None, "custom"
-
-    def load(flag, path, hf):
-        _existing_dir(cmd, flag, path)
-        try:
-            return models.load_hf(path, dtype=args.dtype) if hf else models.restore(path, dtype=args.dtype)
-        except (OSError, ValueError, TypeError) as e:
-            _fail(cmd, flag, f"cannot load the model in {path!r}: {e}")
-
-    if args.target or args.hf_target:
-        hf = bool(args.hf_target)
-        target = load("--hf-target" if hf else "--target", args.hf_target or args.target, hf)
-        if hf:
-            try:
-                tokenizer = models.load_tokenizer(args.hf_target)
-            except Exception:  # noqa: BLE001  (a broken tokenizer.json: only text I/O needs it)
-                tokenizer = None
-    else:
-        if args.draft or args.hf_draft:
-            _fail(cmd, "--target", "a custom draft needs a custom target (--target or --hf-target)")
-        try:
-            from dsd_jax.models import builtin
-            target, draft, tokenizer = builtin(dtype=args.dtype)
-        except (ImportError, OSError, ValueError) as e:
-            _fail(cmd, "--target", f"the built-in model pair is not available ({e}); pass --target/--draft "
-                  "(dsd_jax.models.save checkpoints) or --hf-target/--hf-draft")
-        source = "builtin"
-    if args.draft or args.hf_draft:
-        hf = bool(args.hf_draft)
-        draft = load("--hf-draft" if hf else "--draft", args.hf_draft or args.draft, hf)
-    if args.tokenizer:
-        _existing_file(cmd, "--tokenizer", args.tokenizer)
-        try:
-            from tokenizers import Tokenizer
-            tokenizer = Tokenizer.from_file(args.tokenizer)
-        except Exception as e:  # noqa: BLE001
-            _fail(cmd, "--tokenizer", f"cannot read {args.tokenizer!r}: {e}")
-    return target, draft, tokenizer, source
-
-
 def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
     from dsd_jax import SpecEngine
     if args.compilation_cache_dir:
-        _output_dir(cmd, "--compilation-cache-dir", args.compilation_cache_dir)
+        loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
     try:
         return SpecEngine(target, draft if spec.method == "draft_model" else None, spec,
                           max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
@@ -226,107 +151,47 @@ def _progress_bar(args, total: int, desc: str, unit: str):
                 disable=True if args.no_progress else None)
 
 
-# --------------------------------------------------------------------------- prompts
-
-def read_prompts(cmd: str, flag: str, path: str | None) -> list[dict]:
-    """Prompts as dicts {"prompt": str} or {"prompt_token_ids": [...]}.
-
-    A file whose first non-blank line starts with '{' (or named *.jsonl) is JSONL, one
-    object per line with "prompt" or "prompt_token_ids"; otherwise every non-blank line
-    is one text prompt (its line break removed). None or "-" reads stdin.
-    """
-    if path is None or path == "-":
-        if path is None and sys.stdin.isatty():
-            _fail(cmd, flag, "no prompts: pass --prompts FILE or pipe prompts on stdin")
-        text, name = sys.stdin.read(), "stdin"
-    else:
-        _existing_file(cmd, flag, path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            _fail(cmd, flag, f"cannot read {path!r}: {e}")
-        name = repr(path)
-    lines = text.splitlines()
-    first = next((ln for ln in lines if ln.strip()), "")
-    jsonl = first.lstrip().startswith("{") or (path or "").endswith(".jsonl")
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if not jsonl:
-            out.append({"prompt": line})
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            _fail(cmd, flag, f"{name} line {i}: invalid JSON ({e})")
-        if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_token_ids" in obj):
-            _fail(cmd, flag, f"{name} line {i}: expected an object with exactly one of "
-                  "\"prompt\" (string) or \"prompt_token_ids\" (list of ints)")
-        if "prompt" in obj:
-            if not isinstance(obj["prompt"], str) or not obj["prompt"]:
-                _fail(cmd, flag, f"{name} line {i}: \"prompt\" must be a non-empty string")
-            out.append({"prompt": obj["prompt"]})
-        else:
-            ids = obj["prompt_token_ids"]
-            if (not isinstance(ids, list) or not ids
-                    or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-                _fail(cmd, flag, f"{name} line {i}: \"prompt_token_ids\" must be a non-empty list of "
-                      "non-negative integers")
-            out.append({"prompt_token_ids": ids})
-    if not out:
-        _fail(cmd, flag, f"no prompts in {name}")
-    return out
-
-
-def _encode_prompts(cmd: str, flag: str, prompts: list[dict], tokenizer) -> list[list[int]]:
-    ids = []
-    for i, p in enumerate(prompts):
-        if "prompt_token_ids" in p:
-            ids.append(list(p["prompt_token_ids"]))
-        else:
-            if tokenizer is None:
-                _fail(cmd, flag, "text prompts need a tokenizer (--tokenizer FILE, or use JSONL with "
-                      "\"prompt_token_ids\")")
-            enc = tokenizer.encode(p["prompt"]).ids
-            if not enc:
-                _fail(cmd, flag, f"prompt {i} encodes to no tokens")
-            ids.append(enc)
-    return ids
-
-
 # --------------------------------------------------------------------------- profile
+
+def _context_lengths(cmd: str, args) -> list[int]:
+    if args.context_lengths is None:
+        return [c for c in (128, 512) if c <= args.max_seq_len] or [max(1, args.max_seq_len // 2)]
+    ctx = sorted(set(args.context_lengths))
+    bad = [c for c in ctx if not 1 <= c <= args.max_seq_len]
+    if bad:
+        _fail(cmd, "--context-lengths", f"{bad} outside 1..--max-seq-len ({args.max_seq_len})")
+    return ctx
+
+
+def _acceptance_prompts(cmd: str, args, tokenizer, source: str, spec) -> list[list[int]] | None:
+    """--prompts, else the built-in held-out prompts for the built-in pair, else None (random)."""
+    if args.prompts:
+        return loading.encode_prompts(loading.read_prompts("--prompts", args.prompts), tokenizer, flag="--prompts")
+    if spec.max_k == 0:
+        return None
+    if source != "builtin":
+        print("dsd-jax profile: note: no --prompts given; acceptance is measured on random token prompts "
+              "(only meaningful for random models)", file=sys.stderr)
+        return None
+    try:
+        from dsd_jax.models import heldout_prompts
+        texts = heldout_prompts(args.num_prompts)
+    except (ImportError, OSError, ValueError) as e:
+        _fail(cmd, "--prompts", f"the built-in held-out prompts are not available ({e}); pass --prompts FILE")
+    return loading.encode_prompts(texts, tokenizer, flag="--prompts")
+
 
 def cmd_profile(args) -> int:
     cmd = "profile"
-    _output_file(cmd, "--out", args.out)
+    loading.output_file("--out", args.out)
     if args.prompts:
-        _existing_file(cmd, "--prompts", args.prompts)
-    target, draft, tokenizer, source = _load_models(cmd, args)
+        loading.existing_file("--prompts", args.prompts)
+    target, draft, tokenizer, source = loading.load_models(args)
     spec = _load_spec(cmd, args, draft is not None)
     if spec.dynamic is not None:
         spec = spec.replace(dynamic=None)  # profiling runs fixed Ks; no profile needed yet
-    if args.context_lengths is None:
-        ctx = [c for c in (128, 512) if c <= args.max_seq_len] or [max(1, args.max_seq_len // 2)]
-    else:
-        ctx = sorted(set(args.context_lengths))
-        bad = [c for c in ctx if not 1 <= c <= args.max_seq_len]
-        if bad:
-            _fail(cmd, "--context-lengths", f"{bad} outside 1..--max-seq-len ({args.max_seq_len})")
-    prompts = None
-    if args.prompts:
-        prompts = _encode_prompts(cmd, "--prompts", read_prompts(cmd, "--prompts", args.prompts), tokenizer)
-    elif source == "builtin" and spec.max_k > 0:
-        try:
-            from dsd_jax.models import heldout_prompts
-            prompts = _encode_prompts(cmd, "--prompts", [{"prompt": p} for p in heldout_prompts(args.num_prompts)],
-                                      tokenizer)
-        except (ImportError, OSError, ValueError) as e:
-            _fail(cmd, "--prompts", f"the built-in held-out prompts are not available ({e}); pass --prompts FILE")
-    elif spec.max_k > 0:
-        print("dsd-jax profile: note: no --prompts given; acceptance is measured on random token prompts "
-              "(only meaningful for random models)", file=sys.stderr)
+    ctx = _context_lengths(cmd, args)
+    prompts = _acceptance_prompts(cmd, args, tokenizer, source, spec)
 
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec)
     from dsd_jax.profiler import format_profile, profile_engine
@@ -360,41 +225,73 @@ def cmd_profile(args) -> int:
 
 # --------------------------------------------------------------------------- generate
 
-def _eos_ids(tokenizer) -> list[int]:
-    if tokenizer is None:
-        return []
-    out = []
-    for name in EOS_CANDIDATES:
-        try:
-            tid = tokenizer.token_to_id(name)
-        except Exception:  # noqa: BLE001
-            tid = None
-        if tid is not None and tid not in out:
-            out.append(int(tid))
-    return out
+def _sampling(cmd: str, args, tokenizer, n: int) -> list:
+    """One SamplingParams per prompt (request i seeded seed + i), stopping at the tokenizer's
+    end-of-text tokens unless --ignore-eos."""
+    from dsd_jax import SamplingParams
+    stop = list(args.stop_token_ids or [])
+    if not args.ignore_eos:
+        stop += [t for t in loading.eos_token_ids(tokenizer) if t not in stop]
+    try:
+        return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                               max_tokens=args.max_tokens, stop_token_ids=stop,
+                               seed=None if args.seed is None else args.seed + i) for i in range(n)]
+    except ValueError as e:
+        _fail(cmd, None, f"invalid sampling flags: {e}")
+
+
+def _write_records(args, raw_prompts, prompts, outs) -> None:
+    """One JSON object per request to --out (default stdout)."""
+    f = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for raw, ids, o in zip(raw_prompts, prompts, outs):
+            rec: dict[str, Any] = {"prompt": raw.get("prompt"), "prompt_token_ids": ids, "text": o.text,
+                                   "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+            if args.logprobs:
+                rec["logprobs"] = o.logprobs
+                rec["raw_logprobs"] = o.raw_logprobs
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    finally:
+        if f is not sys.stdout:
+            f.close()
+        else:
+            f.flush()
+
+
+def _run_generate(args, engine, prompts, sampling):
+    if args.warmup:
+        bar = _progress_bar(args, None, "compile", "program")
+        engine.warmup(lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n)))
+        bar.close()
+    bar = _progress_bar(args, len(prompts), "generate", "req")
+    try:
+        return engine.generate(prompts, sampling, return_logprobs=args.logprobs,
+                               progress=lambda n: bar.update(n - bar.n))
+    except ValueError as e:
+        _fail("generate", None, str(e))
+    finally:
+        bar.close()
 
 
 def cmd_generate(args) -> int:
     cmd = "generate"
-    from dsd_jax import DynamicConfig, SamplingParams
+    from dsd_jax import DynamicConfig
     from dsd_jax.profile import Profile, ProfileMismatchWarning
-    if args.out:
-        _output_file(cmd, "--out", args.out)
-    for flag, path in (("--stats", args.stats), ("--trace", args.trace)):
+    for flag, path in (("--out", args.out), ("--stats", args.stats), ("--trace", args.trace)):
         if path:
-            _output_file(cmd, flag, path)
+            loading.output_file(flag, path)
     if args.profile:
-        _existing_file(cmd, "--profile", args.profile)
-    raw_prompts = read_prompts(cmd, "--prompts", args.prompts)
-    target, draft, tokenizer, _ = _load_models(cmd, args)
+        loading.existing_file("--profile", args.profile)
+    raw_prompts = loading.read_prompts("--prompts", args.prompts)
+    target, draft, tokenizer, _ = loading.load_models(args)
     spec = _load_spec(cmd, args, draft is not None)
-    prompts = _encode_prompts(cmd, "--prompts", raw_prompts, tokenizer)
+    prompts = loading.encode_prompts(raw_prompts, tokenizer, flag="--prompts")
 
     profile = None
     profile_path = args.profile or (spec.dynamic.profile if spec.dynamic is not None else None)
     flag = "--profile" if args.profile else "--speculative-config"
     if profile_path and not args.profile:
-        _existing_file(cmd, flag, profile_path)  # dynamic.profile in the speculative config
+        loading.existing_file(flag, profile_path)  # dynamic.profile in the speculative config
     if profile_path:
         if spec.method == "none":
             _fail(cmd, flag, "a profile drives the goodput controller; it needs a speculative method "
@@ -424,45 +321,10 @@ def cmd_generate(args) -> int:
         dyn = spec.dynamic or DynamicConfig()
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
 
-    stop = list(args.stop_token_ids or [])
-    if not args.ignore_eos:
-        stop += [t for t in _eos_ids(tokenizer) if t not in stop]
-    try:
-        sampling = [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                   max_tokens=args.max_tokens, stop_token_ids=stop,
-                                   seed=None if args.seed is None else args.seed + i)
-                    for i in range(len(prompts))]
-    except ValueError as e:
-        _fail(cmd, None, f"invalid sampling flags: {e}")
-
+    sampling = _sampling(cmd, args, tokenizer, len(prompts))
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec, profile=profile)
-    if args.warmup:
-        bar = _progress_bar(args, None, "compile", "program")
-        engine.warmup(lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n)))
-        bar.close()
-    bar = _progress_bar(args, len(prompts), "generate", "req")
-    try:
-        outs = engine.generate(prompts, sampling, return_logprobs=args.logprobs,
-                               progress=lambda n: bar.update(n - bar.n))
-    except ValueError as e:
-        _fail(cmd, None, str(e))
-    finally:
-        bar.close()
-
-    f = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        for raw, ids, o in zip(raw_prompts, prompts, outs):
-            rec: dict[str, Any] = {"prompt": raw.get("prompt"), "prompt_token_ids": ids, "text": o.text,
-                                   "token_ids": o.token_ids, "finish_reason": o.finish_reason}
-            if args.logprobs:
-                rec["logprobs"] = o.logprobs
-                rec["raw_logprobs"] = o.raw_logprobs
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    finally:
-        if f is not sys.stdout:
-            f.close()
-        else:
-            f.flush()
+    outs = _run_generate(args, engine, prompts, sampling)
+    _write_records(args, raw_prompts, prompts, outs)
     if args.stats:
         with open(args.stats, "w", encoding="utf-8") as sf:
             json.dump(engine.metrics(), sf, indent=1, default=float)
@@ -487,27 +349,23 @@ def _lazy_bench(cmd: str):
 def cmd_bench(args) -> int:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
-            _output_file("bench", flag, path)
+            loading.output_file(flag, path)
     if args.profile:
-        _existing_file("bench", "--profile", args.profile)
+        loading.existing_file("--profile", args.profile)
     if args.compilation_cache_dir:
-        _output_dir("bench", "--compilation-cache-dir", args.compilation_cache_dir)
+        loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
     return _lazy_bench("bench").main(args) or 0
 
 
 def cmd_demo(args) -> int:
-    _output_dir("demo", "--out-dir", args.out_dir)
+    loading.output_dir("--out-dir", args.out_dir)
     args.full = not args.quick
     return _lazy_bench("demo").demo(args) or 0
 
 
 # --------------------------------------------------------------------------- parser
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dsd-jax", description="Dynamic speculative decoding for JAX/XLA.")
-    sub = parser.add_subparsers(dest="command", metavar="{profile,generate,bench,demo}")
-
+def _add_profile(sub) -> None:
     p = sub.add_parser("profile", help="measure step latency per (batch, K, context) and draft acceptance",
                        description="Profile the engine in process and write a profile JSON for the "
                                    "goodput controller (SpecConfig dynamic.profile / generate --profile).")
@@ -528,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
     p.set_defaults(func=cmd_profile)
 
+
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate completions for prompts (JSONL out)",
                        description="Generate for each prompt; one JSON object per line out.")
     _add_model_flags(g)
@@ -550,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", metavar="FILE", help="write the per-step trace as JSON")
     g.set_defaults(func=cmd_generate)
 
+
+def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="benchmark vanilla / static-K / dynamic decoding",
                        description="Benchmark configurations over batch sizes.")
     _add_model_flags(b)
@@ -566,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="persistent XLA compilation cache (makes the next run start fast)")
     b.set_defaults(func=cmd_bench)
 
+
+def _add_demo(sub) -> None:
     d = sub.add_parser("demo", help="profile + benchmark the built-in pair and write a report",
                        description="Run the end-to-end demo.")
     d.add_argument("--out-dir", default="./dsd_jax_demo", metavar="DIR", help="default ./dsd_jax_demo")
@@ -574,6 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="small, fast run (default)")
     mode.add_argument("--full", dest="quick", action="store_false", help="the full run")
     d.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsd-jax", description="Dynamic speculative decoding for JAX/XLA.")
+    sub = parser.add_subparsers(dest="command", metavar="{profile,generate,bench,demo}")
+    for add in (_add_profile, _add_generate, _add_bench, _add_demo):
+        add(sub)
     return parser
 
 
@@ -583,7 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except loading.ArgumentError as e:  # a bad input found by the library, named by its flag
+        _fail(args.command, e.flag, e.message)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""`benchmarks/side_by_side.py` end to end on tiny random models: every configuration is
-measured, every ratio carries a paired interval, the engine configurations are lossless,
-and results.json / results.png are written. No timing assertions (2 shared CPU cores)."""
+"""The side-by-side workload (`dsd_jax.bench.side_by_side`, run by `benchmarks/side_by_side.py`)
+end to end on tiny random models: every configuration is measured, every ratio carries a
+paired interval, the engine configurations are lossless, and results.json / results.png
+are written. No timing assertions (2 shared CPU cores)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from conftest import scaled
 from dsd_jax import models
+from dsd_jax.bench import side_by_side as sbs
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -27,7 +29,7 @@ def _load_script():
     return module
 
 
-sbs = _load_script()
+script = _load_script()  # the flags; the workload is sbs
 # K <= 1 keeps the compile (most of this test's time) short; the script is the same for any K
 CONFIGS = ["floor", "vanilla", "static-1", "dynamic", "hf-assisted"]
 
@@ -112,15 +114,16 @@ def test_floor_matches_plain_decoding(tiny_pair):
 
 
 def test_settings_and_arguments(tmp_path):
-    quick = sbs.settings_from(sbs.parse_args(["--out", str(tmp_path), "--quick"]))
+    quick = script.settings_from(script.parse_args(["--out", str(tmp_path), "--quick"]))
     assert quick["batch_sizes"] == [1, 2] and quick["max_seq_lens"] == [256] and quick["repeats"] == 2
-    full = sbs.settings_from(sbs.parse_args(["--out", "x", "--batch-sizes", "8,1", "--max-seq-lens", "4096,256",
-                                             "--max-tokens", "128", "--repeats", "9", "--hf-batch-sizes", "none"]))
+    full = script.settings_from(script.parse_args(["--out", "x", "--batch-sizes", "8,1", "--max-seq-lens",
+                                                   "4096,256", "--max-tokens", "128", "--repeats", "9",
+                                                   "--hf-batch-sizes", "none"]))
     assert full["batch_sizes"] == [1, 8] and full["max_seq_lens"] == [256, 4096]
     assert full["repeats"] == 9 and full["hf_batch_sizes"] == [] and full["max_k"] == 4
     with pytest.raises(SystemExit):
-        sbs.settings_from(sbs.parse_args(["--out", "x", "--max-seq-lens", "64", "--max-tokens", "128"]))
+        script.settings_from(script.parse_args(["--out", "x", "--max-seq-lens", "64", "--max-tokens", "128"]))
     with pytest.raises(SystemExit):
-        sbs.settings_from(sbs.parse_args(["--out", "x", "--repeats", "0"]))
+        script.settings_from(script.parse_args(["--out", "x", "--repeats", "0"]))
     assert sbs.config_names(3) == ["floor", "vanilla", "static-1", "static-2", "static-3", "dynamic", "hf-assisted"]
     assert models.save_hf  # the exporter hf-assisted uses

@@ -1,0 +1,102 @@
+"""What `dsd-jax bench` and `dsd-jax demo` do once `dsd_jax.cli` has parsed their flags."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from dsd_jax.bench.profiles import shipped_profile
+from dsd_jax.bench.report import format_hist, format_table, summarize, write_json, write_plot
+from dsd_jax.bench.run import run_bench
+from dsd_jax.bench.settings import config_list, has_dynamic, int_list, mode
+from dsd_jax.loading import ArgumentError, load_models
+from dsd_jax.sampling import SamplingParams
+
+DEMO_PROMPT_INDEX = 22  # a held-out prompt (the built-in pair is small: its completions are rough)
+
+
+def _builtin_prompts(n: int) -> list[str]:
+    from dsd_jax.models import heldout_prompts
+    return heldout_prompts(n)
+
+
+def _prompts_needed(quick: bool, batch_sizes) -> int:
+    """Held-out prompts for the sweep's largest batch or the rollout, and the profile's own."""
+    d = mode(quick)
+    return max(max(int_list("batch_sizes", batch_sizes)), d["rollout_requests"]) + d["profile_prompts"]
+
+
+def main(args) -> int:
+    """`dsd-jax bench`. args: its parsed flags (see `dsd_jax.cli`); a bad one raises
+    `dsd_jax.loading.ArgumentError`."""
+    quick = bool(getattr(args, "quick", False))
+    target, draft, tokenizer, source = load_models(args)
+    if source != "builtin" and tokenizer is None:
+        raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "
+                            "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
+    d = mode(quick)
+    configs = getattr(args, "configs", None) or d["configs"]
+    batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
+    profile = getattr(args, "profile", None)
+    if profile is None and source == "builtin" and has_dynamic(config_list(configs)):
+        profile = shipped_profile(quick)
+    out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
+    profile_out = os.path.splitext(out_json)[0] + ".profile.json" if profile is None and out_json else None
+    rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes)),
+                     batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
+                     max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
+                     profile_out=profile_out, compilation_cache_dir=getattr(args, "compilation_cache_dir", None))
+    print(format_table(rows))
+    if out_json:
+        write_json(rows, out_json)
+        print(f"wrote {out_json}")
+    if out_plot:
+        write_plot(rows, out_plot, title=f"dsd-jax bench ({source} models)")
+        print(f"wrote {out_plot}")
+    return 0 if summarize(rows)["lossless"] else 1
+
+
+def _complete(runner, prompt: str) -> None:
+    """Completes `prompt` greedily with the dynamic controller and prints it with its K use."""
+    engine = runner.spec or runner.vanilla
+    if runner.spec is not None and runner.profile is not None:
+        engine.controller = runner.controller("dynamic")
+    engine.stats.reset()
+    t0 = time.perf_counter()
+    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=96, stop_token_ids=(0,)))[0]
+    dt = time.perf_counter() - t0
+    bar = "-" * 72
+    print(f"\n{bar}\nheld-out prompt + completion (greedy, dynamic K; completion after '<<<'):\n{bar}")
+    print(prompt + "<<<" + (out.text or ""))
+    print(bar)
+    st = engine.stats
+    print(f"{len(out.token_ids)} tokens in {dt:.2f} s; K used per step: {format_hist(st.k_hist)}; "
+          f"mean tokens per step {st.tokens / max(st.row_steps, 1):.2f}\n", flush=True)
+
+
+def demo(args) -> int:
+    """`dsd-jax demo`: complete a held-out prompt with the built-in pair, then `bench --quick`."""
+    t_start = time.perf_counter()
+    quick = bool(getattr(args, "quick", True))
+    out_dir = Path(getattr(args, "out_dir", None) or "dsd_jax_demo")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from dsd_jax.models import builtin
+    print("loading the built-in model pair ...", flush=True)
+    target, draft, tokenizer = builtin()
+    prompts = _builtin_prompts(max(_prompts_needed(quick, mode(quick)["batch_sizes"]), DEMO_PROMPT_INDEX) + 1)
+    demo_prompt = prompts.pop(DEMO_PROMPT_INDEX)  # not among the benchmark's prompts
+    shipped = shipped_profile(quick)
+    profile_out = None if shipped else out_dir / "profile.json"
+    rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=shipped, profile_out=profile_out,
+                     runner_hook=lambda runner: _complete(runner, demo_prompt),
+                     compilation_cache_dir=str(out_dir / "xla_cache"), log=lambda s: print(s, flush=True))
+    json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
+    write_json(rows, json_path)
+    write_plot(rows, plot_path, title="dsd-jax demo: built-in pair, " + ("quick" if quick else "full") + " bench")
+    print()
+    print(format_table(rows))
+    print(f"\nwrote {json_path} and {plot_path}"
+          + (f"; profile {profile_out}" if profile_out else f"; used the shipped profile {shipped}"))
+    print(f"demo finished in {time.perf_counter() - t_start:.0f} s")
+    return 0 if summarize(rows)["lossless"] else 1

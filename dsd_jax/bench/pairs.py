@@ -1,0 +1,74 @@
+"""Paired comparisons between the bench's configurations (`dsd_jax.stats` on result rows).
+
+Every (prompt group, repeat) of the sweep and every repeat of the rollout is a *pair
+unit*: all configurations ran it back to back, so their tokens/s are compared pair by
+pair (``tokens_per_s_pairs``), and each configuration's ratio to vanilla and to the
+best static K carries a paired bootstrap 95% interval. A difference is called real only
+when its interval excludes 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsd_jax import stats
+from dsd_jax.bench.settings import parse_config
+
+
+def points(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(workload, batch size) -> config -> row, for the sweep and rollout rows."""
+    out: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r["workload"] in ("sweep", "rollout"):
+            out.setdefault((r["workload"], r.get("batch_size")), {})[r["config"]] = r
+    return out
+
+
+def _throughput_score(r: dict) -> float:
+    """Geometric mean of the paired tokens/s (the ranking the paired ratios give), else the median."""
+    pairs = r.get("tokens_per_s_pairs")
+    return float(np.exp(np.mean(np.log(pairs)))) if pairs else r["tokens_per_s"]
+
+
+def best_static(pts: dict[str, dict]) -> str | None:
+    """The static-K configuration with the highest throughput at a point (None: none ran),
+    ranked as the paired ratios rank them. Chosen from the same data it is then compared
+    with, so "better than the best static" is, if anything, slightly understated."""
+    statics = {c: _throughput_score(r) for c, r in pts.items() if parse_config(c)[0] == "static"}
+    return max(statics, key=statics.get) if statics else None
+
+
+def pair_ratios(pts: dict[str, dict], baseline: str | None) -> dict[str, dict | None]:
+    """Each configuration's paired interval against `baseline` at one point (None without pairs)."""
+    samples = {c: r.get("tokens_per_s_pairs") for c, r in pts.items()}
+    return stats.ratios_to(samples, baseline) if baseline else {c: None for c in pts}
+
+
+def add_intervals(rows: list[dict]) -> list[dict]:
+    """Sets ``vs_vanilla``, ``best_static`` and ``vs_best_static`` (paired bootstrap ratios of
+    tokens/s, `dsd_jax.stats.paired_ratio`) on every sweep and rollout row, in place."""
+    for pts in points(rows).values():
+        best = best_static(pts)
+        vs_v, vs_s = pair_ratios(pts, "vanilla"), pair_ratios(pts, best)
+        for c, r in pts.items():
+            r["vs_vanilla"], r["best_static"], r["vs_best_static"] = vs_v[c], best, vs_s[c]
+    return rows
+
+
+def verdict_entry(res: dict, **where) -> dict:
+    """A paired ratio with its verdict: "higher"/"lower" when the interval excludes 1, else "unresolved"."""
+    return {**where, **res, "real": stats.is_real(res), "verdict": stats.verdict(res),
+            "resolution": stats.resolution(res)}
+
+
+def differences(by_point: dict[tuple, dict[str, dict]]) -> list[dict]:
+    """Every configuration against vanilla and against the best static K, with its verdict."""
+    out = []
+    for (workload, b), pts in by_point.items():
+        best = best_static(pts)
+        for baseline, ratios in (("vanilla", pair_ratios(pts, "vanilla")), (best, pair_ratios(pts, best))):
+            for c, res in ratios.items():
+                if res is None or c == baseline or (baseline == best and c == "vanilla"):
+                    continue
+                out.append(verdict_entry(res, workload=workload, batch_size=b, config=c, baseline=baseline))
+    return out

@@ -1,0 +1,122 @@
+"""The profile behind the bench's dynamic configurations: loaded and checked, or measured now.
+
+A dynamic configuration is the goodput controller,
+``Controller(SpecConfig(method="draft_model", num_speculative_tokens=max_k,
+dynamic=DynamicConfig(profile=...)), profile, max_batch_size, batch_buckets=...)``,
+with a profile made by `dsd_jax.profiler.profile_engine` on the bench's own
+speculative engine, or one given (``--profile``, the built-in pair's shipped one).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from dsd_jax.bench.environment import file_sha256, portable_path
+from dsd_jax.bench.settings import Settings, mode
+from dsd_jax.bench.workloads import profile_prompts
+from dsd_jax.loading import encode_prompts
+from dsd_jax.profile import Profile
+
+
+def load(profile) -> tuple[Profile | None, str | None]:
+    """(Profile or None, the path it came from); fingerprints and the device are checked once
+    the engine exists (`prepare`)."""
+    if isinstance(profile, (str, os.PathLike)):
+        return Profile.load(profile), os.fspath(profile)
+    if profile is not None and not isinstance(profile, Profile):
+        raise ValueError(f"profile must be a Profile, a path or None, got {type(profile).__name__}")
+    return profile, None
+
+
+def max_seq_len_of(profile: Profile) -> int | None:
+    """The engine max_seq_len the profile was measured at (None: not recorded)."""
+    eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None
+    return eng.get("max_seq_len") if isinstance(eng, dict) else None
+
+
+def profile_fit_problems(profile: Profile, engine) -> list[str]:
+    """Ways a profile does not describe `engine`'s programs (empty list: it fits)."""
+    problems = []
+    if profile.max_batch_size < engine.batch_buckets[-1]:
+        problems.append(f"the profile covers batch sizes up to {profile.max_batch_size} but the engine runs up "
+                        f"to {engine.batch_buckets[-1]}: larger batches use the ITL of "
+                        f"{profile.max_batch_size} (clamped)")
+    if profile.max_k < engine.max_k:
+        problems.append(f"the profile covers K <= {profile.max_k}; the engine allows K <= {engine.max_k}")
+    seq = max_seq_len_of(profile)
+    if seq not in (None, engine.max_seq_len):
+        problems.append(f"the profile was measured with max_seq_len {seq}, the engine has "
+                        f"{engine.max_seq_len}: step latency follows the KV-cache size")
+    return problems
+
+
+def _measure(runner, s: Settings, prompts: list[list[int]], log) -> Profile:
+    from dsd_jax.profiler import profile_engine
+    d = mode(s.quick)
+    ctx = min(s.max_seq_len, s.prompt_len + s.max_tokens // 2)
+    log(f"profiling the speculative engine (context {ctx}, {len(prompts)} acceptance prompts) ...")
+    return profile_engine(runner.spec, context_lengths=(ctx,), repeats=d["profile_repeats"],
+                          warmup_reps=d["profile_warmup_reps"], prompts=prompts,
+                          acceptance_max_tokens=d["profile_max_tokens"], temperatures=(0.0,))
+
+
+def _check(runner, profile: Profile, path: str | None, log) -> str:
+    from dsd_jax.profiler import device_kind, engine_fingerprints
+    source = f"loaded from {portable_path(path)}" if path else "given"
+    profile.check_compatible(engine_fingerprints(runner.spec), device_kind(), source=source)
+    for problem in profile_fit_problems(profile, runner.spec):
+        log(f"  WARNING: {problem}")
+    return source
+
+
+def prepare(runner, s: Settings, profile: Profile | None, path: str | None, *, ids, given_prompts,
+            tokenizer, vocab: int, profile_out, log) -> dict:
+    """Gives the runner its profile: `profile` checked against its engine, or one measured now
+    (acceptance on `given_prompts`, else on held-out `ids`; saved to `profile_out` if given).
+    Returns what the results record about it."""
+    t0 = time.perf_counter()
+    if profile is None:
+        n = mode(s.quick)["profile_prompts"]
+        prompts = (profile_prompts(s, ids, n) if given_prompts is None else
+                   [p[:s.prompt_len] for p in encode_prompts(given_prompts, tokenizer, vocab)])
+        profile = _measure(runner, s, prompts, log)
+        source = "profiled now"
+        if profile_out:
+            profile.save(profile_out)
+            path = os.fspath(profile_out)
+            source += f", saved to {portable_path(path)}"
+        seconds = time.perf_counter() - t0
+    else:
+        source, seconds = _check(runner, profile, path, log), 0.0
+    runner.profile, runner.profile_path = profile, path
+    log("  profile acceptance a_i: " + " ".join(f"{a:.2f}" for a in profile.acceptance)
+        + f" ({source}{f', {seconds:.1f} s' if seconds else ''})")
+    return {"source": source, "path": portable_path(path) if path else None,
+            "sha256": file_sha256(path) if path else None, "acceptance": list(profile.acceptance),
+            "batch_sizes": list(profile.batch_sizes), "ks": list(profile.ks),
+            "context_lengths": list(profile.context_lengths), "device_kind": profile.device_kind,
+            "seconds": round(seconds, 2)}
+
+
+def shipped_profile(quick: bool, log=print) -> str | None:
+    """`models/builtin/profile.json` if it exists and covers this run's batch sizes and Ks."""
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    p = Path(BUILTIN_DIR) / "profile.json"
+    if not p.is_file():
+        return None
+    d = mode(quick)
+    try:
+        prof = Profile.load(p)
+    except ValueError as e:
+        log(f"ignoring the shipped profile: {e}")
+        return None
+    need_b = max(max(d["batch_sizes"]), d["rollout_requests"])
+    seq = max_seq_len_of(prof)
+    if prof.max_batch_size < need_b or prof.max_k < d["max_k"] or seq != d["max_seq_len"]:
+        log(f"the shipped profile {p} covers B <= {prof.max_batch_size}, K <= {prof.max_k} at max_seq_len "
+            f"{seq}; this run needs B <= {need_b}, K <= {d['max_k']} at max_seq_len {d['max_seq_len']}: "
+            "profiling now instead")
+        return None
+    return str(p)

@@ -1,0 +1,326 @@
+"""The bench's report: the summary, the table, the JSON document and the plot of result rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import Any
+
+from dsd_jax import stats
+from dsd_jax.bench.environment import environment
+from dsd_jax.bench.pairs import differences, pair_ratios, points
+from dsd_jax.bench.settings import parse_config
+
+SCHEMA = "dsd_jax.bench/1"
+
+
+# --------------------------------------------------------------------------- summary
+
+def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
+    """Dynamic against the best other configuration at one batch size, and the noise there."""
+    pts = {c: r["tokens_per_s"] for c, r in rows_b.items()}
+    others = {c: v for c, v in pts.items() if parse_config(c)[0] != "dynamic"}
+    best_c = max(others, key=others.get)
+    entry = {"batch_size": b, "best_config": max(pts, key=pts.get), "best_other": best_c,
+             "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
+    if "dynamic" in pts:
+        entry["dynamic_vs_best_other"] = pts["dynamic"] / others[best_c]
+        entry["dynamic_vs_best_other_ci"] = pair_ratios(rows_b, best_c)["dynamic"]
+    # run-to-run noise at this point: the median over configurations of the spread
+    # (max - min) / median of their repeats; a gap smaller than this is not a finding
+    spreads = [(max(r) - min(r)) / statistics.median(r) for r in
+               (x.get("tokens_per_s_repeats") or [] for x in rows_b.values()) if len(r) > 1]
+    entry["repeat_spread"] = statistics.median(spreads) if spreads else None
+    # what the paired intervals resolve here: the median half-width against vanilla
+    widths = [w for w in (stats.resolution(x) for c, x in pair_ratios(rows_b, "vanilla").items()
+                          if c != "vanilla") if w is not None]
+    entry["resolution"] = statistics.median(widths) if widths else None
+    return entry
+
+
+def _stops_paying_at(by_point: dict, sizes: list[int]) -> int | None:
+    """Smallest batch size from which on no static K beats vanilla any more."""
+    gains = []
+    for b in sizes:
+        pts = {c: r["tokens_per_s"] for c, r in by_point[("sweep", b)].items()}
+        statics = [v for c, v in pts.items() if c.startswith("static")]
+        if statics and "vanilla" in pts:
+            gains.append((b, max(statics) / pts["vanilla"]))
+    return next((b for i, (b, _) in enumerate(gains) if all(g <= 1.0 for _, g in gains[i:])), None)
+
+
+def _rollout_entry(rows_r: dict[str, dict]) -> dict:
+    roll = {c: r["makespan_s"] for c, r in rows_r.items()}
+    others = {c: v for c, v in roll.items() if parse_config(c)[0] != "dynamic"}
+    best_c = min(others, key=others.get)
+    out = {"best_other": best_c, "best_other_makespan_s": others[best_c], "vanilla_makespan_s": roll.get("vanilla")}
+    if "dynamic" in roll:
+        out["dynamic_makespan_s"] = roll["dynamic"]
+        out["dynamic_vs_best_other"] = roll["dynamic"] / others[best_c]
+        # a makespan ratio like dynamic_vs_best_other (below 1: dynamic finished sooner)
+        out["dynamic_vs_best_other_ci"] = stats.reciprocal(pair_ratios(rows_r, best_c)["dynamic"])
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Dynamic vs the best other configuration per sweep batch size and for the rollout, and
+    which differences between configurations the paired intervals resolve."""
+    by_point = points(rows)
+    sizes = sorted(b for w, b in by_point if w == "sweep")
+    out: dict[str, Any] = {"sweep": [_sweep_entry(b, by_point[("sweep", b)]) for b in sizes], "rollout": None,
+                           "lossless": all(r["lossless"] for pts in by_point.values() for r in pts.values())}
+    out["speculation_stops_paying_at"] = _stops_paying_at(by_point, sizes)
+    if ("rollout", None) in by_point:
+        out["rollout"] = _rollout_entry(by_point[("rollout", None)])
+    out["differences"] = differences(by_point)
+    return out
+
+
+# --------------------------------------------------------------------------- table
+
+def format_hist(h: dict) -> str:
+    total = sum(h.values()) or 1
+    return " ".join(f"K{k}:{100 * v / total:.0f}%" for k, v in sorted(h.items(), key=lambda kv: int(kv[0])))
+
+
+def _speedup_cell(r: dict) -> str:
+    """``1.23x [1.18, 1.29]*`` (paired 95% interval; * = real) or ``(1.23x)`` without pairs."""
+    return stats.format_ratio(r["vs_vanilla"]) if r.get("vs_vanilla") else f"({r['speedup_vs_vanilla']:.2f}x)"
+
+
+def _sweep_lines(sweep, configs, meta) -> list[str]:
+    cells_of = {(r["batch_size"], r["config"]): f"{r['tokens_per_s']:.1f} {_speedup_cell(r)}" for r in sweep}
+    w = max([len(c) for c in configs] + [len(x) for x in cells_of.values()])
+    lines = ["sweep: tokens/s and speedup over vanilla [paired 95% interval; * = real], greedy, "
+             f"{meta.get('max_tokens', '?')} tokens per request",
+             f"{'batch':>5} | " + " | ".join(f"{c:>{w}}" for c in configs)
+             + (" | dynamic K histogram" if "dynamic" in configs else "")]
+    for b in sorted({r["batch_size"] for r in sweep}):
+        line = f"{b:>5} | " + " | ".join(f"{cells_of.get((b, c), '-'):>{w}}" for c in configs)
+        dyn = next((r for r in sweep if r["batch_size"] == b and r["config"] == "dynamic"), None)
+        if dyn is not None:
+            line += " | " + format_hist(dyn["k_hist"])
+        lines.append(line)
+    return lines
+
+
+def _best_static_lines(sweep) -> list[str]:
+    if not any(r.get("vs_best_static") for r in sweep):
+        return []
+    lines = ["ratio to the best static K at each batch size [paired 95% interval; * = real]:"]
+    for b in sorted({r["batch_size"] for r in sweep}):
+        pts = [r for r in sweep if r["batch_size"] == b and r.get("vs_best_static")]
+        if pts:
+            lines.append(f"{b:>5} | best {pts[0]['best_static']}: " + "  ".join(
+                f"{r['config']} {stats.format_ratio(r['vs_best_static'])}" for r in pts
+                if r["config"] != r["best_static"]))
+    return lines
+
+
+def _decode_lines(sweep, configs) -> list[str]:
+    if not any(r.get("decode_speedup_vs_vanilla") for r in sweep):
+        return []
+    lines = ["decode-only speedup over vanilla (prefill and first step excluded):"]
+    for b in sorted({r["batch_size"] for r in sweep}):
+        pts = {r["config"]: r for r in sweep if r["batch_size"] == b}
+        lines.append(f"{b:>5} | " + "  ".join(
+            f"{c} {pts[c]['decode_speedup_vs_vanilla']:.2f}x" for c in configs
+            if c in pts and pts[c].get("decode_speedup_vs_vanilla")))
+    return lines
+
+
+def _calibration_cell(b: int, c: str, row: dict | None) -> str | None:
+    """Measured / profiled step time at the batch's own bucket (not the tail after early
+    finishers left) and its most common K."""
+    cal = [e for e in (row or {}).get("step_calibration") or [] if e.get("profile_ms")]
+    if not cal:
+        return None
+    own = min((e["bucket"] for e in cal if e["bucket"] >= b), default=None)
+    e = max([e for e in cal if e["bucket"] == own] or cal, key=lambda e: e["steps"])
+    return f"{c} K{e['k']}: {e['measured_ms']:.1f}/{e['profile_ms']:.1f} ms ({e['measured_over_profile']:.2f})"
+
+
+def _calibration_lines(sweep, configs) -> list[str]:
+    if not any(c.get("profile_ms") for r in sweep for c in r.get("step_calibration") or []):
+        return []
+    lines = ["step time measured in the runs / profiled ITL (the batch's own bucket, its most common K):"]
+    for b in sorted({r["batch_size"] for r in sweep}):
+        rows = {r["config"]: r for r in sweep if r["batch_size"] == b}
+        cells = [_calibration_cell(b, c, rows.get(c)) for c in configs]
+        lines.append(f"{b:>5} | " + "  ".join(x for x in cells if x))
+    return lines
+
+
+def _rollout_lines(roll, meta) -> list[str]:
+    if not roll:
+        return []
+    n = meta.get("rollout", {}) or {}
+    lines = [f"rollout: {n.get('num_requests', '?')} requests, heavy-tailed lengths "
+             f"(median {n.get('median_tokens', '?')}, max {max(n.get('lengths') or [0])})"]
+    for r in roll:
+        lines.append(f"  {r['config']:>12}: makespan {r['makespan_s']:.2f} s, "
+                     f"{r['tokens_per_s']:.1f} tok/s {_speedup_cell(r)}"
+                     + (f", K histogram {format_hist(r['k_hist'])}"
+                        if parse_config(r["config"])[0] == "dynamic" else ""))
+    return lines
+
+
+def _learnt_lines(rows) -> list[str]:
+    learnt = [r["controller"] for r in rows if r["config"] == "dynamic" and r.get("controller")]
+    if not learnt or not learnt[-1].get("latency_factors"):
+        return []
+    lines = [f"dynamic's learnt step time / profiled ITL per batch bucket, K = 0.. "
+             f"({learnt[-1].get('probes', 0)} probe steps):"]
+    for bucket, factors in sorted(learnt[-1]["latency_factors"].items(), key=lambda x: int(x[0])):
+        lines.append(f"{bucket:>5} | " + " ".join(f"{f:.2f}" for f in factors))
+    return lines
+
+
+def _summary_lines(s: dict) -> list[str]:
+    lines = []
+    for e in s["sweep"]:
+        if "dynamic_vs_best_other" in e:
+            spread, ci = e.get("repeat_spread"), e.get("dynamic_vs_best_other_ci")
+            lines.append(f"  B={e['batch_size']:>3}: dynamic = {e['dynamic_vs_best_other']:.2f} x best other "
+                         f"({e['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else "")
+                         + (f"; repeats spread {100 * spread:.0f}%" if spread else ""))
+    if s["rollout"] and "dynamic_vs_best_other" in s["rollout"]:
+        ci = s["rollout"].get("dynamic_vs_best_other_ci")
+        lines.append(f"  rollout: dynamic makespan = {s['rollout']['dynamic_vs_best_other']:.2f} x best other "
+                     f"({s['rollout']['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else ""))
+    return lines
+
+
+def _differences_lines(s: dict) -> list[str]:
+    """The summary's verdicts: which differences the paired intervals resolve, which not."""
+    where = lambda d: "rollout" if d["workload"] == "rollout" else f"B={d['batch_size']}"  # noqa: E731
+    real = [d for d in s.get("differences", []) if d["real"]]
+    unresolved = [d for d in s.get("differences", []) if not d["real"] and d.get("lo") is not None]
+    lines = ["differences the data resolve (paired 95% interval excludes 1): "
+             + (str(len(real)) if real else "none")]
+    lines += [f"  {where(d)}: {d['config']} {d['verdict']} than {d['baseline']}: {stats.format_ratio(d)}"
+              for d in real]
+    if unresolved:
+        lines.append("not resolved (interval contains 1): " + "; ".join(
+            f"{where(d)} {d['config']} vs {d['baseline']} {stats.format_ratio(d)}" for d in unresolved))
+    return lines
+
+
+def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict], dict, list[str]]:
+    """(sweep rows, rollout rows, the meta row, configuration names in run order)."""
+    sweep = [r for r in rows if r["workload"] == "sweep"]
+    roll = [r for r in rows if r["workload"] == "rollout"]
+    meta = next((r for r in rows if r["workload"] == "meta"), {})
+    return sweep, roll, meta, meta.get("configs") or list(dict.fromkeys(r["config"] for r in sweep + roll))
+
+
+def format_table(rows: list[dict]) -> str:
+    """Batch size x config (tokens/s and speedup over vanilla with its paired 95% interval),
+    dynamic's K histogram, ratios to the best static K, rollout, and which differences are real."""
+    sweep, roll, meta, configs = split_rows(rows)
+    s = summarize(rows)
+    lines = ((_sweep_lines(sweep, configs, meta) if sweep else []) + _best_static_lines(sweep)
+             + _decode_lines(sweep, configs) + _calibration_lines(sweep, configs) + _rollout_lines(roll, meta)
+             + _learnt_lines(sweep + roll) + _summary_lines(s) + _differences_lines(s))
+    lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO"))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- files
+
+def write_json(rows: list[dict], path: str | os.PathLike, env: dict | None = None) -> None:
+    doc = {"schema": SCHEMA, "environment": env or environment(), "summary": summarize(rows), "rows": rows}
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+def batch_axis(ax, sizes) -> None:
+    """A log2 batch-size x axis labelled at the measured sizes."""
+    from matplotlib.ticker import NullFormatter
+    sizes = sorted(set(sizes))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("batch size")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _line_style(c: str, colors: dict) -> dict:
+    return dict(color=colors[c], lw=2.6 if c == "dynamic" else 1.4, ls="--" if c == "vanilla" else "-",
+                marker="o", ms=4)
+
+
+def _plot_throughput(ax, sweep, configs, colors) -> None:
+    for c in configs:
+        pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in sweep if r["config"] == c)
+        if pts:
+            ax.plot(*zip(*pts), label=c, **_line_style(c, colors))
+    batch_axis(ax, [r["batch_size"] for r in sweep])
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens/s (generated)")
+    ax.set_title("throughput vs batch size")
+    ax.legend(fontsize=8)
+
+
+def _plot_speedup(ax, sweep, configs, colors) -> None:
+    for c in configs:
+        pts = sorted((r["batch_size"], r["speedup_vs_vanilla"]) for r in sweep if r["config"] == c)
+        if pts:
+            ax.plot(*zip(*pts), label=c, **_line_style(c, colors))
+        cis = [(r["batch_size"], r["vs_vanilla"]) for r in sweep if r["config"] == c and c != "vanilla"
+               and (r.get("vs_vanilla") or {}).get("lo") is not None]
+        if cis:  # the paired 95% intervals
+            ax.vlines([b for b, _ in cis], [x["lo"] for _, x in cis], [x["hi"] for _, x in cis],
+                      color=colors[c], lw=4, alpha=0.35)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    batch_axis(ax, [r["batch_size"] for r in sweep])
+    ax.set_ylabel("speedup over vanilla")
+    ax.set_title("speedup vs batch size (bars: paired 95% intervals)")
+
+
+def _plot_rollout(ax, roll, configs, colors, meta) -> None:
+    names = [c for c in configs if any(r["config"] == c for r in roll)]
+    vals = [next(r["makespan_s"] for r in roll if r["config"] == c) for c in names]
+    bars = ax.bar(range(len(names)), vals, color=[colors[c] for c in names])
+    for bar, v in zip(bars, vals):
+        ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel("makespan (s)")
+    ax.set_title(f"rollout of {(meta.get('rollout') or {}).get('num_requests', '')} heavy-tailed requests")
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def config_colors(configs) -> dict:
+    import matplotlib
+    cmap = matplotlib.colormaps["tab10"]
+    return {c: cmap(i % 10) for i, c in enumerate(configs)}
+
+
+def save_figure(fig, path: str | os.PathLike) -> None:
+    fig.tight_layout()
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:
+    """tokens/s vs batch size per configuration (log2 x) and the rollout makespan bars."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state is touched
+
+    sweep, roll, meta, configs = split_rows(rows)
+    ncols = max(2 * bool(sweep) + bool(roll), 1)
+    fig = Figure(figsize=(5.2 * ncols, 4.2))
+    axes = list(fig.subplots(1, ncols, squeeze=False)[0])
+    colors = config_colors(configs)
+    if sweep:
+        _plot_throughput(axes.pop(0), sweep, configs, colors)
+        _plot_speedup(axes.pop(0), sweep, configs, colors)
+    if roll:
+        _plot_rollout(axes.pop(0), roll, configs, colors, meta)
+    if title:
+        fig.suptitle(title)
+    save_figure(fig, path)

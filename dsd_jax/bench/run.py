@@ -1,0 +1,136 @@
+"""`run_bench`: compile, profile, warm up, run the workloads interleaved, and make the rows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Callable, Sequence
+
+from dsd_jax.bench import profiles
+from dsd_jax.bench.pairs import add_intervals
+from dsd_jax.bench.runner import Runner, add_speedups, point_row, run_interleaved
+from dsd_jax.bench.settings import Settings, has_dynamic, resolve
+from dsd_jax.bench.workloads import rollout, rollout_meta, sweep, warmup_requests
+from dsd_jax.loading import encode_prompts
+
+
+def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=None, repeats=None,
+              max_tokens=None, profile=None, quick: bool = False, prompt_len: int | None = None,
+              rows_per_point: int | None = None, rollout_requests: int | None = None,
+              rollout_prompt_len: int | None = None, rollout_median_tokens: int | None = None,
+              rollout_max_tokens: int | None = None, max_seq_len: int | None = None,
+              max_k: int | None = None, batch_buckets: Sequence[int] | None = None,
+              prefill_chunk: int | None = None,
+              profile_prompts=None, profile_out: str | os.PathLike | None = None,
+              workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
+              compilation_cache_dir: str | None = None, runner_hook: Callable | None = None,
+              log: Callable[[str], None] | None = print) -> list[dict]:
+    """Runs the benchmark; returns the result rows (see `dsd_jax.bench`).
+
+    target, draft: `dsd_jax.models.Transformer`s (draft sharing the target's vocabulary);
+    tokenizer: a `tokenizers.Tokenizer` or None (then prompts must be token ids).
+    prompts: held-out prompts (strings or token-id lists); at least max(batch_sizes)
+        and rollout_requests of them are used, cycling when there are fewer.
+    configs: names ("vanilla", "static-K", "dynamic") as a list or a comma-separated
+        string; "vanilla" is always added (the speedup baseline and lossless oracle).
+    profile: a `Profile`, a path to a profile JSON, or None (profile the shared
+        speculative engine now with `profile_engine`; saved to `profile_out` if given).
+    quick: defaults from `QUICK` instead of `FULL` for every argument left None.
+    runner_hook: called as ``runner_hook(runner)`` once engines are compiled and the
+        profile is ready (the demo completes a prompt there).
+
+    Rows: ``{"workload": "sweep", "batch_size", "config", "tokens_per_s",
+    "mean_accepted_len", "k_hist", "lossless", ...}`` and ``{"workload": "rollout",
+    "config", "makespan_s", "tokens_per_s", "lossless", ...}``, plus one
+    ``{"workload": "meta", ...}`` row with the settings, the profile summary and timings.
+    Sweep and rollout rows also carry ``tokens_per_s_pairs`` (one per pair unit) and the
+    paired intervals ``vs_vanilla`` and ``vs_best_static`` (``{"ratio", "lo", "hi", "n",
+    "ci"}``, see `add_intervals`).
+    """
+    t_start = time.perf_counter()
+    log = log or (lambda s: None)
+    profile, profile_path = profiles.load(profile)
+    given = dict(batch_sizes=batch_sizes, configs=configs, repeats=repeats, max_tokens=max_tokens,
+                 prompt_len=prompt_len, rows_per_point=rows_per_point, rollout_requests=rollout_requests,
+                 rollout_prompt_len=rollout_prompt_len, rollout_median_tokens=rollout_median_tokens,
+                 rollout_max_tokens=rollout_max_tokens, max_seq_len=max_seq_len, max_k=max_k,
+                 batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed)
+    s = resolve(quick, given, profiles.max_seq_len_of(profile) if profile else None)
+    ids = encode_prompts(prompts, tokenizer, target.config.vocab_size)
+    log(_banner(s))
+    runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=s.max_batch,
+                    max_seq_len=s.max_seq_len, max_k=s.max_k, batch_buckets=s.batch_buckets,
+                    prefill_chunk=s.prefill_chunk, compilation_cache_dir=compilation_cache_dir, log=log)
+    seconds: dict[str, float] = {}
+    log(f"compiling every (K, batch bucket) program (max_seq_len {s.max_seq_len}) ...")
+    with _timer(seconds, "compile"):
+        n_programs = runner.warmup()
+    prof_info = None
+    if has_dynamic(s.configs):
+        prof_info = profiles.prepare(runner, s, profile, profile_path, ids=ids, given_prompts=profile_prompts,
+                                     tokenizer=tokenizer, vocab=target.config.vocab_size,
+                                     profile_out=profile_out, log=log)
+    seconds["profile"] = prof_info["seconds"] if prof_info else 0.0
+    if runner_hook is not None:
+        runner_hook(runner)
+    with _timer(seconds, "warmup_runs"):
+        warm_prompts, warm_sampling = warmup_requests(s, ids)
+        for c in s.configs:
+            runner.run(c, warm_prompts, warm_sampling)
+    points, lengths = _points(s, ids)
+    with _timer(seconds, "timed"):
+        run_interleaved(points, lambda c, p, unit: runner.run(c, unit, p.sampling), s.repeats,
+                        on_repeat=lambda rep, p: log(_progress(rep, p, s)))
+    rows = add_intervals([point_row(p, c, runner.profile) for p in points for c in p.configs])
+    add_speedups(rows)
+    bad = [(r["workload"], r.get("batch_size"), r["config"]) for r in rows if not r["lossless"]]
+    seconds["total"] = time.perf_counter() - t_start
+    rows.append(_meta(s, runner, lengths, prof_info, n_programs, seconds, lossless=not bad))
+    if bad:
+        log(f"WARNING: outputs differ from vanilla's (greedy) for {bad}: NOT lossless")
+    return rows
+
+
+@contextlib.contextmanager
+def _timer(seconds: dict, key: str):
+    t0 = time.perf_counter()
+    yield
+    seconds[key] = time.perf_counter() - t0
+
+
+def _banner(s: Settings) -> str:
+    return (f"bench ({'quick' if s.quick else 'full'}): configs {', '.join(s.configs)}; batch sizes "
+            f"{s.batch_sizes}; {s.repeats} repeat(s); {s.max_tokens} tokens/request (prompts <= {s.prompt_len} "
+            "tokens)" + (f"; rollout of {s.rollout_requests} requests" if s.rollout_requests else ""))
+
+
+def _points(s: Settings, ids) -> tuple[list, list[int]]:
+    """The sweep's points, then the rollout's; and the rollout's output lengths."""
+    points = sweep(s, ids) if "sweep" in s.workloads else []
+    if not s.rollout_requests:
+        return points, []
+    roll, lengths = rollout(s, ids)
+    return points + [roll], lengths
+
+
+def _progress(rep: int, p, s: Settings) -> str:
+    head = f"  [repeat {rep + 1}/{s.repeats}] "
+    if p.workload == "rollout":
+        return head + f"rollout of {s.rollout_requests}: " + ", ".join(
+            f"{c} {p.cells[c].walls[rep]:.2f} s" for c in p.configs) + " makespan"
+    return head + f"sweep B={p.batch_size}: " + ", ".join(
+        f"{c} {p.cells[c].tokens[rep] / p.cells[c].walls[rep]:.0f}" for c in p.configs) + " tok/s"
+
+
+def _meta(s: Settings, runner: Runner, lengths, prof_info, n_programs: int, seconds: dict, lossless: bool) -> dict:
+    """The meta row: the settings, the profile, the engines and where the time went."""
+    return {"workload": "meta", "quick": s.quick, "configs": s.configs, "batch_sizes": s.batch_sizes,
+            "repeats": s.repeats, "max_tokens": s.max_tokens, "prompt_len": s.prompt_len,
+            "rows_per_point": s.rows_per_point, "max_seq_len": s.max_seq_len, "max_k": runner.max_k,
+            "batch_buckets": runner.batch_buckets,
+            "rollout": rollout_meta(s, lengths) if s.rollout_requests else None,
+            "temperature": 0.0, "lossless": lossless, "profile": prof_info,
+            "engines": "vanilla: own engine (method none); static-K and dynamic: one shared draft-model "
+                       f"engine compiled for K=0..{runner.max_k}, controller swapped per run",
+            "programs_compiled": n_programs, "seconds": {k: round(v, 2) for k, v in seconds.items()}}

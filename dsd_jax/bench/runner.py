@@ -1,0 +1,269 @@
+"""Engines, controllers, interleaved repeats and the per-point statistics of a benchmark.
+
+Engines: `vanilla` is its own engine (``SpecConfig(method="none")``: target only, no
+draft state). Every speculative configuration shares **one** draft-model engine
+compiled for K = 0..max_k; a configuration is the controller object swapped into
+``engine.controller`` before each run (`Runner.controller`). The (K, bucket) program a
+step runs is the same executable whichever controller chose K, so sharing the engine
+changes no measured step; it saves compiling the grid once per configuration. Static
+controllers are stateless; a dynamic one is built once and kept for the whole bench, as
+a serving engine keeps its controller across calls, so live acceptance learnt in earlier
+runs corrects the profile's.
+
+Interleaving (`run_interleaved`): for each repeat, for each point and each of its pair
+units, the configurations run in an order rotated by one each time, so slow drift of
+the machine (thermal, other processes) spreads over all of them. A `Cell` keeps every
+run of one configuration at one point: tokens/s per pair unit (the paired samples of
+`dsd_jax.stats`) and, per repeat, wall time, outputs and the engine's step statistics.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import statistics
+import time
+from typing import Callable
+
+from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES, parse_config
+from dsd_jax.buckets import bucket_for
+from dsd_jax.config import DynamicConfig, SpecConfig
+from dsd_jax.controller import Controller
+from dsd_jax.profile import Profile
+
+# controller statistics a run records (the goodput controller's calibration)
+CONTROLLER_KEYS = ("itl_mape", "al_mape", "acceptance", "table_refreshes", "using_live_acceptance", "probes",
+                   "latency_factors")
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+class Runner:
+    """The engines and controllers of one benchmark; `run` is one timed `generate`."""
+
+    def __init__(self, target, draft, tokenizer, *, configs, max_batch_size, max_seq_len, max_k,
+                 batch_buckets, prefill_chunk, compilation_cache_dir, log):
+        from dsd_jax.engine import SpecEngine
+        self.log = log
+        self.configs = configs
+        kinds = [parse_config(c) for c in configs]
+        static_ks = [k for kind, k in kinds if kind == "static"]
+        dynamic = any(kind == "dynamic" for kind, _ in kinds)
+        self.max_k = max([max_k] + static_ks) if dynamic else max(static_ks, default=0)
+        common = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=tokenizer,
+                      batch_buckets=batch_buckets, prefill_chunk=prefill_chunk,
+                      compilation_cache_dir=compilation_cache_dir)
+        self.vanilla = SpecEngine(target, None, SpecConfig(method="none"), **common)
+        self.spec = None
+        if any(kind != "vanilla" for kind, _ in kinds):
+            if draft is None:
+                raise ValueError("speculative configurations need a draft model")
+            self.spec = SpecEngine(target, draft, SpecConfig(method="draft_model",
+                                                            num_speculative_tokens=self.max_k), **common)
+        self.max_batch_size = max_batch_size
+        self._dynamic: dict[str, Controller] = {}  # one goodput controller per name, built on first use
+        self.profile: Profile | None = None
+        self.profile_path: str | None = None
+
+    def engines(self):
+        return [e for e in (self.vanilla, self.spec) if e is not None]
+
+    @property
+    def batch_buckets(self) -> list[int]:
+        return list((self.spec or self.vanilla).batch_buckets)
+
+    def warmup(self) -> int:
+        """Compiles every program of every engine; returns how many."""
+        n = 0
+        for e in self.engines():
+            t0 = time.perf_counter()
+            n += e.warmup()
+            self.log(f"  compiled {'vanilla' if e is self.vanilla else f'K=0..{e.max_k}'} engine "
+                     f"({len(e.batch_buckets)} batch buckets) in {time.perf_counter() - t0:.1f} s")
+        return n
+
+    def controller(self, config: str):
+        kind, k = parse_config(config)
+        if kind == "vanilla":
+            return None
+        buckets = self.spec.batch_buckets
+        if kind == "static":
+            spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
+            return Controller(spec, None, self.max_batch_size, batch_buckets=buckets)
+        if self.profile is None:
+            raise RuntimeError("the dynamic configuration needs a profile")
+        if config not in self._dynamic:
+            spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
+                              dynamic=DynamicConfig(profile=self.profile_path,
+                                                    objective=DYNAMIC_OBJECTIVES[config]))
+            self._dynamic[config] = Controller(spec, self.profile, self.max_batch_size, batch_buckets=buckets)
+        return self._dynamic[config]
+
+    def run(self, config: str, prompts, sampling):
+        """One timed `generate`: (wall seconds, outputs' token ids, run statistics)."""
+        engine = self.vanilla if config == "vanilla" else self.spec
+        ctl = self.controller(config)
+        if ctl is not None:
+            engine.controller = ctl
+        engine.stats.reset()
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, sampling)
+        wall = time.perf_counter() - t0
+        return wall, [o.token_ids for o in outs], _run_info(engine, ctl)
+
+
+def _run_info(engine, ctl) -> dict:
+    """The engine's statistics of the run just finished; decode-only figures leave out the
+    first step's result, which includes the prefill."""
+    st = engine.stats
+    decode = st.trace[1:]
+    info = {"row_steps": int(st.row_steps), "steps": int(st.steps),
+            "k_hist": {int(k): int(v) for k, v in sorted(st.k_hist.items())},
+            "decode_tokens": int(sum(t["emitted"] for t in decode)),
+            "decode_s": float(sum(t["wall_ms"] for t in decode) / 1e3),
+            # (K, batch bucket, wall ms) of every step after the first, for calibration
+            "step_ms": [(t["k"], bucket_for(t["batch_size"], engine.batch_buckets), t["wall_ms"]) for t in decode],
+            "accepted": st.accepted_per_pos.copy(), "proposed": st.proposed_per_pos.copy()}
+    stats = getattr(ctl, "stats", None)
+    if ctl is not None and ctl.mode == "goodput" and callable(stats):
+        c = stats()
+        info["controller"] = {k: c.get(k) for k in CONTROLLER_KEYS}
+    return info
+
+
+def add_hist(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def merge_info(a: dict, b: dict) -> dict:
+    """The statistics of two runs of one configuration: counts add, step lists concatenate,
+    per-position acceptance arrays add, the controller's are the later run's."""
+    out = {k: a[k] + b[k] for k in ("row_steps", "steps", "decode_tokens", "decode_s", "step_ms", "accepted",
+                                    "proposed")}
+    out["k_hist"] = add_hist(a["k_hist"], b["k_hist"])
+    out["controller"] = b.get("controller")
+    return out
+
+
+def mismatches(outs: list, ref: list) -> int:
+    """Requests whose tokens differ from the reference's (a missing request counts)."""
+    return sum(o != r for o, r in zip(outs, ref)) + abs(len(outs) - len(ref))
+
+
+class Cell:
+    """Every timed run of one configuration at one point."""
+
+    def __init__(self):
+        self.pairs: list[float] = []  # tokens/s of each pair unit, in run order
+        self.walls: list[float] = []  # per repeat: seconds over the point's pair units
+        self.tokens: list[int] = []  # per repeat
+        self.outputs: list[list] = []  # per repeat: every request's tokens, unit after unit
+        self.infos: list[dict | None] = []  # per repeat: run statistics (engine configurations)
+
+    def add(self, rep: int, wall: float, outs: list, info: dict | None = None) -> None:
+        tokens = sum(len(o) for o in outs)  # what generate returned, for every kind of configuration
+        self.pairs.append(tokens / wall)
+        if rep == len(self.walls):  # the first unit of a repeat
+            self.walls.append(0.0)
+            self.tokens.append(0)
+            self.outputs.append([])
+            self.infos.append(None)
+        self.walls[rep] += wall
+        self.tokens[rep] += tokens
+        self.outputs[rep] += outs
+        if info:
+            self.infos[rep] = info if self.infos[rep] is None else merge_info(self.infos[rep], info)
+
+    def tokens_per_s(self) -> list[float]:
+        """Per repeat."""
+        return [t / w for t, w in zip(self.tokens, self.walls)]
+
+    def total(self) -> dict | None:
+        """The run statistics of every repeat together (None: not an engine configuration)."""
+        infos = [i for i in self.infos if i]
+        return functools.reduce(merge_info, infos) if infos else None
+
+
+def rotated(configs: list[str], turn: int) -> list[str]:
+    r = turn % len(configs)
+    return configs[r:] + configs[:r]
+
+
+def run_interleaved(points, run: Callable, repeats: int, on_repeat: Callable | None = None) -> None:
+    """Runs every point's pair units `repeats` times, configurations taking turns unit by unit
+    (a slow stretch of the machine lasting a few seconds is shared out instead of landing on
+    one configuration), into ``point.cells``. run(config, point, unit) -> (wall, outputs,
+    info or None); on_repeat(rep, point) after each repeat of a point."""
+    for p in points:  # cells in configuration order, whichever ran first
+        p.cells.update({c: Cell() for c in p.configs if c not in p.cells})
+    turn = itertools.count()
+    for rep in range(repeats):
+        for p in points:
+            for unit in p.units:
+                for c in rotated(p.configs, next(turn)):
+                    p.cells[c].add(rep, *run(c, p, unit))
+            if on_repeat is not None:
+                on_repeat(rep, p)
+
+
+# --------------------------------------------------------------------------- rows
+
+def calibration(step_ms, profile: Profile | None) -> list[dict]:
+    """Measured step time per (K, bucket) (median over steps) next to the profile's ITL."""
+    groups: dict[tuple, list[float]] = {}
+    for k, b, ms in step_ms:
+        groups.setdefault((int(k), int(b)), []).append(float(ms))
+    out = []
+    for (k, b), ms in sorted(groups.items()):
+        entry = {"k": k, "bucket": b, "steps": len(ms), "measured_ms": round(median(ms), 3)}
+        if profile is not None and k <= profile.max_k:
+            pred = profile.itl_ms(b, k)
+            entry["profile_ms"] = round(pred, 3)
+            entry["measured_over_profile"] = round(entry["measured_ms"] / pred, 3)
+        out.append(entry)
+    return out
+
+
+def _throughput(point, config: str, cell: Cell) -> dict:
+    """The sweep's tokens/s is the median over repeats; the rollout's comes from the median makespan."""
+    if point.workload == "sweep":
+        return {"batch_size": point.batch_size, "config": config, "tokens_per_s": median(cell.tokens_per_s()),
+                "wall_s": median(cell.walls), "prompts": len(cell.outputs[0])}
+    makespan = median(cell.walls)
+    return {"config": config, "makespan_s": makespan, "tokens_per_s": cell.tokens[0] / makespan,
+            "num_requests": len(cell.outputs[0])}
+
+
+def point_row(point, config: str, profile: Profile | None) -> dict:
+    """One configuration at one point: throughput, losslessness against vanilla, the engine's
+    step statistics over every repeat."""
+    cell = point.cells[config]
+    mism = [mismatches(outs, point.cells["vanilla"].outputs[0]) for outs in cell.outputs]
+    infos, total = cell.infos, cell.total()
+    dec = [i["decode_tokens"] / i["decode_s"] for i in infos if i["decode_s"] > 0]
+    row = {"workload": point.workload, **_throughput(point, config, cell)}
+    row.update(decode_tokens_per_s=median(dec) if dec else None, tokens=cell.tokens[0], steps=infos[0]["steps"],
+               mean_accepted_len=sum(cell.tokens) / total["row_steps"] if total["row_steps"] else None,
+               k_hist={str(k): v for k, v in total["k_hist"].items()},
+               lossless=all(m == 0 for m in mism), mismatched_requests=max(mism),
+               tokens_per_s_repeats=[round(x, 3) for x in cell.tokens_per_s()], repeats=len(cell.walls),
+               tokens_per_s_pairs=[round(x, 3) for x in cell.pairs],
+               step_calibration=calibration(total["step_ms"], profile))
+    if infos[0].get("controller") is not None:
+        row["controller"] = infos[-1]["controller"]
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each row's tokens/s (and decode-only tokens/s) over vanilla's at the same point, in place."""
+    base = {(r["workload"], r.get("batch_size")): r for r in rows if r["config"] == "vanilla"}
+    for r in rows:
+        v = base[(r["workload"], r.get("batch_size"))]
+        r["speedup_vs_vanilla"] = r["tokens_per_s"] / v["tokens_per_s"]
+        r["decode_speedup_vs_vanilla"] = (r["decode_tokens_per_s"] / v["decode_tokens_per_s"]
+                                          if r["decode_tokens_per_s"] and v["decode_tokens_per_s"] else None)

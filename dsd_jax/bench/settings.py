@@ -1,0 +1,151 @@
+"""The bench's two modes, its configuration names, and the settings of one run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+# Settings of the two modes (every one can be overridden).
+FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
+            configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
+            repeats=3, max_tokens=64, prompt_len=128, rows_per_point=8,
+            rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
+            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
+            profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
+# --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 3: 38 programs, still
+# more than half of the demo's time on 2 slow CPU cores (K <= 4 took the demo to 5 minutes).
+QUICK = dict(batch_sizes=(1, 4, 16, 64),
+             configs=("vanilla", "static-1", "static-3", "dynamic"),
+             repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4,
+             rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=12, rollout_max_tokens=112,
+             max_seq_len=160, max_k=3, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
+             profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
+
+WORKLOADS = ("sweep", "rollout")
+
+# dynamic configurations -> DynamicConfig.objective
+DYNAMIC_OBJECTIVES = {"dynamic": "makespan", "dynamic-throughput": "throughput"}
+
+
+def mode(quick: bool) -> dict:
+    return QUICK if quick else FULL
+
+
+def parse_config(name: str) -> tuple[str, int | None]:
+    """"vanilla" -> ("vanilla", None); "static-3" -> ("static", 3); "dynamic" and
+    "dynamic-throughput" -> ("dynamic", None)."""
+    if not isinstance(name, str):
+        raise ValueError(f"configuration names are strings, got {name!r}")
+    if name == "vanilla":
+        return name, None
+    if name in DYNAMIC_OBJECTIVES:
+        return "dynamic", None
+    if name.startswith("static-"):
+        try:
+            k = int(name[len("static-"):])
+        except ValueError:
+            k = -1
+        if k >= 1:
+            return "static", k
+    raise ValueError(f"unknown configuration {name!r}: use vanilla, static-K (K >= 1), dynamic or dynamic-throughput")
+
+
+def config_list(configs) -> list[str]:
+    """Validated configuration names (a list or a comma-separated string), "vanilla" first
+    when it was not asked for: the baseline of speedups and the lossless check."""
+    if isinstance(configs, str):
+        configs = [c.strip() for c in configs.split(",") if c.strip()]
+    configs = list(dict.fromkeys(configs))
+    if not configs:
+        raise ValueError("no configurations to run")
+    for c in configs:
+        parse_config(c)
+    if "vanilla" not in configs:
+        configs.insert(0, "vanilla")
+    return configs
+
+
+def has_dynamic(configs) -> bool:
+    return any(parse_config(c)[0] == "dynamic" for c in configs)
+
+
+def int_list(name: str, v) -> list[int]:
+    """Sorted distinct integers >= 1 from a sequence or a comma-separated string."""
+    if isinstance(v, str):
+        try:
+            v = [int(x) for x in v.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{name} must be comma-separated integers, got {v!r}") from None
+    out = sorted({int(x) for x in v})
+    if not out or out[0] < 1:
+        raise ValueError(f"{name} must be a non-empty list of integers >= 1, got {v!r}")
+    return out
+
+
+@dataclasses.dataclass
+class Settings:
+    """Everything one `run_bench` call runs with, the mode's defaults filled in."""
+    quick: bool
+    configs: list[str]
+    batch_sizes: list[int]
+    workloads: tuple[str, ...]
+    repeats: int
+    max_tokens: int
+    prompt_len: int
+    rows_per_point: int
+    max_k: int
+    rollout_requests: int  # 0 without the rollout workload
+    rollout_prompt_len: int
+    rollout_median_tokens: int
+    rollout_max_tokens: int  # capped so that a rollout request fits in max_seq_len
+    max_seq_len: int
+    batch_buckets: list[int] | None  # None: the engine's default buckets
+    prefill_chunk: int
+    seed: int
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.batch_sizes + [self.rollout_requests])
+
+
+def _buckets(given: Sequence[int] | None, defaults, batch_sizes: list[int], max_batch: int) -> list[int] | None:
+    """The mode's buckets when they cover the run; given buckets grown to hold max_batch."""
+    if given is None and defaults is not None and set(batch_sizes) <= set(defaults) and max_batch <= max(defaults):
+        given = defaults
+    if given is None:
+        return None
+    buckets = int_list("batch_buckets", given)
+    if buckets[-1] < max_batch:
+        buckets.append(max_batch)
+    return buckets
+
+
+def prefill_chunk_for(prompt_len: int) -> int:
+    """One chunk covers a prompt: no column padding to the default 256."""
+    return min(256, 1 << max(4, (prompt_len - 1).bit_length()))
+
+
+def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Settings:
+    """`Settings` from `run_bench`'s keyword arguments (`given`; None: the mode's default).
+    Without a max_seq_len the run takes the profile's (`profile_seq_len`): step latency
+    depends on the KV-cache size."""
+    d = mode(quick)
+    pick = {k: d[k] if given.get(k) is None else given[k] for k in d}
+    workloads = tuple(given.get("workloads") or ())
+    if not workloads or not set(workloads) <= set(WORKLOADS):
+        raise ValueError(f"workloads must be a subset of {WORKLOADS}, got {workloads}")
+    ints = {k: int(pick[k]) for k in ("repeats", "max_tokens", "prompt_len", "rows_per_point", "max_k",
+                                      "rollout_prompt_len", "rollout_median_tokens")}
+    if min(ints["repeats"], ints["max_tokens"], ints["prompt_len"], ints["rows_per_point"]) < 1:
+        raise ValueError("repeats, max_tokens, prompt_len and rows_per_point must be >= 1")
+    batch_sizes = int_list("batch_sizes", pick["batch_sizes"])
+    n_roll = int(pick["rollout_requests"]) if "rollout" in workloads else 0
+    seq = given.get("max_seq_len") or profile_seq_len or d["max_seq_len"]
+    seq = int(max(seq, ints["prompt_len"] + ints["max_tokens"]))
+    roll_cap = max(1, min(int(pick["rollout_max_tokens"]), seq - ints["rollout_prompt_len"]))
+    chunk = pick["prefill_chunk"] or prefill_chunk_for(max(ints["prompt_len"], ints["rollout_prompt_len"]))
+    max_batch = max(batch_sizes + [n_roll])
+    return Settings(quick=bool(quick), configs=config_list(pick["configs"]), batch_sizes=batch_sizes,
+                    workloads=workloads, rollout_requests=n_roll, rollout_max_tokens=roll_cap, max_seq_len=seq,
+                    batch_buckets=_buckets(given.get("batch_buckets"), d["batch_buckets"], batch_sizes, max_batch),
+                    prefill_chunk=int(chunk), seed=int(given.get("seed") or 0), **ints)

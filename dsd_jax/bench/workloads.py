@@ -1,0 +1,91 @@
+"""The bench's workloads: what is generated, in which groups, with which lengths.
+
+- *sweep*: for each batch size B, B held-out prompts (token ids, truncated to
+  ``prompt_len``) generated together with fixed ``max_tokens``; small B runs several
+  prompt groups one after another (at least ``rows_per_point`` prompts per point) so
+  a single prompt's acceptance does not decide the point.
+- *rollout*: ``rollout_requests`` requests started together with heavy-tailed output
+  lengths (seeded lognormal, capped), so the live batch shrinks to a long tail as in
+  an RL rollout.
+
+A workload is a list of `Point`s; each point's *pair units* (prompt groups) are what
+every configuration runs back to back (`dsd_jax.bench.runner.run_interleaved`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from dsd_jax.bench.settings import Settings
+from dsd_jax.sampling import SamplingParams
+
+ROLLOUT_SIGMA = 1.0
+
+
+@dataclasses.dataclass
+class Point:
+    """One measured point: every configuration runs each of its pair units in turn."""
+    workload: str  # "sweep", "rollout" or "side-by-side"
+    batch_size: int | None  # None: the rollout, whose batch shrinks as requests finish
+    units: list[list[list[int]]]  # pair units: prompt groups
+    configs: list[str]
+    sampling: Any = None  # what the engine generates with (SamplingParams or one per prompt)
+    cells: dict = dataclasses.field(default_factory=dict)  # config -> runner.Cell
+
+    @property
+    def key(self) -> tuple:
+        return self.workload, self.batch_size
+
+
+def rollout_lengths(n: int, median: int, cap: int, sigma: float = ROLLOUT_SIGMA, seed: int = 0,
+                    floor: int = 4) -> list[int]:
+    """Heavy-tailed output lengths: lognormal(log(median), sigma), clipped to [floor, cap]."""
+    rng = np.random.default_rng(seed)
+    x = rng.lognormal(math.log(median), sigma, size=n)
+    return np.clip(np.round(x), min(floor, cap), cap).astype(int).tolist()
+
+
+def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int) -> list[list[list[int]]]:
+    """ceil(rows_per_point / b) groups of b prompts, cycling through `prompts`."""
+    n = max(1, -(-rows_per_point // b))
+    return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
+
+
+def sweep(s: Settings, ids: list[list[int]]) -> list[Point]:
+    prompts = [p[:s.prompt_len] for p in ids]
+    greedy = SamplingParams(temperature=0.0, max_tokens=s.max_tokens)
+    return [Point("sweep", b, prompt_groups(prompts, b, s.rows_per_point), s.configs, greedy)
+            for b in s.batch_sizes]
+
+
+def rollout(s: Settings, ids: list[list[int]]) -> tuple[Point, list[int]]:
+    """The rollout point and its output lengths."""
+    lengths = rollout_lengths(s.rollout_requests, s.rollout_median_tokens, s.rollout_max_tokens, seed=s.seed)
+    prompts = [ids[i % len(ids)][:s.rollout_prompt_len] for i in range(s.rollout_requests)]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
+    return Point("rollout", None, [prompts], s.configs, sampling), lengths
+
+
+def rollout_meta(s: Settings, lengths: list[int]) -> dict:
+    return {"num_requests": s.rollout_requests, "prompt_len": s.rollout_prompt_len, "lengths": lengths,
+            "median_tokens": s.rollout_median_tokens, "max_tokens": s.rollout_max_tokens,
+            "distribution": f"lognormal(log(median), {ROLLOUT_SIGMA}), clipped"}
+
+
+def warmup_requests(s: Settings, ids: list[list[int]]) -> tuple[list[list[int]], list[SamplingParams]]:
+    """An untimed run whose live batch shrinks through every bucket: max_batch short prompts
+    asking for 1..8 tokens."""
+    n = s.max_batch
+    prompts = [ids[i % len(ids)][:min(16, s.prompt_len)] for i in range(n)]
+    return prompts, [SamplingParams(temperature=0.0, max_tokens=1 + (i * 8) // n) for i in range(n)]
+
+
+def profile_prompts(s: Settings, ids: list[list[int]], n: int) -> list[list[int]]:
+    """n acceptance prompts for profiling, disjoint from the sweep's first prompts where
+    there are enough."""
+    start = s.max_batch if len(ids) >= s.max_batch + n else 0
+    return [ids[(start + i) % len(ids)][:s.prompt_len] for i in range(n)]

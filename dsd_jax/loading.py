@@ -1,0 +1,222 @@
+"""From command-line inputs to library objects: model directories, tokenizers, prompt files.
+
+`dsd_jax.cli` and `dsd_jax.bench.main` load what a user names on the command line
+through these functions. Every problem is an `ArgumentError` that names the flag at
+fault (``--target``, ``--prompts``, ...); the CLI turns it into its
+``dsd-jax CMD: error: FLAG: message`` exit, a library caller gets a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+__all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "load_models",
+           "read_prompts", "encode_prompts", "eos_token_ids", "EOS_CANDIDATES"]
+
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
+
+
+class ArgumentError(ValueError):
+    """A bad input, with the command-line flag it came from (None: no single flag)."""
+
+    def __init__(self, flag: str | None, message: str):
+        super().__init__(f"{flag}: {message}" if flag else message)
+        self.flag, self.message = flag, message
+
+
+# --------------------------------------------------------------------------- paths
+
+def _existing(flag: str, path: str, what: str, is_kind) -> str:
+    if not os.path.exists(path):
+        raise ArgumentError(flag, f"no such {what}: {path!r}")
+    if not is_kind(path):
+        raise ArgumentError(flag, f"{path!r} is not a {what}")
+    return path
+
+
+def existing_file(flag: str, path: str) -> str:
+    return _existing(flag, path, "file", os.path.isfile)
+
+
+def existing_dir(flag: str, path: str) -> str:
+    return _existing(flag, path, "directory", os.path.isdir)
+
+
+def output_file(flag: str, path: str) -> str:
+    if os.path.isdir(path):
+        raise ArgumentError(flag, f"{path!r} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ArgumentError(flag, f"the directory of {path!r} does not exist ({parent!r})")
+    return path
+
+
+def output_dir(flag: str, path: str) -> str:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ArgumentError(flag, f"{path!r} exists and is not a directory")
+    return path
+
+
+# --------------------------------------------------------------------------- models
+
+def _load_checkpoint(flag: str, path: str, hf: bool, dtype: str):
+    from dsd_jax import models
+    existing_dir(flag, path)
+    try:
+        return models.load_hf(path, dtype=dtype) if hf else models.restore(path, dtype=dtype)
+    except (OSError, ValueError, TypeError) as e:
+        raise ArgumentError(flag, f"cannot load the model in {path!r}: {e}") from e
+
+
+def _builtin_pair(dtype: str):
+    try:
+        from dsd_jax.models import builtin
+        return builtin(dtype=dtype)
+    except (ImportError, OSError, ValueError) as e:
+        raise ArgumentError("--target", f"the built-in model pair is not available ({e}); pass --target/--draft "
+                            "(dsd_jax.models.save checkpoints) or --hf-target/--hf-draft") from e
+
+
+def _tokenizer_file(path: str):
+    existing_file("--tokenizer", path)
+    try:
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001
+        raise ArgumentError("--tokenizer", f"cannot read {path!r}: {e}") from e
+
+
+def load_models(options):
+    """(target, draft or None, tokenizer or None, source), source "builtin" or "custom".
+
+    options: anything with the CLI's model attributes ``target``, ``draft`` (directories
+    of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
+    directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
+    (dtype float32). Neither target given: the built-in pair."""
+    from dsd_jax import models
+    target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (
+        getattr(options, k, None) for k in ("target", "draft", "hf_target", "hf_draft", "tokenizer"))
+    dtype = getattr(options, "dtype", None) or "float32"
+    if target_dir and hf_target:
+        raise ArgumentError("--target", "give --target or --hf-target, not both")
+    if draft_dir and hf_draft:
+        raise ArgumentError("--draft", "give --draft or --hf-draft, not both")
+    tokenizer, draft, source = None, None, "custom"
+    if target_dir or hf_target:
+        hf = bool(hf_target)
+        target = _load_checkpoint("--hf-target" if hf else "--target", hf_target or target_dir, hf, dtype)
+        if hf:
+            try:
+                tokenizer = models.load_tokenizer(hf_target)
+            except Exception:  # noqa: BLE001  (a broken tokenizer.json: only text I/O needs it)
+                tokenizer = None
+    else:
+        if draft_dir or hf_draft:
+            raise ArgumentError("--target", "a custom draft needs a custom target (--target or --hf-target)")
+        target, draft, tokenizer = _builtin_pair(dtype)
+        source = "builtin"
+    if draft_dir or hf_draft:
+        hf = bool(hf_draft)
+        draft = _load_checkpoint("--hf-draft" if hf else "--draft", hf_draft or draft_dir, hf, dtype)
+    if tokenizer_path:
+        tokenizer = _tokenizer_file(tokenizer_path)
+    return target, draft, tokenizer, source
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    """The ids of the end-of-text tokens (`EOS_CANDIDATES`) the tokenizer knows."""
+    if tokenizer is None:
+        return []
+    out = []
+    for name in EOS_CANDIDATES:
+        try:
+            tid = tokenizer.token_to_id(name)
+        except Exception:  # noqa: BLE001
+            tid = None
+        if tid is not None and tid not in out:
+            out.append(int(tid))
+    return out
+
+
+# --------------------------------------------------------------------------- prompts
+
+def _read_text(flag: str, path: str | None) -> tuple[str, str]:
+    """(text, name for messages) of a prompt file, or of stdin for None or "-"."""
+    if path is None or path == "-":
+        if path is None and sys.stdin.isatty():
+            raise ArgumentError(flag, "no prompts: pass --prompts FILE or pipe prompts on stdin")
+        return sys.stdin.read(), "stdin"
+    existing_file(flag, path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(), repr(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArgumentError(flag, f"cannot read {path!r}: {e}") from e
+
+
+def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ArgumentError(flag, f"{where}: invalid JSON ({e})") from e
+    if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_token_ids" in obj):
+        raise ArgumentError(flag, f"{where}: expected an object with exactly one of "
+                            "\"prompt\" (string) or \"prompt_token_ids\" (list of ints)")
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise ArgumentError(flag, f"{where}: \"prompt\" must be a non-empty string")
+        return {"prompt": obj["prompt"]}
+    ids = obj["prompt_token_ids"]
+    if (not isinstance(ids, list) or not ids
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+        raise ArgumentError(flag, f"{where}: \"prompt_token_ids\" must be a non-empty list of "
+                            "non-negative integers")
+    return {"prompt_token_ids": ids}
+
+
+def read_prompts(flag: str, path: str | None) -> list[dict]:
+    """Prompts as dicts {"prompt": str} or {"prompt_token_ids": [...]}.
+
+    A file whose first non-blank line starts with '{' (or named *.jsonl) is JSONL, one
+    object per line with "prompt" or "prompt_token_ids"; otherwise every non-blank line
+    is one text prompt (its line break removed). None or "-" reads stdin.
+    """
+    text, name = _read_text(flag, path)
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip()), "")
+    jsonl = first.lstrip().startswith("{") or (path or "").endswith(".jsonl")
+    out = [_jsonl_prompt(flag, f"{name} line {i}", line) if jsonl else {"prompt": line}
+           for i, line in enumerate(lines, 1) if line.strip()]
+    if not out:
+        raise ArgumentError(flag, f"no prompts in {name}")
+    return out
+
+
+def encode_prompts(prompts, tokenizer, vocab: int | None = None, flag: str | None = None) -> list[list[int]]:
+    """Token ids of each prompt: a string, a list of token ids, or a `read_prompts` dict.
+
+    vocab: when given, every id must lie in [0, vocab). flag: the option the prompts came
+    from (it also adds how to give token ids to the no-tokenizer message)."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, dict):
+            p = p["prompt_token_ids"] if "prompt_token_ids" in p else p["prompt"]
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ArgumentError(flag, "text prompts need a tokenizer" + (
+                    " (--tokenizer FILE, or use JSONL with \"prompt_token_ids\")" if flag else ""))
+            ids = tokenizer.encode(p).ids
+            if not ids:
+                raise ArgumentError(flag, f"prompt {i} encodes to no tokens")
+        else:
+            ids = [int(t) for t in p]
+            if not ids:
+                raise ArgumentError(flag, f"prompt {i} is empty")
+        if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
+            raise ArgumentError(flag, f"prompt {i} has token ids outside [0, {vocab})")
+        out.append(ids)
+    if not out:
+        raise ArgumentError(flag, "no prompts")
+    return out

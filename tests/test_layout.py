@@ -1,0 +1,57 @@
+"""The command line sits on top of the library: nothing in the installed package imports
+`dsd_jax.cli` (the CLI parses flags and calls into the library, never the reverse)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# everything installed as dsd_jax.* (kernels/ and models/ install as dsd_jax.kernels / .models)
+PACKAGE_DIRS = {"dsd_jax": ROOT / "dsd_jax", "dsd_jax.kernels": ROOT / "kernels", "dsd_jax.models": ROOT / "models"}
+
+
+def _module_name(package: str, root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join([package] + parts)
+
+
+def _imported(module: str, is_package: bool, node: ast.AST) -> list[str]:
+    """The absolute names an import statement brings in (``from a import b`` gives a.b)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative: resolve against this module's package
+        pkg = module.split(".") if is_package else module.split(".")[:-1]
+        pkg = pkg[:len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def cli_imports() -> list[str]:
+    found = []
+    for package, root in PACKAGE_DIRS.items():
+        for path in sorted(root.rglob("*.py")):
+            module = _module_name(package, root, path)
+            if module == "dsd_jax.cli":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                for name in _imported(module, path.name == "__init__.py", node):
+                    if name == "dsd_jax.cli" or name.startswith("dsd_jax.cli."):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    return found
+
+
+def test_nothing_in_the_package_imports_the_cli():
+    assert cli_imports() == []
+
+
+def test_the_scan_sees_every_import_form():
+    tree = [ast.parse(src).body[0] for src in (
+        "import dsd_jax.cli", "from dsd_jax import cli", "from dsd_jax.cli import main", "from .. import cli")]
+    names = [_imported("dsd_jax.bench.run", False, node) for node in tree]
+    assert all(any(n == "dsd_jax.cli" or n.startswith("dsd_jax.cli.") for n in ns) for ns in names), names

@@ -27,7 +27,7 @@ CONTEXTS = [256, 2048]
 
 
 def _forward_ms(tokens: float) -> float:
-    # Target forward time vs tokens per forward on XLA:CPU (DESIGN.md section 11).
+    # Target forward time vs tokens per forward on XLA:CPU (docs/design.md section 12).
     return float(np.interp(tokens, [1, 8, 32, 256, 4096], [4.6, 5.5, 8.2, 42.0, 42.0 + 0.15 * 3840]))
 
 

@@ -1,6 +1,6 @@
 """How much can any K policy gain on the bench's rollout? A simulation from measured numbers.
 
-    python benchmarks/rollout_bound.py benchmarks/results/bench_full.json [PROFILE.json]
+    python benchmarks/rollout_bound.py benchmarks/results/bench_full_s5.json [PROFILE.json]
 
 Reads a `dsd-jax bench --json` result (the rollout's output lengths and, from the
 sweep's static-K rows, the measured mean accepted length AL(K) per step) and a

@@ -30,7 +30,7 @@ def _load_script():
 
 
 script = _load_script()  # the flags; the workload is sbs
-# K <= 1 keeps the compile (most of this test's time) short; the script is the same for any K
+# K <= 1 keeps the compile (most of this test's time) short; the workload is the same for any K
 CONFIGS = ["floor", "vanilla", "static-1", "dynamic", "hf-assisted"]
 
 

@@ -126,9 +126,14 @@ def _load_spec(cmd: str, args, has_draft: bool):
         spec = SpecConfig.from_json(src)
     except ValueError as e:
         _fail(cmd, "--speculative-config", str(e))
-    if spec.method == "draft_model" and not has_draft:
-        _fail(cmd, "--draft", "speculative method 'draft_model' needs a draft model (--draft or --hf-draft)")
+    if _needs_draft(spec) and not has_draft:
+        _fail(cmd, "--draft", f"speculative method {spec.method!r} needs a draft model (--draft or --hf-draft)")
     return spec
+
+
+def _needs_draft(spec) -> bool:
+    from dsd_jax import drafters
+    return drafters.get(spec.method).needs_model
 
 
 def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
@@ -136,7 +141,7 @@ def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
     if args.compilation_cache_dir:
         loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
     try:
-        return SpecEngine(target, draft if spec.method == "draft_model" else None, spec,
+        return SpecEngine(target, draft if _needs_draft(spec) else None, spec,
                           max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
                           tokenizer=tokenizer, prefill_chunk=args.prefill_chunk, profile=profile,
                           backend=args.backend, compilation_cache_dir=args.compilation_cache_dir,
@@ -301,7 +306,7 @@ def cmd_generate(args) -> int:
                   "(goodput controller) and a schedule are mutually exclusive")
         from dsd_jax.profiler import device_kind, model_fingerprint
         fps = {"target": model_fingerprint(target)}
-        if spec.method == "draft_model":
+        if _needs_draft(spec):
             fps["draft"] = model_fingerprint(draft)
         try:
             profile = Profile.load(profile_path, expect_fingerprints=fps, expect_device_kind=device_kind())

@@ -94,6 +94,13 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="parameter dtype (default float32)")
 
 
+def _mesh_shape(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected DATAxMODEL with positive integers (e.g. 1x4), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--speculative-config", metavar="JSON",
@@ -109,6 +116,8 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
     g.add_argument("--compilation-cache-dir", metavar="DIR",
                    help="persistent XLA compilation cache (makes the next start fast)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (request i uses seed + i)")
+    g.add_argument("--mesh", type=_mesh_shape, metavar="DATAxMODEL",
+                   help="run on a device mesh, e.g. 1x4: tensor parallel over 4 devices (default: one device)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -138,15 +147,20 @@ def _needs_draft(spec) -> bool:
 
 def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
     from dsd_jax import SpecEngine
+    from dsd_jax.sharding import make_mesh
     if args.compilation_cache_dir:
         loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
+    try:
+        mesh = None if args.mesh is None else make_mesh(*args.mesh)
+    except ValueError as e:
+        _fail(cmd, "--mesh", str(e))
     try:
         return SpecEngine(target, draft if _needs_draft(spec) else None, spec,
                           max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
                           tokenizer=tokenizer, prefill_chunk=args.prefill_chunk, profile=profile,
                           backend=args.backend, compilation_cache_dir=args.compilation_cache_dir,
-                          seed=args.seed or 0)
-    except ValueError as e:
+                          seed=args.seed or 0, mesh=mesh)
+    except (ValueError, NotImplementedError) as e:
         _fail(cmd, None, f"cannot build the engine: {e}")
 
 
@@ -309,7 +323,9 @@ def cmd_generate(args) -> int:
         if _needs_draft(spec):
             fps["draft"] = model_fingerprint(draft)
         try:
-            profile = Profile.load(profile_path, expect_fingerprints=fps, expect_device_kind=device_kind())
+            mesh = dict(zip(("data", "model"), args.mesh or (1, 1)))
+            profile = Profile.load(profile_path, expect_fingerprints=fps, expect_device_kind=device_kind(),
+                                   expect_mesh=mesh)
         except ValueError as e:
             _fail(cmd, flag, str(e))
         eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None

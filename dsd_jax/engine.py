@@ -18,11 +18,10 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters
+from dsd_jax import compilation, drafters, kernels
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
@@ -30,6 +29,7 @@ from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
+from dsd_jax.sharding import DATA, MODEL, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions
 
@@ -75,6 +75,22 @@ class _Request:
     finish_time: float | None = None
 
 
+def _placement(mesh, target, draft, max_batch_size: int, backend: str) -> Placement:
+    placement = Placement(mesh, target.config.num_kv_heads,
+                          None if draft is None else draft.config.num_kv_heads)
+    if mesh is None:
+        return placement
+    if placement.sizes[DATA] > 1:
+        # Data parallelism needs each data shard to pack its own live requests (slicing the
+        # first B global slots would put every request on shard 0); not built yet.
+        raise NotImplementedError(f"meshes with a 'data' axis > 1 are not supported yet (got mesh "
+                                  f"{dict(mesh.shape)}); use data=1 (tensor parallel on 'model')")
+    if kernels.resolve_backend(backend) != "xla" and placement.sizes[MODEL] > 1:
+        raise NotImplementedError(f"backend {backend!r} on a mesh needs the Pallas kernels under "
+                                  "shard_map, not built yet; use backend='xla'")
+    return placement
+
+
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -92,7 +108,7 @@ class SpecEngine:
                  max_batch_size: int = 64, max_seq_len: int = 2048, tokenizer=None,
                  batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
                  profile=None, controller=None, backend: str = "auto",
-                 compilation_cache_dir: str | None = None, seed: int = 0):
+                 compilation_cache_dir: str | None = None, seed: int = 0, mesh=None):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, dict) else spec
         if max_batch_size < 1 or max_seq_len < 2:
@@ -121,13 +137,15 @@ class SpecEngine:
         self.prefill_chunk = int(prefill_chunk)
         self.target_config = target.config
         self.draft_config = None if draft is None else draft.config
-        target_graph, self._target_params = nnx.split(target)
-        draft_graph, self._draft_params = (None, None) if draft is None else nnx.split(draft)
+        self.placement = _placement(mesh, target, draft, max_batch_size, backend)
+        target_graph, target_params = nnx.split(target)
+        draft_graph, draft_params = (None, None) if draft is None else nnx.split(draft)
+        self._target_params = self.placement.put_params(target_params, "target")
+        self._draft_params = self.placement.put_params(draft_params, "draft")
         self.capacity = max_seq_len + self.max_k + 1
         self.drafter = drafter_cls.build(
             spec, None if draft is None else (draft_graph, draft.config), backend)
-        self.state = init_state(target.config, self.drafter, max_batch_size, self.capacity,
-                                self.max_k)
+        self.state = self.new_state()
         opts = StepOptions(acceptance=spec.acceptance, backend=backend)
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
@@ -135,13 +153,14 @@ class SpecEngine:
         prefill_chunks = chunk_buckets(self.prefill_chunk)
         self.programs = Programs(target_graph, self.drafter, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
-                                 prefill_rows, prefill_chunks)
+                                 prefill_rows, prefill_chunks, self.placement)
         if controller is None:
             if profile is None and spec.dynamic is not None and spec.dynamic.profile:
                 # warns loudly when the profile was measured for other models or hardware
                 from dsd_jax.profiler import device_kind
                 profile = Profile.load(spec.dynamic.profile, expect_fingerprints=self.fingerprints(),
-                                       expect_device_kind=device_kind())
+                                       expect_device_kind=device_kind(),
+                                       expect_mesh=self.placement.sizes)
             controller = Controller(spec, profile, max_batch_size=max_batch_size,
                                     batch_buckets=self.batch_buckets)
         self.controller = controller
@@ -160,13 +179,24 @@ class SpecEngine:
                     a.shape != b.shape or a.dtype != b.dtype
                     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(old))):
                 raise ValueError(f"new {role} params do not match the compiled shapes/dtypes")
-            return state
+            return self.placement.put_params(state, role)  # onto the engine's layout, on device
         if target is not None:
             self._target_params = params_of(target, self._target_params, "target")
         if draft is not None:
             if self._draft_params is None:
                 raise ValueError("this engine has no draft model")
             self._draft_params = params_of(draft, self._draft_params, "draft")
+
+    def new_state(self):
+        """A fresh device state (every slot free) in the engine's layout."""
+        return self.placement.new_state(lambda: init_state(
+            self.target_config, self.drafter, self.max_batch_size, self.capacity, self.max_k))
+
+    def memory_report(self) -> dict:
+        """Bytes per device of the params, the KV caches and the rest of the state (see
+        `dsd_jax.sharding.memory_report`)."""
+        return memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
+                             self.max_batch_size, self.max_seq_len)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Compiles every program up front; returns the number of programs."""
@@ -373,7 +403,7 @@ class SpecEngine:
             if not finished_normally:
                 # an error or an abandoned stream: free every slot so no stale request
                 # keeps decoding in the next run
-                self.state = self.state._replace(active=jnp.zeros_like(self.state.active))
+                self.state = self.new_state()
 
     def _rounds(self, live: list[_Request], k: int, queued: bool, inflight) -> int:
         """Rounds of K the next dispatch runs. One, unless nothing can change before the

@@ -364,18 +364,26 @@ class Profile:
             f.write("\n")
         os.replace(tmp, path)
 
+    @property
+    def mesh(self) -> dict:
+        """{"data": n, "model": m} the profile was measured on (one device when unrecorded)."""
+        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
+        mesh = engine.get("mesh") if isinstance(engine, dict) else None
+        return dict(mesh) if isinstance(mesh, dict) else {"data": 1, "model": 1}
+
     @classmethod
     def load(
         cls,
         path: str | os.PathLike,
         expect_fingerprints: Mapping[str, str] | None = None,
         expect_device_kind: str | None = None,
+        expect_mesh: Mapping[str, int] | None = None,
     ) -> "Profile":
         """Read and validate a profile file.
 
         Raises ValueError (naming the file) for unreadable/invalid JSON or any
         invalid content. Emits `ProfileMismatchWarning` when a fingerprint in
-        `expect_fingerprints` or `expect_device_kind` differs from the file's.
+        `expect_fingerprints`, `expect_device_kind` or `expect_mesh` differs from the file's.
         """
         src = f"profile file {os.fspath(path)!r}"
         try:
@@ -388,18 +396,27 @@ class Profile:
         except (json.JSONDecodeError, RecursionError) as e:
             raise ValueError(f"{src} is not valid JSON: {e}") from None
         prof = cls.from_dict(d, source=src)
-        prof.check_compatible(expect_fingerprints, expect_device_kind, source=src)
+        prof.check_compatible(expect_fingerprints, expect_device_kind, expect_mesh, source=src)
         return prof
 
     def check_compatible(
         self,
         expect_fingerprints: Mapping[str, str] | None = None,
         expect_device_kind: str | None = None,
+        expect_mesh: Mapping[str, int] | None = None,
         *,
         source: str = "profile",
     ) -> bool:
-        """Warn (ProfileMismatchWarning) on model/device mismatch; True if all match."""
+        """Warn (ProfileMismatchWarning) on model/device/mesh mismatch; True if all match."""
         ok = True
+        if expect_mesh is not None and dict(expect_mesh) != self.mesh:
+            ok = False
+            warnings.warn(
+                f"{source} was measured on mesh {self.mesh} but this run uses {dict(expect_mesh)}: "
+                "a step's latency depends on how the work is split; re-run the profiler",
+                ProfileMismatchWarning,
+                stacklevel=3,
+            )
         if expect_fingerprints is not None and not isinstance(expect_fingerprints, Mapping):
             raise ValueError(f"expect_fingerprints must be a dict role -> fingerprint, got {expect_fingerprints!r}")
         if expect_device_kind is not None and expect_device_kind != self.device_kind:

@@ -39,11 +39,12 @@ for other weights or another device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import statistics
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -180,10 +181,21 @@ def _idle(drafter, state):
     return _reset(drafter, state, 0, 0)
 
 
-# the drafter (hashed by identity) is static: one compilation per engine
-_reset_jit = jax.jit(_reset, donate_argnums=1, static_argnums=0)
-_fill_jit = jax.jit(_fill, donate_argnums=0, static_argnums=2)
-_idle_jit = jax.jit(_idle, donate_argnums=1, static_argnums=0)
+class _StatePrograms(NamedTuple):
+    fill: Callable
+    reset: Callable
+    idle: Callable
+
+
+def _state_programs(engine) -> _StatePrograms:
+    """The profiler's small state programs for `engine`, keeping the state in the engine's
+    layout (on a mesh, the step programs accept no other)."""
+    outs = engine.placement.state_shardings(engine.state)
+    kw = {} if outs is None else {"out_shardings": outs}
+    return _StatePrograms(
+        jax.jit(_fill, donate_argnums=0, static_argnums=2, **kw),
+        jax.jit(functools.partial(_reset, engine.drafter), donate_argnums=0, **kw),
+        jax.jit(functools.partial(_idle, engine.drafter), donate_argnums=0, **kw))
 
 
 def _state_usable(state) -> bool:
@@ -302,10 +314,11 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     # (a) latency on a synthetic state (the engine's own buffers, borrowed).
     table = np.zeros((len(context_lengths), len(buckets), len(ks)))
     tp, dp = engine._target_params, engine._draft_params
+    programs = _state_programs(engine)
     state = engine.state
     engine.state = None  # borrowed: the step programs donate it
     try:
-        state = _fill_jit(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
+        state = programs.fill(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
                           float(latency_temperature))
         for ci, ctx in enumerate(context_lengths):
             for bi, b in enumerate(buckets):
@@ -313,7 +326,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 times: list[list[float]] = [[] for _ in ks]
                 for rep in range(int(warmup_reps) + int(repeats)):
                     for k in ks:  # interleaved: drift hits every K of this row alike
-                        state = _reset_jit(engine.drafter, state, np.int32(b), np.int32(ctx))
+                        state = programs.reset(state, np.int32(b), np.int32(ctx))
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
                         state, out, ran = steps[k](tp, dp, state, rounds)
@@ -327,11 +340,9 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                         progress(done, total)
     finally:
         if state is not None and _state_usable(state):
-            engine.state = _idle_jit(engine.drafter, state)
+            engine.state = programs.idle(state)
         else:  # a failed call left the donated buffers deleted: start from a fresh state
-            from dsd_jax.state import init_state
-            engine.state = init_state(engine.target_config, engine.drafter, engine.max_batch_size,
-                                      engine.capacity, engine.max_k)
+            engine.state = engine.new_state()
     latency_s = time.perf_counter() - t_start
 
     # (b) acceptance with K = max_k at every step.
@@ -385,6 +396,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 "max_batch_size": engine.max_batch_size,
                 "max_seq_len": engine.max_seq_len,
                 "capacity": engine.capacity,
+                "mesh": dict(engine.placement.sizes),
                 "batch_buckets": buckets,
                 "spec": engine.spec.to_dict(),
             },

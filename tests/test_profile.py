@@ -135,6 +135,23 @@ def test_mismatch_warnings(tmp_path):
     assert issubclass(ProfileMismatchWarning, UserWarning)
 
 
+def test_mesh_mismatch_warns(tmp_path):
+    """A profile records its mesh; one without the field was measured on one device."""
+    path = tmp_path / "prof.json"
+    make().save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Profile.load(path, expect_mesh={"data": 1, "model": 1})
+    with pytest.warns(ProfileMismatchWarning, match="mesh"):
+        Profile.load(path, expect_mesh={"data": 1, "model": 4})
+    p = make()
+    p.meta["engine"] = {"mesh": {"data": 1, "model": 4}}
+    p.save(path)
+    assert Profile.load(path, expect_mesh={"data": 1, "model": 4}).mesh == {"data": 1, "model": 4}
+    with pytest.warns(ProfileMismatchWarning, match="'model': 4"):
+        Profile.load(path, expect_mesh={"data": 1, "model": 1})
+
+
 def test_unreadable_files_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="nope.json"):
         Profile.load(tmp_path / "nope.json")

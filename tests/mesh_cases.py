@@ -1,0 +1,90 @@
+"""Run by tests/test_mesh.py in a fresh process with 4 fake CPU devices (the device count
+is fixed when the backend starts, and the rest of the suite runs on one). Prints one JSON
+object of results; the assertions live in test_mesh.py."""
+
+import json
+import os
+import sys
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["JAX_NUM_CPU_DEVICES"] = "4"
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+
+from conftest import FixedK, scaled, tiny_config  # noqa: E402
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models  # noqa: E402
+from dsd_jax.compilation import compilation_count  # noqa: E402
+from dsd_jax.sharding import make_mesh as mesh  # noqa: E402
+
+PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [3, 3, 3, 3, 9, 3],
+           [4, 6], [9, 9, 9]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+COUPLED = SamplingParams(temperature=1.0, max_tokens=12, seed=11)
+
+# GQA target with 2 KV heads: fewer than a model axis of 4 (replicated), as many as 2 (split)
+target = scaled(models.init_model(tiny_config(), seed=0), 3.0)
+draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate_size=32,
+                                      num_heads=2, num_kv_heads=1), seed=1)
+
+
+def engine(m, method="draft_model"):
+    """Drafter-invariant acceptance: greedy is plain greedy, and sampling is comparable
+    token for token with another engine's (the suite is compile-bound: few programs)."""
+    return SpecEngine(target, draft if method == "draft_model" else None,
+                      SpecConfig(method=method, num_speculative_tokens=2, acceptance="drafter_invariant"),
+                      max_batch_size=4, max_seq_len=64, prefill_chunk=16, batch_buckets=(1, 4),
+                      controller=FixedK([0, 1, 2, 2]), mesh=m)
+
+
+def tokens(e, params):
+    return [o.token_ids for o in e.generate(PROMPTS, params)]
+
+
+def shard_fractions(e):
+    """name -> (elements on device 0) / (elements), for every target param."""
+    out = {}
+    for path, x in jax.tree_util.tree_leaves_with_path(e._target_params):
+        out[jax.tree_util.keystr(path)] = [x.addressable_shards[0].data.size / x.size, x.size]
+    return out
+
+
+def outputs(m, with_ngram=True):
+    e = engine(m)
+    r = {"greedy_draft": tokens(e, GREEDY), "coupled": tokens(e, COUPLED),
+         "memory": e.memory_report()}
+    if with_ngram:
+        r["greedy_ngram"] = tokens(engine(m, "ngram"), GREEDY)
+    return e, r
+
+
+results = {}
+_, results["single"] = outputs(None)
+e, results["1x4"] = outputs(mesh(1, 4))
+results["1x4"]["params"] = shard_fractions(e)
+results["1x4"]["kv_spec"] = list(e.state.target_kv.k[0].sharding.spec)
+e2, results["1x2"] = outputs(mesh(1, 2), with_ngram=False)
+results["1x2"]["kv_spec"] = list(e2.state.target_kv.k[0].sharding.spec)
+
+# zero compilations after warm-up: batch sizes 1 -> 4 -> 1, K changes, and new params from
+# a jitted "training step" on the same mesh (device to device, under a transfer guard)
+e.warmup()
+before = compilation_count()
+for n in (1, 4, 1):
+    e.generate(PROMPTS[:n], GREEDY)
+train_step = jax.jit(lambda p: jax.tree.map(lambda x: x * 1.01, p))
+new_params = train_step(e._target_params)  # same mesh, same shardings
+train_compiles = compilation_count() - before
+with jax.transfer_guard_host_to_device("disallow"):
+    e.set_params(target=new_params)
+e.generate(PROMPTS, GREEDY)
+results["compilations_after_warmup"] = compilation_count() - before - train_compiles
+
+try:
+    engine(mesh(2, 2))
+    results["data_parallel_error"] = None
+except NotImplementedError as err:
+    results["data_parallel_error"] = str(err)
+
+print("RESULTS " + json.dumps(results))

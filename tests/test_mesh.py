@@ -1,0 +1,97 @@
+"""The engine on a `jax.sharding` mesh: tensor parallel on "model" (4 fake CPU devices).
+
+The mesh cases run in a subprocess (`mesh_cases.py`): the number of CPU devices is fixed
+when a process starts its backend, and this suite runs on one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dsd_jax import SpecConfig, models
+from dsd_jax.sharding import memory_report, param_spec
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "mesh_cases.py")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
+    return json.loads(line[len("RESULTS "):])
+
+
+@pytest.mark.parametrize("mesh, case", [("1x4", "greedy_draft"), ("1x4", "greedy_ngram"),
+                                        ("1x4", "coupled"), ("1x2", "greedy_draft"),
+                                        ("1x2", "coupled")])
+def test_outputs_identical_to_one_device(results, mesh, case):
+    """Greedy, and drafter-invariant sampling with the same seeds, token for token."""
+    assert results[mesh][case] == results["single"][case]
+
+
+def test_large_weights_are_split_four_ways(results):
+    """Every weight of 1k+ elements holds a quarter per device on 1x4, except the K/V
+    projections: 2 KV heads cannot be split 4 ways, so they are replicated by design."""
+    for name, (fraction, size) in results["1x4"]["params"].items():
+        if size < 1024:
+            continue
+        expected = 1.0 if any(w in name for w in ("'wk'", "'wv'")) else 0.25
+        assert fraction == expected, name
+
+
+def test_kv_cache_split_by_heads_when_they_divide(results):
+    assert results["1x2"]["kv_spec"] == [None, "model", None, None]
+    assert results["1x4"]["kv_spec"] == [None, None, None, None]  # 2 KV heads < 4: replicated
+
+
+
+def test_memory_report_per_device(results):
+    one, four = results["single"]["memory"], results["1x4"]["memory"]
+    assert four["mesh"] == {"data": 1, "model": 4}
+    # a quarter of every large weight; the norms and the 2-head K/V projections are whole
+    assert 0.25 * one["params"]["target"] < four["params"]["target"] < 0.35 * one["params"]["target"]
+    assert four["kv_cache"] == one["kv_cache"]  # 2 KV heads do not split 4 ways: replicated
+    assert results["1x2"]["memory"]["kv_cache"]["target"] == one["kv_cache"]["target"] // 2
+
+
+def test_no_compilation_after_warmup(results):
+    assert results["compilations_after_warmup"] == 0
+
+
+def test_data_parallel_mesh_is_a_clear_error(results):
+    assert "'data' axis > 1 are not supported yet" in results["data_parallel_error"]
+
+
+LLAMA_8B = models.ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                              rope_theta=500000.0, dtype="bfloat16")
+LLAMA_1B = models.ModelConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                              num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+                              rope_theta=500000.0, dtype="bfloat16", tie_word_embeddings=True)
+
+
+def test_memory_report_from_abstract_shapes():
+    """Llama-3.1-8B + Llama-3.2-1B, bf16, 64 slots x 4096: sized without allocating."""
+    spec = SpecConfig(num_speculative_tokens=4)
+    one = memory_report(LLAMA_8B, LLAMA_1B, spec, {"model": 1}, 64, 4096)
+    tp8 = memory_report(LLAMA_8B, LLAMA_1B, spec, {"model": 8}, 64, 4096)
+    assert one["params"]["target"] == 8_030_261_248 * 2  # Llama-3.1-8B's parameter count
+    kv = 2 * 32 * 64 * 8 * (4096 + 4 + 1) * 128 * 2  # K and V, layers, slots, heads, positions, dim
+    assert one["kv_cache"]["target"] == kv
+    assert tp8["kv_cache"]["target"] == kv // 8  # 8 KV heads over 8 devices
+    assert tp8["params"]["target"] == pytest.approx(one["params"]["target"] / 8, rel=0.001)
+    assert tp8["total"] < one["total"] / 7.5
+
+
+def test_kv_heads_that_do_not_divide_the_axis_are_replicated():
+    # Qwen2.5-7B: 4 KV heads under tensor parallel 8
+    assert param_spec("wk", (3584, 512), 4, {"model": 8}) == param_spec("norm", (3584,), 4, {"model": 8})
+    assert param_spec("wk", (3584, 512), 4, {"model": 4}).count("model") == 1
+    assert param_spec("wq", (3584, 3584), 4, {"model": 8})[1] == "model"
+    assert param_spec("wo", (3584, 3584), 4, {"model": 8})[0] == "model"

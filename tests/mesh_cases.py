@@ -81,6 +81,23 @@ with jax.transfer_guard_host_to_device("disallow"):
 e.generate(PROMPTS, GREEDY)
 results["compilations_after_warmup"] = compilation_count() - before - train_compiles
 
+# the rejection-sampled law on 1x4 (the statistical test of test_spec_sampling.py)
+from test_spec_sampling import PROMPT, VOCAB, empirical_joint, exact_joint, tv_threshold  # noqa: E402
+
+small_target = scaled(models.init_model(tiny_config(vocab_size=VOCAB), seed=3), 6.0)
+small_draft = scaled(models.init_model(tiny_config(vocab_size=VOCAB, num_layers=1), seed=4), 6.0)
+law = SpecEngine(small_target, small_draft, SpecConfig(num_speculative_tokens=2), max_batch_size=64,
+                 max_seq_len=16, prefill_chunk=16, batch_buckets=(64,), controller=FixedK([2]),
+                 mesh=mesh(1, 4))
+n = 2000
+sp = SamplingParams(temperature=1.0, max_tokens=2)
+outs = law.generate([PROMPT] * n, [SamplingParams(temperature=1.0, max_tokens=2, seed=7 + i)
+                                   for i in range(n)])
+exact = exact_joint(small_target, sp)
+results["law"] = {"tv": 0.5 * float(abs(empirical_joint(outs) - exact).sum()),
+                  "threshold": tv_threshold(exact, n),
+                  "draft_tv": 0.5 * float(abs(exact_joint(small_draft, sp) - exact).sum())}
+
 try:
     engine(mesh(2, 2))
     results["data_parallel_error"] = None

@@ -60,6 +60,15 @@ def test_memory_report_per_device(results):
     assert results["1x2"]["memory"]["kv_cache"]["target"] == one["kv_cache"]["target"] // 2
 
 
+def test_rejection_sampled_law_on_a_mesh(results):
+    """2000 rejection-sampled 2-token completions on 1x4 are distributed as the target's law
+    (total variation under the exact sampler's 99.9% quantile), and the test has power: the
+    draft's own law is far outside the threshold."""
+    law = results["law"]
+    assert law["tv"] < law["threshold"], law
+    assert law["draft_tv"] > 2 * law["threshold"], law
+
+
 def test_no_compilation_after_warmup(results):
     assert results["compilations_after_warmup"] == 0
 

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters, kernels
+from dsd_jax import compilation, drafters
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
@@ -29,7 +29,7 @@ from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
-from dsd_jax.sharding import DATA, MODEL, Placement, memory_report
+from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions
 
@@ -75,7 +75,7 @@ class _Request:
     finish_time: float | None = None
 
 
-def _placement(mesh, target, draft, max_batch_size: int, backend: str) -> Placement:
+def _placement(mesh, target, draft) -> Placement:
     placement = Placement(mesh, target.config.num_kv_heads,
                           None if draft is None else draft.config.num_kv_heads)
     if mesh is None:
@@ -85,9 +85,6 @@ def _placement(mesh, target, draft, max_batch_size: int, backend: str) -> Placem
         # first B global slots would put every request on shard 0); not built yet.
         raise NotImplementedError(f"meshes with a 'data' axis > 1 are not supported yet (got mesh "
                                   f"{dict(mesh.shape)}); use data=1 (tensor parallel on 'model')")
-    if kernels.resolve_backend(backend) != "xla" and placement.sizes[MODEL] > 1:
-        raise NotImplementedError(f"backend {backend!r} on a mesh needs the Pallas kernels under "
-                                  "shard_map, not built yet; use backend='xla'")
     return placement
 
 
@@ -137,7 +134,7 @@ class SpecEngine:
         self.prefill_chunk = int(prefill_chunk)
         self.target_config = target.config
         self.draft_config = None if draft is None else draft.config
-        self.placement = _placement(mesh, target, draft, max_batch_size, backend)
+        self.placement = _placement(mesh, target, draft)
         target_graph, target_params = nnx.split(target)
         draft_graph, draft_params = (None, None) if draft is None else nnx.split(draft)
         self._target_params = self.placement.put_params(target_params, "target")

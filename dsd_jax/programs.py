@@ -6,6 +6,7 @@ or batch size compiles nothing (the analogue of per-K CUDA graphs).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -45,7 +46,11 @@ class Programs:
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
-            exe = self._compiled[key] = lower().compile()
+            # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`)
+            mesh = self.placement.mesh
+            with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+                lowered = lower()
+            exe = self._compiled[key] = lowered.compile()
         return exe
 
     def step(self, k: int, b: int):

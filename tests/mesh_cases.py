@@ -11,10 +11,12 @@ os.environ["JAX_NUM_CPU_DEVICES"] = "4"
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 sys.path.insert(0, os.path.dirname(__file__))
 
+import functools  # noqa: E402
+
 import jax  # noqa: E402
 
 from conftest import FixedK, scaled, tiny_config  # noqa: E402
-from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models  # noqa: E402
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, kernels, models  # noqa: E402
 from dsd_jax.compilation import compilation_count  # noqa: E402
 from dsd_jax.sharding import make_mesh as mesh  # noqa: E402
 
@@ -29,13 +31,13 @@ draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate
                                       num_heads=2, num_kv_heads=1), seed=1)
 
 
-def engine(m, method="draft_model"):
+def engine(m, method="draft_model", backend="auto"):
     """Drafter-invariant acceptance: greedy is plain greedy, and sampling is comparable
     token for token with another engine's (the suite is compile-bound: few programs)."""
     return SpecEngine(target, draft if method == "draft_model" else None,
                       SpecConfig(method=method, num_speculative_tokens=2, acceptance="drafter_invariant"),
                       max_batch_size=4, max_seq_len=64, prefill_chunk=16, batch_buckets=(1, 4),
-                      controller=FixedK([0, 1, 2, 2]), mesh=m)
+                      controller=FixedK([0, 1, 2, 2]), mesh=m, backend=backend)
 
 
 def tokens(e, params):
@@ -80,6 +82,20 @@ with jax.transfer_guard_host_to_device("disallow"):
     e.set_params(target=new_params)
 e.generate(PROMPTS, GREEDY)
 results["compilations_after_warmup"] = compilation_count() - before - train_compiles
+
+# the Pallas kernels (interpreted) under shard_map: heads local on 1x2, replicated KV on 1x4
+for m in (2, 4):
+    pallas = engine(mesh(1, m), backend="interpret")
+    results[f"pallas_1x{m}"] = {"greedy": tokens(pallas, GREEDY), "coupled": tokens(pallas, COUPLED)}
+with jax.set_mesh(mesh(1, 2)):
+    q = jax.ShapeDtypeStruct((1, 2, 4, 8), "float32")
+    kv = jax.ShapeDtypeStruct((4, 2, 32, 8), "float32")
+    new = jax.ShapeDtypeStruct((1, 2, 2, 8), "float32")
+    pos = jax.ShapeDtypeStruct((1, 2), "int32")
+    hlo = jax.jit(functools.partial(kernels.attend_and_write, backend="interpret")).lower(
+        q, new, new, pos, kv, kv).as_text()
+# shard_map lowers to a Shardy manual computation (or, with GSPMD, full-to-shard calls)
+results["pallas_hlo_per_device"] = "manual_computation" in hlo or "SPMDFullToShardShape" in hlo
 
 # the rejection-sampled law on 1x4 (the statistical test of test_spec_sampling.py)
 from test_spec_sampling import PROMPT, VOCAB, empirical_joint, exact_joint, tv_threshold  # noqa: E402

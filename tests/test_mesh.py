@@ -35,6 +35,18 @@ def test_outputs_identical_to_one_device(results, mesh, case):
     assert results[mesh][case] == results["single"][case]
 
 
+@pytest.mark.parametrize("mesh", ["pallas_1x2", "pallas_1x4"])
+def test_pallas_kernels_per_device_match_one_device(results, mesh):
+    """backend="interpret" (the Pallas kernels) under shard_map: heads local on 1x2, every
+    head on every device on 1x4 (2 KV heads); tokens equal one device's (XLA)."""
+    assert results[mesh]["greedy"] == results["single"]["greedy_draft"]
+    assert results[mesh]["coupled"] == results["single"]["coupled"]
+
+
+def test_pallas_attention_runs_under_shard_map(results):
+    assert results["pallas_hlo_per_device"]
+
+
 def test_large_weights_are_split_four_ways(results):
     """Every weight of 1k+ elements holds a quarter per device on 1x4, except the K/V
     projections: 2 KV heads cannot be split 4 ways, so they are replicated by design."""

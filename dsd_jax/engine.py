@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -188,6 +189,14 @@ class SpecEngine:
         """A fresh device state (every slot free) in the engine's layout."""
         return self.placement.new_state(lambda: init_state(
             self.target_config, self.drafter, self.max_batch_size, self.capacity, self.max_k))
+
+    def _freed_state(self):
+        """The state with every slot free: the same buffers when they are intact (no second
+        copy of the caches), a fresh state when a failed call left its donated ones deleted."""
+        if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
+            return self.new_state()
+        active = self.state.active
+        return self.state._replace(active=jnp.zeros_like(active, device=active.sharding))
 
     def memory_report(self) -> dict:
         """Bytes per device of the params, the KV caches and the rest of the state (see
@@ -400,7 +409,7 @@ class SpecEngine:
             if not finished_normally:
                 # an error or an abandoned stream: free every slot so no stale request
                 # keeps decoding in the next run
-                self.state = self.new_state()
+                self.state = self._freed_state()
 
     def _rounds(self, live: list[_Request], k: int, queued: bool, inflight) -> int:
         """Rounds of K the next dispatch runs. One, unless nothing can change before the

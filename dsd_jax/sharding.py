@@ -88,11 +88,9 @@ def state_specs(state, target_kv_heads: int, draft_kv_heads: int | None, sizes):
     def kv_specs(kv, heads):
         return jax.tree.map(lambda x: _slots_spec(x.shape, sizes, 1, heads), kv)
 
-    def per_slot(x):
-        return _slots_spec(x.shape, sizes) if x.shape and x.shape[0] == state.tokens.shape[0] else P()
-
-    specs = jax.tree.map(per_slot, state)
-    specs = specs._replace(target_kv=kv_specs(state.target_kv, target_kv_heads))
+    specs = jax.tree.map(lambda x: _slots_spec(x.shape, sizes), state)
+    specs = specs._replace(target_kv=kv_specs(state.target_kv, target_kv_heads),
+                           accepted_per_pos=P(), proposed_per_pos=P())  # [max_k], not per slot
     drafter = getattr(state.drafter, "kv", None)
     if drafter is not None:  # a draft model's cache: the same layout as the target's
         specs = specs._replace(drafter=specs.drafter._replace(kv=kv_specs(drafter, draft_kv_heads)))

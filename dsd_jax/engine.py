@@ -50,7 +50,9 @@ class _Dispatch(NamedTuple):
 
 @dataclasses.dataclass
 class RequestOutput:
-    """One finished request (vLLM/Tunix conventions: unpadded tokens, same-length logprobs)."""
+    """One finished completion (vLLM/Tunix conventions: unpadded tokens, same-length logprobs).
+
+    With `SamplingParams(n=G)` a prompt has G outputs, adjacent, `index` 0..G-1."""
 
     request_id: int
     prompt_token_ids: list[int]
@@ -59,6 +61,8 @@ class RequestOutput:
     logprobs: list[float] | None = None  # of each token under the target's sampling distribution
     raw_logprobs: list[float] | None = None  # log_softmax of the raw target logits
     text: str | None = None
+    prompt_index: int = 0  # which prompt of the `generate` call
+    index: int = 0  # which of its n completions
 
 
 @dataclasses.dataclass
@@ -67,6 +71,9 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     seed: int
+    prompt_index: int = 0
+    index: int = 0  # completion index within its prompt's group (SamplingParams.n)
+    group: int = -1  # request id of the group's first completion (siblings share the prefill)
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     raw_logprobs: list = dataclasses.field(default_factory=list)
@@ -244,15 +251,19 @@ class SpecEngine:
                 raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
             if len(sp.stop_token_ids) > MAX_STOP_IDS:
                 raise ValueError(f"request {i}: at most {MAX_STOP_IDS} stop_token_ids are supported")
-            rid = next(self._request_ids)
-            seed = sp.seed if sp.seed is not None else (self._seed * 1_000_003 + rid)
-            requests.append(_Request(rid, prompt, sp, seed % (2 ** 32)))
+            group = -1
+            for g in range(sp.n):
+                rid = next(self._request_ids)
+                group = rid if g == 0 else group
+                seed = sp.seed + g if sp.seed is not None else (self._seed * 1_000_003 + rid)
+                requests.append(_Request(rid, prompt, sp, seed % (2 ** 32), i, g, group))
         return requests
 
     def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
                  return_logprobs: bool = False, progress: Callable[[int], None] | None = None
                  ) -> list[RequestOutput]:
-        """Generates for every prompt; outputs in prompt order. More prompts than slots queue."""
+        """Generates for every prompt; outputs in prompt order (a prompt's n completions
+        adjacent). More requests than slots queue."""
         requests = self._make_requests(prompts, sampling)
         for _ in self._run(requests):
             if progress:
@@ -260,7 +271,8 @@ class SpecEngine:
         return [self._output(r, return_logprobs) for r in requests]
 
     def stream(self, prompts, sampling=None) -> Iterator[tuple[int, list[int]]]:
-        """Yields (prompt index, new token ids) as tokens are committed."""
+        """Yields (output index, new token ids) as tokens are committed; the output index is
+        the position `generate` would return the completion at (the prompt index when n=1)."""
         requests = self._make_requests(prompts, sampling)
         index = {r.request_id: i for i, r in enumerate(requests)}
         for req, new in self._run(requests):
@@ -270,7 +282,8 @@ class SpecEngine:
         text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
         return RequestOutput(r.request_id, r.prompt, list(r.tokens), r.finish_reason,
                              list(r.logprobs) if return_logprobs else None,
-                             list(r.raw_logprobs) if return_logprobs else None, text)
+                             list(r.raw_logprobs) if return_logprobs else None, text,
+                             r.prompt_index, r.index)
 
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: _Request) -> int:

@@ -32,6 +32,9 @@ class SamplingParams:
     temperature 0 is greedy; top_k 0 and top_p 1.0 disable those filters.
     `seed` fixes the request's noise (None: the engine assigns one).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
+    `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
+    prompt is prefilled once; completion g draws from seed `seed + g` (so with a seed it
+    equals a single request with that seed), or from an engine-assigned seed of its own.
     """
 
     temperature: float = 1.0
@@ -41,8 +44,11 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     seed: int | None = None
     include_stop_token: bool = True
+    n: int = 1
 
     def __post_init__(self):
+        if int(self.n) != self.n or self.n < 1:
+            raise ValueError(f"n (completions per prompt) must be a positive integer, got {self.n}")
         if not (self.temperature >= 0.0) or self.temperature != self.temperature:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if int(self.top_k) != self.top_k or self.top_k < 0:

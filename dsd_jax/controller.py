@@ -403,6 +403,7 @@ class Controller:
         step_time_s: float | None = None,
         request_ids: Sequence[Hashable] | None = None,
         context_len: float | None = None,
+        batch_size: int | None = None,
     ) -> None:
         """Record one finished round that ran with `k` drafts.
 
@@ -413,6 +414,8 @@ class Controller:
         request_ids: one id per row (per_request mode and the makespan objective update
             each request's estimate).
         context_len: the context length the round ran at (for the ITL prediction).
+        batch_size: the batch the round's time belongs to (default: the rows given); under
+            data parallelism, the fullest data shard's rows.
         """
         k = _index("k", k)
         if not 0 <= k <= self.max_k:
@@ -430,7 +433,8 @@ class Controller:
         rows = self._requests.rows_for(request_ids) if self._track_rows and request_ids is not None else None
         # Calibration scores the predictions made for this step, before it updates them.
         pred_al = None if k == 0 else self._step_al(k, acc, rows)
-        itl_ms = None if meas_ms is None else self._step_itl(k, b, meas_ms, context_len)
+        timed_b = b if batch_size is None else _index("batch_size", batch_size)
+        itl_ms = None if meas_ms is None else self._step_itl(k, timed_b, meas_ms, context_len)
         self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
         if k == 0:
             return

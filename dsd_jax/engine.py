@@ -6,7 +6,8 @@ tokens and counts. Step N+1 is dispatched before the host blocks on step N's
 outputs (JAX async dispatch), so the device does not wait on Python; the controller
 therefore sees statistics one step old. Live requests stay packed in slots 0..n-1
 (a finished request's slot receives the last live slot), so the bucket program
-follows the live batch size.
+follows the live batch size. On a mesh with a "data" axis each data shard packs its own
+live requests and the bucket follows the fullest shard (`dsd_jax.data_parallel`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class _Dispatch(NamedTuple):
 
     out: Any  # StepOutput stacked [MAX_ROUNDS, ...]
     ran: Any  # rounds run (device scalar)
-    snapshot: list  # the live requests, in slot order, when it was dispatched
+    snapshot: list  # per output row (data shard after shard): its request, or None
     k: int
     context: int
     rounds: int  # rounds asked for
@@ -77,22 +78,20 @@ class _Request:
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     raw_logprobs: list = dataclasses.field(default_factory=list)
-    slot: int = -1
+    shard: int = 0  # data shard holding the request
+    slot: int = -1  # slot within its shard
     finish_reason: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
 
 
-def _placement(mesh, target, draft) -> Placement:
+def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     placement = Placement(mesh, target.config.num_kv_heads,
                           None if draft is None else draft.config.num_kv_heads)
-    if mesh is None:
-        return placement
-    if placement.sizes[DATA] > 1:
-        # Data parallelism needs each data shard to pack its own live requests (slicing the
-        # first B global slots would put every request on shard 0); not built yet.
-        raise NotImplementedError(f"meshes with a 'data' axis > 1 are not supported yet (got mesh "
-                                  f"{dict(mesh.shape)}); use data=1 (tensor parallel on 'model')")
+    data = placement.sizes[DATA]
+    if max_batch_size % data:
+        raise ValueError(f"max_batch_size {max_batch_size} must be a multiple of the mesh's 'data' "
+                         f"axis ({data}): each data shard holds the same number of slots")
     return placement
 
 
@@ -102,7 +101,9 @@ class SpecEngine:
     target, draft: `dsd_jax.models.Transformer` (draft only for methods that need a model,
     such as "draft_model"; see `dsd_jax.drafters`).
     spec: `SpecConfig` (or a vLLM-style dict). max_batch_size slots, each holding up to
-    max_seq_len tokens (prompt + output). `controller`: any object with
+    max_seq_len tokens (prompt + output); on a mesh with a "data" axis of size D the slots
+    are split evenly over the D shards and `batch_buckets` count slots per shard.
+    `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`;
     by default built from `spec` (and `profile`). A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
@@ -135,14 +136,16 @@ class SpecEngine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.tokenizer = tokenizer
-        self.batch_buckets = tuple(batch_buckets or power_of_two_buckets(max_batch_size))
-        if self.batch_buckets[-1] < max_batch_size or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
+        self.placement = _placement(mesh, target, draft, max_batch_size)
+        self.data = self.placement.sizes[DATA]
+        self.slots_per_shard = per_shard = max_batch_size // self.data
+        self.batch_buckets = tuple(batch_buckets or power_of_two_buckets(per_shard))
+        if self.batch_buckets[-1] < per_shard or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
             raise ValueError(f"batch_buckets {self.batch_buckets} must be increasing and reach "
-                             f"max_batch_size {max_batch_size}")
+                             f"{per_shard} (the slots of one data shard)")
         self.prefill_chunk = int(prefill_chunk)
         self.target_config = target.config
         self.draft_config = None if draft is None else draft.config
-        self.placement = _placement(mesh, target, draft)
         target_graph, target_params = nnx.split(target)
         draft_graph, draft_params = (None, None) if draft is None else nnx.split(draft)
         self._target_params = self.placement.put_params(target_params, "target")
@@ -166,7 +169,9 @@ class SpecEngine:
                 profile = Profile.load(spec.dynamic.profile, expect_fingerprints=self.fingerprints(),
                                        expect_device_kind=device_kind(),
                                        expect_mesh=self.placement.sizes)
-            controller = Controller(spec, profile, max_batch_size=max_batch_size,
+            # under data parallelism a step's time is set by the fullest shard: the
+            # controller sees per-shard batch sizes
+            controller = Controller(spec, profile, max_batch_size=per_shard,
                                     batch_buckets=self.batch_buckets)
         self.controller = controller
         self.stats = EngineStats(self.max_k)
@@ -290,49 +295,104 @@ class SpecEngine:
         """Most tokens request r may produce (its max_tokens, capped by the slot's length)."""
         return min(r.params.max_tokens, self.max_seq_len - len(r.prompt))
 
+    def _place(self, new: list[_Request], shards: list[list[_Request]]) -> None:
+        """Each new request goes to the least loaded data shard (the step's time follows the
+        fullest one), at the end of its packed slots."""
+        for r in new:
+            r.shard = min(range(self.data), key=lambda s: len(shards[s]))
+            r.slot = len(shards[r.shard])
+            shards[r.shard].append(r)
+
+    def _per_shard(self, items_of, n: int, fill, dtype=np.int32, width=None) -> np.ndarray:
+        """A [data, n(, width)] host argument: shard s's rows from `items_of(s)`, padded with
+        `fill` (a padding slot index is out of range: the programs skip it)."""
+        shape = (self.data, n) if width is None else (self.data, n, width)
+        out = np.full(shape, fill, dtype)
+        for s in range(self.data):
+            items = items_of(s)
+            if items:
+                out[s, :len(items)] = items
+        return out
+
     def _admit(self, new: list[_Request]) -> None:
-        """Prefills target (and draft) for new requests in chunks, then marks them live."""
-        n = bucket_for(len(new), self.programs.prefill_rows)
+        """Prefills target (and draft) for new requests in chunks, then marks them live.
+
+        A group's completions (`SamplingParams.n`) on one shard share one prefill: the
+        first is prefilled and its slot copied into its siblings' slots."""
+        leaders, copies = [[] for _ in range(self.data)], [[] for _ in range(self.data)]
+        for s in range(self.data):
+            first: dict[int, _Request] = {}
+            for r in new:
+                if r.shard != s:
+                    continue
+                if r.group in first:
+                    copies[s].append((first[r.group].slot, r.slot))
+                else:
+                    first[r.group] = r
+                    leaders[s].append(r)
+        rows_bucket = lambda count: bucket_for(max(count), self.programs.prefill_rows)
+        n = rows_bucket([len(x) for x in leaders])
+        pad = self.slots_per_shard  # out of range: dropped
         longest = max(len(r.prompt) for r in new)
-        rows = np.full(n, self.max_batch_size, np.int32)  # padding rows are dropped
-        rows[:len(new)] = [r.slot for r in new]
-        prompts = np.zeros((n, max(longest, 1)), np.int32)
-        lengths = np.zeros(n, np.int32)
-        for i, r in enumerate(new):
-            prompts[i, :len(r.prompt)] = r.prompt
-            lengths[i] = len(r.prompt)
-        scatter_rows = np.where(rows < self.max_batch_size, rows, 0).astype(np.int32)
+        rows = self._per_shard(lambda s: [r.slot for r in leaders[s]], n, 0)  # padding writes nothing
+        lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
+        prompts = np.zeros((self.data, n, longest), np.int32)
+        for s in range(self.data):
+            for i, r in enumerate(leaders[s]):
+                prompts[s, i, :len(r.prompt)] = r.prompt
         for start, c in prefill_pieces(longest, self.programs.prefill_chunks):
-            piece = np.zeros((n, c), np.int32)
-            width = min(c, prompts.shape[1] - start)
-            piece[:, :width] = prompts[:, start:start + width]
+            piece = np.zeros((self.data, n, c), np.int32)
+            width = min(c, longest - start)
+            piece[..., :width] = prompts[..., start:start + width]
             count = np.clip(lengths - start, 0, c).astype(np.int32)
             self.state = self.programs.prefill(n, c)(
-                self._target_params, self._draft_params, self.state, scatter_rows, piece,
-                np.full(n, start, np.int32), count, np.maximum(lengths - 1, 0).astype(np.int32))
-        stop = np.full((n, MAX_STOP_IDS), -1, np.int32)
-        sp = [r.params for r in new] + [SamplingParams()] * (n - len(new))
-        for i, r in enumerate(new):
-            stop[i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
-        limit = lengths + np.array([self._budget(r) for r in new] + [0] * (n - len(new)))
-        init = SlotInit(rows, lengths, limit.astype(np.int32),
-                        np.array([p.temperature for p in sp], np.float32),
-                        np.array([p.top_k for p in sp], np.int32),
-                        np.array([p.top_p for p in sp], np.float32),
-                        np.array([r.seed for r in new] + [0] * (n - len(new)), np.uint32), stop)
+                self._target_params, self._draft_params, self.state, rows, piece,
+                np.full((self.data, n), start, np.int32), count,
+                np.maximum(lengths - 1, 0).astype(np.int32))
+        if any(copies):
+            m = rows_bucket([len(x) for x in copies])
+            self.state = self.programs.copy(m)(
+                self.state, self._per_shard(lambda s: [a for a, _ in copies[s]], m, 0),
+                self._per_shard(lambda s: [b for _, b in copies[s]], m, pad))
+        by_shard = [[r for r in new if r.shard == s] for s in range(self.data)]
+        n = rows_bucket([len(x) for x in by_shard])
+
+        def field(value, fill=0, dtype=np.int32):
+            return self._per_shard(lambda s: [value(r) for r in by_shard[s]], n, fill, dtype)
+
+        stop = np.full((self.data, n, MAX_STOP_IDS), -1, np.int32)
+        for s in range(self.data):
+            for i, r in enumerate(by_shard[s]):
+                stop[s, i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
+        init = SlotInit(field(lambda r: r.slot, pad), field(lambda r: len(r.prompt)),
+                        field(lambda r: len(r.prompt) + self._budget(r)),
+                        field(lambda r: r.params.temperature, dtype=np.float32),
+                        field(lambda r: r.params.top_k),
+                        field(lambda r: r.params.top_p, 1.0, np.float32),
+                        field(lambda r: r.seed, dtype=np.uint32), stop)
         self.state = self.programs.admit(n)(self.state, init)
 
-    def _remove(self, live: list[_Request], finished: list[_Request]) -> None:
-        """Keeps live requests packed: the last live slot moves into each freed slot."""
+    def _remove(self, shards: list[list[_Request]], finished: list[_Request]) -> None:
+        """Keeps each shard's live requests packed: its last live slot moves into each freed
+        slot (one move per shard per program call)."""
+        pending = [[r for r in finished if r.shard == s] for s in range(self.data)]
         move = self.programs.move()
-        for r in finished:
-            i, last = r.slot, len(live) - 1
-            if i != last:
-                self.state = move(self.state, np.int32(last), np.int32(i))
-                live[i] = live[last]
-                live[i].slot = i
-            live.pop()
-            r.slot = -1
+        while any(pending):
+            src = np.full(self.data, self.slots_per_shard, np.int32)  # out of range: no move
+            dst = src.copy()
+            for s, todo in enumerate(pending):
+                if not todo:
+                    continue
+                r, live = todo.pop(), shards[s]
+                i, last = r.slot, len(live) - 1
+                if i != last:
+                    src[s], dst[s] = last, i
+                    live[i] = live[last]
+                    live[i].slot = i
+                live.pop()
+                r.slot = -1
+            if (dst < self.slots_per_shard).any():
+                self.state = move(self.state, src, dst)
 
     def _process(self, d: _Dispatch) -> tuple:
         """Reads one dispatch's outputs back (the only device->host copy in the loop) and
@@ -347,7 +407,9 @@ class SpecEngine:
         now = time.perf_counter()
         start = self.stats.last_step_time
         times = (start + (now - start) * np.arange(1, R + 1) / R).tolist()  # rounds share it evenly
-        rows = np.array([i for i, r in enumerate(snapshot) if r.finish_reason is None], np.int64)
+        rows = np.array([i for i, r in enumerate(snapshot) if r is not None and r.finish_reason is None],
+                        np.int64)
+        bucket = len(snapshot) // self.data
         # the round each row finished in (R if it is still running)
         last = np.where(done[:, rows].any(0), done[:, rows].argmax(0), R)
         for j in range(R):
@@ -355,11 +417,14 @@ class SpecEngine:
             if not len(live):
                 break
             dt = self.stats.record_step(k, len(live), n_acc[j, live], int(n_emit[j, live].sum()), times[j])
+            # the batch size that set the round's time: the fullest data shard's
+            fullest = {} if self.data == 1 else {
+                "batch_size": int(np.bincount(live // bucket, minlength=self.data).max())}
             # In the pipelined steady state the gap between two results is one step's
             # time; a gap that contains a prefill is not.
             self.controller.observe(k, n_acc[j, live], step_time_s=None if self._prefilled else dt,
                                     request_ids=[snapshot[i].request_id for i in live],
-                                    context_len=context)
+                                    context_len=context, **fullest)
             self._prefilled = False
         events, finished = [], []
         width = np.arange(tokens.shape[-1])
@@ -387,35 +452,38 @@ class SpecEngine:
 
     def _run(self, requests: list[_Request]):
         queue = collections.deque(requests)
-        live: list[_Request] = []
+        shards: list[list[_Request]] = [[] for _ in range(self.data)]  # live, in slot order
         inflight = None
         self._k_history.clear()
         self.stats.begin_run()
         finished_normally = False
         try:
-            while queue or live or inflight:
-                if queue and len(live) < self.max_batch_size:
-                    new = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size - len(live)))]
-                    for r in new:
-                        r.slot = len(live)
-                        live.append(r)
+            while queue or any(shards) or inflight:
+                free = self.max_batch_size - sum(map(len, shards))
+                if queue and free:
+                    new = [queue.popleft() for _ in range(min(len(queue), free))]
+                    self._place(new, shards)
                     self._admit(new)
                     self._prefilled = True
                 dispatched = None
-                if live:
+                if any(shards):
+                    live = [r for shard in shards for r in shard]
+                    fullest = max(map(len, shards))
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
-                    k = self._choose_k(live, context, refilled=bool(queue))
+                    k = self._choose_k(live, fullest, context, refilled=bool(queue))
                     rounds = self._rounds(live, k, bool(queue), inflight)
-                    b = bucket_for(len(live), self.batch_buckets)
+                    b = bucket_for(fullest, self.batch_buckets)
                     self.state, out, ran = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))
-                    dispatched = _Dispatch(out, ran, list(live), k, context, rounds)
+                    snapshot = [shard[i] if i < len(shard) else None for shard in shards
+                                for i in range(b)]
+                    dispatched = _Dispatch(out, ran, snapshot, k, context, rounds)
                 if inflight:
                     events, finished = self._process(inflight)
                     yield from events
-                    self._remove(live, [r for r in finished if r.slot >= 0])
+                    self._remove(shards, [r for r in finished if r.slot >= 0])
                 # once every request of a dispatched step has finished its outputs are empty
-                inflight = dispatched if live else None
+                inflight = dispatched if any(shards) else None
             finished_normally = True
         finally:
             self.stats.end_run(requests)
@@ -440,17 +508,19 @@ class SpecEngine:
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, MAX_ROUNDS))
 
-    def _choose_k(self, live: list[_Request], context: int, refilled: bool) -> int:
+    def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
+        """K for the next dispatch; `batch` is the fullest data shard's live count (the
+        whole batch without data parallelism), whose rows set the step's time."""
         if self.max_k == 0:
             return 0
         ids = [r.request_id for r in live]
         if not refilled and getattr(self.controller, "objective", None) == "makespan":
             # nothing will take a finished row's slot: the controller aims at the last row
             remaining = [self._budget(r) - len(r.tokens) for r in live]
-            k = self.controller.choose_k(len(live), context_len=context, request_ids=ids,
+            k = self.controller.choose_k(batch, context_len=context, request_ids=ids,
                                          remaining=remaining)
         else:
-            k = self.controller.choose_k(len(live), context_len=context, request_ids=ids)
+            k = self.controller.choose_k(batch, context_len=context, request_ids=ids)
         k = int(k)
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")

@@ -1,7 +1,10 @@
 """Ahead-of-time compiled programs, one per (K, batch bucket) plus prefill/admit/move.
 
 After `compile_all()` the engine only ever calls these executables, so switching K
-or batch size compiles nothing (the analogue of per-K CUDA graphs).
+or batch size compiles nothing (the analogue of per-K CUDA graphs). Every program runs
+once per "data" shard on that shard's slots (`dsd_jax.data_parallel`): host arguments
+carry a leading [data] axis (1 without data parallelism), batch buckets and slot
+indices are per shard, and a step's outputs are [rounds, data * bucket, ...].
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec as P
+
 from dsd_jax import step as step_lib
-from dsd_jax.sharding import Placement
+from dsd_jax.data_parallel import HOST, PARAMS, STATE, any_active, per_shard, summed_counters
+from dsd_jax.sharding import DATA, Placement
 from dsd_jax.state import MAX_STOP_IDS, DecodeState
 
 
@@ -27,6 +33,7 @@ class Programs:
         self.prefill_rows = tuple(prefill_rows)
         self.prefill_chunks = tuple(prefill_chunks)
         place = self.placement = placement or Placement(None, 0, None)
+        self.data = data = place.sizes[DATA]
         state_sh = place.state_shardings(state)
         # explicit shardings on a mesh: every argument's layout is fixed at compile time, and
         # the state comes back in the layout it went in (it is donated and fed back)
@@ -35,12 +42,23 @@ class Programs:
                       place.abstract(state, state_sh))
         rep = place.replicated
         outs = {} if state_sh is None else {"out_shardings": state_sh}
+        # outputs replicated: every process of a multi-host run reads them whole
         self._step_outs = {} if state_sh is None else {"out_shardings": (state_sh, rep, rep)}
-        self._step_fn = functools.partial(step_lib.spec_rounds, target_graph, drafter, opts)
-        self._prefill = jax.jit(functools.partial(step_lib.prefill, target_graph, drafter, opts),
+        local = place.data_specs(state) if data > 1 else None
+
+        def shards(fn, kinds, out_specs=local):
+            return per_shard(fn, place.mesh, data, local, kinds, out_specs)
+
+        self._graph, self._drafter = target_graph, drafter
+        self._step_shards = functools.partial(shards, kinds=(PARAMS, PARAMS, STATE, PARAMS),
+                                              out_specs=(local, P(None, DATA), P()))
+        self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, target_graph, drafter, opts),
+                                       (PARAMS, PARAMS, STATE) + (HOST,) * 5),
                                 donate_argnums=2, **outs)
-        self._admit = jax.jit(functools.partial(step_lib.admit, drafter), donate_argnums=0, **outs)
-        self._move = jax.jit(step_lib.move_slot, donate_argnums=0, **outs)
+        self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
+                              donate_argnums=0, **outs)
+        self._move = jax.jit(shards(step_lib.move_slot, (STATE, HOST, HOST)), donate_argnums=0, **outs)
+        self._copy = jax.jit(shards(step_lib.copy_slots, (STATE, HOST, HOST)), donate_argnums=0, **outs)
         self._compiled: dict = {}
 
     def _get(self, key, lower):
@@ -53,37 +71,56 @@ class Programs:
             exe = self._compiled[key] = lowered.compile()
         return exe
 
+    def _rounds(self, k: int, b: int, target_params, draft_params, state, num_rounds):
+        """One data shard's dispatch: R rounds of K over its first b slots."""
+        new, outs, ran = step_lib.spec_rounds(self._graph, self._drafter, self.opts, k, b,
+                                              target_params, draft_params, state, num_rounds,
+                                              any_active=any_active(self.data))
+        return summed_counters(self.data, state, new), outs, ran
+
     def step(self, k: int, b: int):
         """The (K, bucket) program: `(target_params, draft_params, state, num_rounds) ->
-        (state, StepOutput [MAX_ROUNDS, ...], rounds run)` (see `step.spec_rounds`)."""
+        (state, StepOutput [MAX_ROUNDS, data * b, ...], rounds run)` (see
+        `step.spec_rounds`); b slots of every data shard, shard after shard."""
         if not 0 <= k <= self.max_k:
             raise ValueError(f"K={k} is outside the compiled range 0..{self.max_k}")
         if b not in self.batch_buckets:
             raise ValueError(f"batch bucket {b} is not one of {self.batch_buckets}")
         return self._get(("step", k, b), lambda: jax.jit(
-            functools.partial(self._step_fn, k, b), donate_argnums=2, **self._step_outs).lower(
-                *self._args, self._i32()))
+            self._step_shards(functools.partial(self._rounds, k, b)), donate_argnums=2,
+            **self._step_outs).lower(*self._args, self._host(())))
 
     def _host(self, shape, dtype=jnp.int32):
         """A small host-side argument (replicated on a mesh)."""
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self.placement.replicated)
 
-    def _i32(self, *shape):
-        return self._host(shape)
+    def _per_shard(self, *shape, dtype=jnp.int32):
+        """A host argument with one entry per data shard: [data, *shape]."""
+        return self._host((self.data,) + shape, dtype)
 
     def prefill(self, n: int, c: int):
-        ints = self._i32(n)
+        """`(params..., state, rows, chunk, start, count, model_end)`, each [data, n(, c)]."""
+        ints = self._per_shard(n)
         return self._get(("prefill", n, c), lambda: self._prefill.lower(
-            *self._args, ints, self._i32(n, c), ints, ints, ints))
+            *self._args, ints, self._per_shard(n, c), ints, ints, ints))
 
     def admit(self, n: int):
-        f32, i32 = self._host((n,), jnp.float32), self._i32(n)
-        init = step_lib.SlotInit(i32, i32, i32, f32, i32, f32, self._host((n,), jnp.uint32),
-                                 self._i32(n, MAX_STOP_IDS))
+        """`(state, SlotInit of [data, n] arrays)`."""
+        f32, i32 = self._per_shard(n, dtype=jnp.float32), self._per_shard(n)
+        init = step_lib.SlotInit(i32, i32, i32, f32, i32, f32, self._per_shard(n, dtype=jnp.uint32),
+                                 self._per_shard(n, MAX_STOP_IDS))
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 
     def move(self):
-        return self._get(("move",), lambda: self._move.lower(self._args[2], self._i32(), self._i32()))
+        """`(state, src [data], dst [data])`: one move per shard (out of range: none)."""
+        return self._get(("move",), lambda: self._move.lower(
+            self._args[2], self._per_shard(), self._per_shard()))
+
+    def copy(self, n: int):
+        """`(state, src [data, n], dst [data, n])`: each shard copies n of its slots (a
+        group's prefilled prompt into its siblings' slots; dst out of range: padding)."""
+        ints = self._per_shard(n)
+        return self._get(("copy", n), lambda: self._copy.lower(self._args[2], ints, ints))
 
     def compile_all(self, progress=None) -> int:
         """Compiles every program; returns how many. `progress(done, total)` is optional."""
@@ -92,6 +129,7 @@ class Programs:
         jobs += [functools.partial(self.prefill, n, c) for n in self.prefill_rows
                  for c in self.prefill_chunks]
         jobs += [functools.partial(self.admit, n) for n in self.prefill_rows] + [self.move]
+        jobs += [functools.partial(self.copy, n) for n in self.prefill_rows]
         for i, job in enumerate(jobs):
             job()
             if progress:

@@ -138,6 +138,11 @@ class Placement:
         return named(self.mesh, state_specs(state, self.kv_heads["target"], self.kv_heads["draft"],
                                             self.sizes))
 
+    def data_specs(self, state):
+        """The state's specs naming only "data" (the in/out specs of a program run per
+        data shard; the "model" layout inside stays automatic)."""
+        return state_specs(state, 1, 1, {DATA: self.sizes[DATA]})
+
     def put_params(self, params, role: str):
         """Params onto their shardings; device-to-device when they are already on devices
         (a trainer's sharded output), so transfer guards against host copies hold."""

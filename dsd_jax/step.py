@@ -128,14 +128,15 @@ MAX_ROUNDS = 8  # rounds one dispatch may run (the `rounds` program's output dep
 
 
 def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int, target_params,
-                draft_params, state: DecodeState, num_rounds):
+                draft_params, state: DecodeState, num_rounds, any_active=jnp.any):
     """Up to `num_rounds` (<= MAX_ROUNDS, a runtime value) rounds of `spec_step` with the same
     K in one dispatch, stopping early once no row of the bucket is active.
 
     Returns (state, StepOutput stacked [MAX_ROUNDS, ...], rounds run). Rounds not run are
     zeros (nothing emitted). One round per dispatch is the usual case; the engine asks for
     more only while its controller's choice is stable, so the host's per-step work (and
-    the device->host copy) is paid once per several rounds.
+    the device->host copy) is paid once per several rounds. `any_active` reduces the
+    bucket's active flags (over every data shard, under data parallelism).
     """
     R = MAX_ROUNDS
     outs = StepOutput(jnp.zeros((R, B, K + 1), jnp.int32), jnp.zeros((R, B), jnp.int32),
@@ -144,7 +145,7 @@ def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: in
 
     def more(carry):
         i, state, _ = carry
-        return (i < jnp.minimum(num_rounds, R)) & jnp.any(state.active[:B])
+        return (i < jnp.minimum(num_rounds, R)) & any_active(state.active[:B])
 
     def one_round(carry):
         i, state, outs = carry
@@ -205,21 +206,23 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
     )
 
 
+_PER_SLOT = ("tokens", "length", "limit", "active", "temperature", "top_k", "top_p", "seed",
+             "stop_ids")
+
+
+def copy_slots(state: DecodeState, src, dst) -> DecodeState:
+    """Copies slots src into slots dst (one row of every per-slot array, KV included);
+    src, dst: scalars or [n] (a dst out of range is padding: nothing is written)."""
+    def cp(x):
+        return x.at[dst].set(x[jnp.clip(src, 0, x.shape[0] - 1)], mode="drop")
+
+    return state._replace(**{f: cp(getattr(state, f)) for f in _PER_SLOT},
+                          target_kv=jax.tree.map(cp, state.target_kv),
+                          drafter=jax.tree.map(cp, state.drafter))
+
+
 def move_slot(state: DecodeState, src, dst) -> DecodeState:
-    """Copies slot src into slot dst (one row of every array, KV included) and frees src;
-    keeps live requests packed in slots 0..n-1."""
-    def mv(x):
-        return x.at[dst].set(x[src])
-
-    moved = state._replace(
-        **{f: mv(getattr(state, f)) for f in (
-            "tokens", "length", "limit", "active", "temperature", "top_k", "top_p",
-            "seed", "stop_ids")},
-        target_kv=jax.tree.map(mv, state.target_kv),
-        drafter=jax.tree.map(mv, state.drafter),
-    )
-    return moved._replace(active=moved.active.at[src].set(False))
-
-
-def release_slot(state: DecodeState, slot) -> DecodeState:
-    return state._replace(active=state.active.at[slot].set(False))
+    """Copies slot src into slot dst and frees src; keeps live requests packed in slots
+    0..n-1. Out-of-range src and dst (on a data shard with nothing to move) do nothing."""
+    moved = copy_slots(state, src, dst)
+    return moved._replace(active=moved.active.at[src].set(False, mode="drop"))

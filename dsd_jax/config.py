@@ -243,10 +243,12 @@ _KEY_ALIASES = {
 class SpecConfig:
     """What to speculate with and how K is chosen (vLLM `speculative_config` names).
 
-    method: "draft_model" (a smaller model sharing the tokenizer), "ngram" (prompt
-        lookup), "none" (plain decoding; `num_speculative_tokens` is forced to 0), or a
+    method: "draft_model" (a smaller model sharing the tokenizer), "eagle3" (an EAGLE-3
+        head fed by the target's hidden states), "ngram" (prompt lookup), "none" (plain decoding; `num_speculative_tokens` is forced to 0), or a
         method added with `dsd_jax.drafters.register`.
-    model: draft model path (informational; the engine receives the model itself).
+    model: draft model path (informational; the engine receives the model itself). For
+        "eagle3": "builtin" or an EAGLE-3 head directory, checked to exist
+        (`dsd_jax.models.load_eagle3(spec.model)` loads it; pass the head as `draft=`).
     num_speculative_tokens: max K (>= 1 unless method is "none").
     num_speculative_tokens_per_batch_size: inclusive [start_bs, end_bs, K] ranges,
         sorted, non-overlapping, start_bs >= 1, 0 <= K <= max K. Batch sizes no
@@ -274,6 +276,9 @@ class SpecConfig:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
         method = _choice("method", self.method, drafters.names())  # built-in or registered
         set_("model", _opt_str("model", self.model))
+        if method == "eagle3" and self.model not in (None, "builtin") and not os.path.isdir(self.model):
+            raise ValueError(f"model for method 'eagle3' must be 'builtin' or an EAGLE-3 head "
+                             f"directory (config.json + model.safetensors), got {self.model!r}")
         n = _int("num_speculative_tokens", self.num_speculative_tokens, min_value=0)
         if method == "none":
             n = 0  # plain decoding: max K is 0 whatever was written

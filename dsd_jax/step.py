@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from dsd_jax import kernels, sampling
 from dsd_jax.drafters.base import DraftContext, Drafter, gather_tokens
 from dsd_jax.models import forward
+from dsd_jax.models.transformer import config_of
 from dsd_jax.state import DecodeState
 
 
@@ -48,6 +49,19 @@ class StepOutput(NamedTuple):
     raw_logprobs: jax.Array  # [B, K+1] float32 log_softmax of the raw target logits
 
 
+def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_params, tokens,
+                    positions, target_kv, drafter_state, rows=None):
+    """The target forward; with a feature-fed drafter it also returns the aux hidden states,
+    which the drafter's `observe` stores (the flag is static: no cost otherwise)."""
+    aux = (drafter.feature_layers(config_of(target_graph, target_params))
+           if drafter.needs_features else ())
+    out = forward(target_graph, target_params, tokens, positions, target_kv, rows=rows,
+                  attn_backend=opts.backend, aux_layers=aux)
+    if aux:
+        drafter_state = drafter.observe(drafter_state, out[2], positions, rows)
+    return out[0], out[1], drafter_state
+
+
 def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
               target_params, draft_params, state: DecodeState):
     """One speculative round with K drafts over slots 0..B-1."""
@@ -57,20 +71,22 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     seed, stop_ids = state.seed[:B], state.stop_ids[:B]
     ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed)
     drafter_state = state.drafter
+    params = drafter.bind_params(draft_params, target_graph, target_params)
 
     # 1. draft (K = 0 does not run the drafter at all)
     q = None
     if K > 0:
-        drafter_state = drafter.catch_up(draft_params, drafter_state, ctx)
-        drafts, q, drafter_state = drafter.propose(draft_params, drafter_state, ctx, K)
+        drafter_state = drafter.catch_up(params, drafter_state, ctx)
+        drafts, q, drafter_state = drafter.propose(params, drafter_state, ctx, K)
     else:
         drafts = jnp.zeros((B, 0), jnp.int32)
 
-    # 2. verify
+    # 2. verify (a feature-fed drafter stores the target's hidden states, whatever K)
     pending = gather_tokens(tokens, length[:, None] - 1)
     positions = jnp.where(active[:, None], length[:, None] - 1 + jnp.arange(K + 1), -1)
-    logits, target_kv = forward(target_graph, target_params, jnp.concatenate([pending, drafts], 1),
-                                positions, state.target_kv, attn_backend=opts.backend)
+    logits, target_kv, drafter_state = _target_forward(
+        target_graph, drafter, opts, target_params, jnp.concatenate([pending, drafts], 1),
+        positions, state.target_kv, drafter_state)
     V = logits.shape[-1]
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
     proc = sampling.processed_logits(logits, temperature, top_k, top_p)
@@ -170,9 +186,10 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     real = jnp.arange(C)[None, :] < count[:, None]
     tokens = state.tokens.at[rows[:, None], jnp.where(real, pos, state.capacity)].set(chunk, mode="drop")
     model_pos = jnp.where(real & (pos < model_end[:, None]), pos, -1)
-    _, target_kv = forward(target_graph, target_params, chunk, model_pos, state.target_kv, rows=rows,
-                           attn_backend=opts.backend)
-    drafter_state = drafter.prefill(draft_params, state.drafter, chunk, model_pos, rows)
+    _, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
+                                                  model_pos, state.target_kv, state.drafter, rows)
+    params = drafter.bind_params(draft_params, target_graph, target_params)
+    drafter_state = drafter.prefill(params, drafter_state, chunk, model_pos, rows)
     return state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
 
 

@@ -149,7 +149,8 @@ class Transformer(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _normal(rngs, (cfg.hidden_size, cfg.vocab_size), dt)
 
-    def __call__(self, tokens, positions, kv: KVCache, rows=None, attn_backend: str = "auto"):
+    def __call__(self, tokens, positions, kv: KVCache, rows=None, attn_backend: str = "auto",
+                 aux_layers: tuple[int, ...] = ()):
         """Runs T new tokens per row through the model, writing their KV entries.
 
         tokens, positions: [B, T] int32. A position < 0 marks padding: its KV write is
@@ -157,19 +158,27 @@ class Transformer(nnx.Module):
         cache entries 0..p of its row (the new ones included), so per-sequence lengths
         and causality inside the new window both follow from `positions`.
         rows: [B] int32 cache rows of the batch rows (None: rows 0..B-1, a static slice).
-        Returns (float32 logits [B, T, V], updated KVCache).
+        aux_layers: static; layer indices whose residual inputs are also returned (EAGLE-3
+        reads layers 2, L//2, L-3). Empty (the default) traces no extra output.
+        Returns (float32 logits [B, T, V], updated KVCache), plus, with aux_layers, the
+        residual inputs concatenated [B, T, len(aux_layers) * d] in the model's dtype.
         """
         cfg = self.config
         cos, sin = rope_cos_sin(cfg, jnp.maximum(positions, 0))
 
         x = jnp.take(self.embed[...], tokens, axis=0)
-        new_k, new_v = [], []
-        for layer, k_cache, v_cache in zip(self.layers, kv.k, kv.v):
+        new_k, new_v, aux = [], [], {}
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, kv.k, kv.v)):
+            if i in aux_layers:
+                aux[i] = x
             x, k_cache, v_cache = layer(cfg, x, cos, sin, positions, k_cache, v_cache, rows,
                                         attn_backend)
             new_k.append(k_cache)
             new_v.append(v_cache)
-        return self.logits(x), KVCache(tuple(new_k), tuple(new_v))
+        out = self.logits(x), KVCache(tuple(new_k), tuple(new_v))
+        if not aux_layers:
+            return out
+        return out + (jnp.concatenate([aux[i] for i in aux_layers], axis=-1),)
 
     def logits(self, x):
         """Final norm and LM head: float32 logits [B, T, V] of hidden states [B, T, d]."""
@@ -183,9 +192,21 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
     return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
-def forward(graphdef, params, tokens, positions, kv: KVCache, rows=None, attn_backend="auto"):
+def forward(graphdef, params, tokens, positions, kv: KVCache, rows=None, attn_backend="auto",
+            aux_layers: tuple[int, ...] = ()):
     """Pure forward over `nnx.split(model)`; see `Transformer.__call__`."""
-    return nnx.merge(graphdef, params)(tokens, positions, kv, rows=rows, attn_backend=attn_backend)
+    return nnx.merge(graphdef, params)(tokens, positions, kv, rows=rows, attn_backend=attn_backend,
+                                       aux_layers=aux_layers)
+
+
+def config_of(graphdef, params) -> ModelConfig:
+    """The `ModelConfig` of a split model (a static attribute: free inside a trace)."""
+    return nnx.merge(graphdef, params).config
+
+
+def embedding_of(graphdef, params):
+    """The token embedding table [V, d] of a split model (EAGLE heads share it)."""
+    return nnx.merge(graphdef, params).embed[...]
 
 
 def num_params(model: Transformer) -> int:

@@ -16,6 +16,7 @@ import importlib
 # name -> "module:Class", imported lazily
 _BUILTIN = {
     "draft_model": "dsd_jax.drafters.draft_model:DraftModel",
+    "eagle3": "dsd_jax.drafters.eagle3:Eagle3",
     "ngram": "dsd_jax.drafters.ngram:NGram",
     "none": "dsd_jax.drafters.base:NoDrafter",
 }

@@ -9,6 +9,11 @@ The step program calls, per round with K > 0 drafts over slots 0..B-1:
   `propose` (K drafts, with their distribution q or None for one-hot q),
 and, after verification, `commit` (what the accepted prefix means for the state).
 Prefill calls `prefill` on each prompt chunk and admission calls `admit`.
+
+A drafter fed by the target's hidden states (EAGLE heads) sets `needs_features`: the
+target forward of every prefill chunk and every round (K = 0 included) then also returns
+the residual inputs to `feature_layers(...)`, handed to `observe` before anything else
+runs on them. `bind_params` lets a drafter read target weights it shares (the embedding).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class Drafter:
     """
 
     needs_model: ClassVar[bool] = False  # SpecEngine must be given `draft=`
+    needs_features: ClassVar[bool] = False  # the target returns `feature_layers` to `observe`
 
     @classmethod
     def build(cls, spec, model=None, backend: str = "auto") -> "Drafter":
@@ -61,6 +67,21 @@ class Drafter:
 
     def init_state(self, num_slots: int, capacity: int) -> Any:
         return None
+
+    def bind_params(self, draft_params, target_graph, target_params):
+        """The `params` every other hook receives (default: the draft params). Runs inside
+        the compiled program, so target weights a drafter shares cost nothing to pass."""
+        return draft_params
+
+    def feature_layers(self, target_config) -> tuple[int, ...]:
+        """needs_features: target layers whose residual inputs `observe` receives (static)."""
+        return ()
+
+    def observe(self, state, features, positions, rows=None):
+        """needs_features: the target computed `features` [N, T, F] at `positions` [N, T]
+        (-1: none) of slots `rows` (None: 0..N-1). Every prefill chunk and every round,
+        K = 0 included, so this should only store (K = 0 must not run the drafter)."""
+        return state
 
     def prefill(self, params, state, chunk, positions, rows):
         """A prompt chunk [N, C] at `positions` [N, C] (-1: skip) of slots `rows` [N]."""
@@ -84,3 +105,25 @@ class Drafter:
 
 class NoDrafter(Drafter):
     """Method "none": plain decoding; K is always 0, so `propose` is never traced."""
+
+
+def sample_proposal(mode: str, logits, position, ctx: DraftContext):
+    """One draft token per row from a drafter's target-vocabulary logits [B, V] for the
+    token at `position` [B] -> (token [B], q [B, V] or None = one-hot q).
+
+    mode "sample": d ~ q, q kept; "argmax": one-hot q; "coupled" (drafter-invariant):
+    argmax(log q + the target's noise at that position). Greedy rows take the argmax in
+    every mode (q is then one-hot, as the target's p).
+    """
+    from dsd_jax import sampling
+
+    proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+    if mode == "argmax":
+        return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
+    stream = sampling.STREAM_TARGET if mode == "coupled" else sampling.STREAM_DRAFT
+    noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
+        ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
+    token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
+    if mode == "coupled":
+        return token, None
+    return token, sampling.probs_from_processed(proc, ctx.temperature)

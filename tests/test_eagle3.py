@@ -1,0 +1,296 @@
+"""EAGLE-3 heads: loading the published key layout, the drafter's bookkeeping against a
+from-scratch recomputation, and losslessness through the engine (greedy and sampled)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dsd_jax import SamplingParams, SpecConfig, models, sampling
+from dsd_jax.compilation import compilation_count
+from dsd_jax.drafters.base import DraftContext
+from dsd_jax.drafters.eagle3 import Eagle3
+from dsd_jax.models.eagle3 import Eagle3Config, load_eagle3, save_eagle3
+from conftest import FixedK, greedy_reference, make_engine, scaled, tiny_config
+from test_spec_sampling import (N_SAMPLES, PROMPT, SAMPLING, VOCAB, empirical_joint, exact_joint,
+                                tv_threshold)
+
+AUX = (0, 1, 3)  # a 4-layer target is too shallow for the default (2, L//2, L-3)
+
+
+def head_tensors(cfg: dict, seed: int, scale: float = 0.3, d2t=None) -> dict:
+    """Random weights under the Hugging Face EAGLE-3 keys (linear weights [out, in])."""
+    rng = np.random.default_rng(seed)
+    d, f, vd = cfg["hidden_size"], cfg["intermediate_size"], cfg["draft_vocab_size"]
+    hq = cfg["num_attention_heads"] * cfg["head_dim"]
+    hkv = cfg["num_key_value_heads"] * cfg["head_dim"]
+    n_aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    shapes = {"fc.weight": (d, n_aux * d), "midlayer.self_attn.q_proj.weight": (hq, 2 * d),
+              "midlayer.self_attn.k_proj.weight": (hkv, 2 * d),
+              "midlayer.self_attn.v_proj.weight": (hkv, 2 * d),
+              "midlayer.self_attn.o_proj.weight": (d, hq), "midlayer.mlp.gate_proj.weight": (f, d),
+              "midlayer.mlp.up_proj.weight": (f, d), "midlayer.mlp.down_proj.weight": (d, f),
+              "lm_head.weight": (vd, d)}
+    out = {k: (scale * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+    for k in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+              "midlayer.post_attention_layernorm.weight", "norm.weight"):
+        out[k] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    if d2t is None:  # every other target id from 1 up, then the rest: a non-trivial map
+        ids = np.sort(rng.choice(cfg["vocab_size"], vd, replace=False))
+        d2t = ids - np.arange(vd)
+    out["d2t"] = np.asarray(d2t, np.int64)
+    t2d = np.zeros(cfg["vocab_size"], bool)
+    t2d[np.arange(vd) + out["d2t"]] = True
+    out["t2d"] = t2d
+    return out
+
+
+def head_config(vocab: int, draft_vocab: int, aux=AUX) -> dict:
+    t = tiny_config()
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "num_hidden_layers": 1, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
+            "hidden_size": t.hidden_size, "intermediate_size": 48,
+            "num_attention_heads": t.num_heads, "num_key_value_heads": t.num_kv_heads,
+            "head_dim": t.head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux)}}
+
+
+def write_head(path, cfg: dict, tensors: dict):
+    from safetensors.numpy import save_file
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def target():
+    return scaled(models.init_model(tiny_config(num_layers=4), seed=0), 3.0)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory):
+    cfg = head_config(64, 48)
+    return write_head(tmp_path_factory.mktemp("eagle3") / "head", cfg, head_tensors(cfg, seed=1))
+
+
+@pytest.fixture(scope="module")
+def head(head_dir):
+    return load_eagle3(head_dir)
+
+
+# --------------------------------------------------------------------------- loading
+
+def test_load_maps_the_published_keys(head_dir, head):
+    from safetensors.numpy import load_file
+    raw = load_file(str(head_dir / "model.safetensors"))
+    assert isinstance(head.config, Eagle3Config) and head.config.aux_layers == AUX
+    np.testing.assert_array_equal(head.fc[...], raw["fc.weight"].T)
+    np.testing.assert_array_equal(head.wk[...], raw["midlayer.self_attn.k_proj.weight"].T)
+    np.testing.assert_array_equal(head.hidden_norm[...], raw["midlayer.hidden_norm.weight"])
+    np.testing.assert_array_equal(head.lm_head[...], raw["lm_head.weight"].T)
+    np.testing.assert_array_equal(head.target_ids(jnp.arange(48)), np.flatnonzero(raw["t2d"]))
+    # save -> load is the identity, and writes the same keys
+    out = save_eagle3(head, head_dir.parent / "resaved")
+    again = load_eagle3(out)
+    for a, b in zip(jax.tree.leaves(nnx.state(head)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(a, b)
+    assert set(load_file(out + "/model.safetensors")) == set(raw)
+
+
+def test_default_feature_layers_follow_the_target():
+    cfg = Eagle3Config(**{**tiny_config(num_layers=1).__dict__}, draft_vocab_size=64)
+    assert cfg.target_aux_layers(tiny_config(num_layers=8)) == (2, 4, 5)
+    assert cfg.target_aux_layers(tiny_config(num_layers=32)) == (2, 16, 29)
+    with pytest.raises(ValueError, match="hidden_size 32 != target hidden_size 64"):
+        cfg.target_aux_layers(tiny_config(num_layers=8, hidden_size=64))
+    with pytest.raises(ValueError, match="not layers of a 2-layer target"):
+        cfg.target_aux_layers(tiny_config(num_layers=2))
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing", "missing tensor 'midlayer.mlp.up_proj.weight'"),
+    ("shape", r"'fc.weight' has shape \(32, 64\), expected \(32, 96\)"),
+    ("d2t_range", "d2t maps draft id 47 to target id 64, outside"),
+    ("d2t_dup", "maps two draft ids to the same target id"),
+    ("t2d", "t2d does not mark exactly"),
+    ("extra", "tensor\\(s\\) an EAGLE-3 head does not use: 'midlayer.extra.weight'"),
+    ("no_d2t", "no 'd2t' tensor but a reduced draft vocabulary"),
+    ("layers", "one decoder layer; config.json says num_hidden_layers=2"),
+])
+def test_bad_checkpoints_are_clear_errors(tmp_path, case, match):
+    cfg = head_config(64, 48)
+    t = head_tensors(cfg, seed=2)
+    if case == "missing":
+        del t["midlayer.mlp.up_proj.weight"]
+    elif case == "shape":
+        t["fc.weight"] = t["fc.weight"][:, :64]
+    elif case == "d2t_range":
+        t["d2t"][-1] = 64 - 47
+    elif case == "d2t_dup":
+        t["d2t"][1] = t["d2t"][0] - 1
+    elif case == "t2d":
+        t["t2d"] = ~t["t2d"]
+    elif case == "extra":
+        t["midlayer.extra.weight"] = np.zeros(3, np.float32)
+    elif case == "no_d2t":
+        del t["d2t"], t["t2d"]
+    elif case == "layers":
+        cfg["num_hidden_layers"] = 2
+    with pytest.raises(ValueError, match=match):
+        load_eagle3(write_head(tmp_path / case, cfg, t))
+
+
+def test_missing_directory_and_wrong_draft(tmp_path, target, tiny_pair):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_eagle3(tmp_path / "nope")
+    with pytest.raises(ValueError, match="needs an EAGLE-3 head as the draft"):
+        make_engine(target, tiny_pair[1], method="eagle3")
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+def reference_q(head, target, tokens, L, drafts, temperature):
+    """q of each draft from scratch: the head over true entries 0..L-2 in a fresh cache,
+    then chained on the given drafts. tokens: the committed tokens (>= L of them)."""
+    graph, params = nnx.split(target)
+    kv = models.init_kv_cache(target.config, 1, 64)
+    pos = jnp.arange(L - 1)[None]
+    _, _, feats = models.forward(graph, params, jnp.asarray(tokens[:L - 1])[None], pos, kv,
+                                 aux_layers=AUX)
+    hkv = models.init_kv_cache(head.config, 1, 64)
+    embed = target.embed[...]
+    h, logits, hkv = head(head.project(feats), jnp.asarray(tokens[1:L])[None], pos, hkv, embed)
+    h, logits = h[:, -1:], logits[:, -1]
+    qs = []
+    for i, d in enumerate(drafts):
+        proc = sampling.processed_logits(head.target_logits(logits), jnp.array([temperature]),
+                                         jnp.array([0]), jnp.array([1.0]))
+        qs.append(np.asarray(sampling.probs_from_processed(proc, jnp.array([temperature]))[0]))
+        h, logits, hkv = head(h, jnp.array([[d]]), jnp.array([[L - 1 + i]]), hkv, embed)
+        logits = logits[:, 0]
+    return np.stack(qs)
+
+
+def test_proposals_match_a_from_scratch_head(target, head):
+    """Chunked prefill, K = 0 rounds (features stored, head not run), catch-up, the K+1
+    window and garbage features of rejected positions: every q the drafter proposes equals
+    the head run from scratch over the true features."""
+    drafter = Eagle3.build(SpecConfig(method="eagle3"), (nnx.graphdef(head), head.config), "xla")
+    graph, params = nnx.split(target)
+    hparams = (nnx.state(head), target.embed[...])
+    rng = np.random.default_rng(0)
+    N, cap = 2, 64
+    seqs = rng.integers(0, 64, size=(N, cap)).astype(np.int32)
+    kv = models.init_kv_cache(target.config, N, cap)
+    allpos = jnp.broadcast_to(jnp.arange(cap), (N, cap))
+    _, _, feats = models.forward(graph, params, jnp.asarray(seqs), allpos, kv, aux_layers=AUX)
+    state = drafter.init_state(N, cap)
+    observe = jax.jit(drafter.observe)
+    prefill = jax.jit(drafter.prefill)
+    propose = jax.jit(drafter.propose, static_argnums=3)
+    lengths = np.array([13, 6])
+    for start in (0, 8):  # two prompt chunks of 8; model positions stop before the pending token
+        pos = start + np.arange(8)[None].repeat(N, 0)
+        pos = np.where(pos < lengths[:, None] - 1, pos, -1)
+        p = jnp.asarray(pos)
+        state = observe(state, feats[:, start:start + 8], p, jnp.arange(N))
+        state = prefill(hparams, state, jnp.asarray(seqs[:, start:start + 8]), p, jnp.arange(N))
+    state = drafter.admit(state, jnp.arange(N), jnp.asarray(lengths))
+    temps = jnp.array([1.0, 0.7], jnp.float32)
+    for K in (2, 0, 0, 3, 1, 4, 0, 4, 2):
+        L = jnp.asarray(lengths)
+        ctx = DraftContext(jnp.asarray(seqs), L, jnp.ones(N, bool), temps, jnp.zeros(N, jnp.int32),
+                           jnp.ones(N), jnp.arange(N, dtype=jnp.uint32))
+        if K:
+            drafts, q, state = propose(hparams, state, ctx, K)
+            for r in range(N):
+                ref = reference_q(head, target, seqs[r], lengths[r], np.asarray(drafts[r]),
+                                  float(temps[r]))
+                np.testing.assert_allclose(np.asarray(q[r]), ref, atol=2e-5, err_msg=f"K={K} row {r}")
+        # verify: features of [pending, d_1..d_K]; only the accepted prefix is the truth
+        n_acc = rng.integers(0, K + 1, size=N)
+        vpos = lengths[:, None] - 1 + np.arange(K + 1)
+        true = np.asarray(feats)[np.arange(N)[:, None], vpos]
+        garbage = rng.standard_normal(true.shape).astype(np.float32) * 100
+        f = np.where((np.arange(K + 1)[None] <= n_acc[:, None])[..., None], true, garbage)
+        state = observe(state, jnp.asarray(f), jnp.asarray(vpos), None)
+        lengths = lengths + n_acc + 1
+
+
+# --------------------------------------------------------------------------- the engine
+
+PROMPTS = [[1, 2, 3], [5], list(range(7, 25)), [3, 3, 3, 3, 9, 3, 3, 3], [9, 9], [4, 6, 8, 10, 12]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=14)
+
+
+@pytest.fixture(scope="module")
+def engine(target, head):
+    return make_engine(target, head, method="eagle3", max_batch_size=4, batch_buckets=(1, 2, 4))
+
+
+@pytest.mark.parametrize("schedule", [[1], [2], [3], [4], [0, 3, 0, 0, 4, 1, 2, 0, 0, 0, 4],
+                                      [4, 0, 0, 0, 0, 1, 4, 4, 0, 2]])
+def test_greedy_matches_plain_decoding(engine, target, schedule):
+    """Six requests on four slots: queued requests join while others run."""
+    engine.controller = FixedK(schedule)
+    outs = engine.generate(PROMPTS, GREEDY)
+    for out, prompt in zip(outs, PROMPTS):
+        assert out.token_ids == greedy_reference(target, prompt, GREEDY.max_tokens)
+
+
+def test_no_compilation_after_warmup(engine, target):
+    engine.controller = FixedK([0, 4, 2, 0, 1, 3])
+    engine.warmup()
+    before = compilation_count()
+    for n in (1, 4, 7):
+        engine.generate([[1 + i, 2, 3] for i in range(n)], SamplingParams(temperature=0.0, max_tokens=9))
+    engine.set_params(target=scaled(target, 1.01))
+    engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=9))
+    engine.set_params(target=target)
+    assert compilation_count() == before
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """An 8-token target and a head proposing 6 of its ids (q = 0 on the other two)."""
+    target = scaled(models.init_model(tiny_config(vocab_size=VOCAB), seed=3), 6.0)
+    cfg = head_config(VOCAB, 6, aux=(0, 1))
+    t = head_tensors(cfg, seed=4, scale=1.0, d2t=[0, 0, 1, 1, 1, 2])
+    return target, load_eagle3(write_head(tmp_path_factory.mktemp("e3v") / "h", cfg, t))
+
+
+@pytest.mark.parametrize("draft_sampling", ["sample", "argmax"])
+def test_sampled_output_matches_target_distribution(small_vocab, draft_sampling):
+    target, head = small_vocab
+    engine = make_engine(target, head, method="eagle3", draft_sampling=draft_sampling,
+                         max_batch_size=64, batch_buckets=(64,))
+    for (name, sp), k in [(("temperature", SAMPLING["temperature"]), 4),
+                          (("top_k", SAMPLING["top_k"]), 1), (("top_p", SAMPLING["top_p"]), 4)]:
+        engine.controller = FixedK([k])
+        params = [SamplingParams(**{**sp.__dict__, "seed": 1000 * k + i}) for i in range(N_SAMPLES)]
+        outs = engine.generate([PROMPT] * N_SAMPLES, params)
+        exact = exact_joint(target, sp)
+        tv = 0.5 * np.abs(empirical_joint(outs) - exact).sum()
+        threshold = tv_threshold(exact, N_SAMPLES)
+        assert tv < threshold, (name, k, draft_sampling, tv, threshold)
+    # power: the head proposes mostly rejected tokens, so acceptance alone could not pass
+    acc = engine.metrics()["acceptance_per_position"][0]
+    assert acc < 0.8, acc
+
+
+def test_drafter_invariant_equals_plain_sampling(small_vocab):
+    target, head = small_vocab
+    prompts = [[1, 5, 2], [3], [2, 2, 7, 1, 2, 2, 7, 1, 2]]
+    params = [SamplingParams(temperature=1.0, max_tokens=20, seed=11),
+              SamplingParams(temperature=0.7, top_k=4, max_tokens=20, seed=12),
+              SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=13)]
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0)
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    engine = make_engine(target, head, method="eagle3", acceptance="drafter_invariant")
+    for schedule in ([4], [0, 3, 0, 0, 4, 1, 2, 0]):
+        engine.controller = FixedK(schedule)
+        assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule

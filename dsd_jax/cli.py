@@ -447,6 +447,8 @@ def _add_bench(sub) -> None:
     b.add_argument("--max-tokens", type=_positive_int, help="tokens per request")
     b.add_argument("--compilation-cache-dir", metavar="DIR",
                    help="persistent XLA compilation cache (makes the next run start fast)")
+    b.add_argument("--mesh", type=_mesh_shape, metavar="DATAxMODEL",
+                   help="run every engine on a device mesh, e.g. 2x2 (default: one device)")
     b.set_defaults(func=cmd_bench)
 
 

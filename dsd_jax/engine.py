@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters
+from dsd_jax import compilation, drafters, multihost
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
@@ -108,13 +108,18 @@ class SpecEngine:
     by default built from `spec` (and `profile`). A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
     whenever no request is queued.
+    Under `jax.distributed` every process runs `generate` on the same requests and the
+    engine keeps their K identical: `multihost_strategy` "broadcast" (process 0 decides)
+    or "allgather" (every controller sees the slowest process's step times); see
+    `dsd_jax.multihost`.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | dict | None = None, *,
                  max_batch_size: int = 64, max_seq_len: int = 2048, tokenizer=None,
                  batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
                  profile=None, controller=None, backend: str = "auto",
-                 compilation_cache_dir: str | None = None, seed: int = 0, mesh=None):
+                 compilation_cache_dir: str | None = None, seed: int = 0, mesh=None,
+                 multihost_strategy: str = "broadcast"):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, dict) else spec
         if max_batch_size < 1 or max_seq_len < 2:
@@ -174,6 +179,7 @@ class SpecEngine:
             controller = Controller(spec, profile, max_batch_size=per_shard,
                                     batch_buckets=self.batch_buckets)
         self.controller = controller
+        self.agreement = multihost.agreement(multihost_strategy)  # None in a single process
         self.stats = EngineStats(self.max_k)
         self._prefilled = False
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
@@ -422,7 +428,10 @@ class SpecEngine:
                 "batch_size": int(np.bincount(live // bucket, minlength=self.data).max())}
             # In the pipelined steady state the gap between two results is one step's
             # time; a gap that contains a prefill is not.
-            self.controller.observe(k, n_acc[j, live], step_time_s=None if self._prefilled else dt,
+            step_time = None if self._prefilled else dt
+            if self.agreement is not None:
+                step_time = self.agreement.step_time(step_time)
+            self.controller.observe(k, n_acc[j, live], step_time_s=step_time,
                                     request_ids=[snapshot[i].request_id for i in live],
                                     context_len=context, **fullest)
             self._prefilled = False
@@ -513,6 +522,11 @@ class SpecEngine:
         whole batch without data parallelism), whose rows set the step's time."""
         if self.max_k == 0:
             return 0
+        if self.agreement is not None:  # every process must dispatch the same program
+            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
+        return self._controller_k(live, batch, context, refilled)
+
+    def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
         ids = [r.request_id for r in live]
         if not refilled and getattr(self.controller, "objective", None) == "makespan":
             # nothing will take a finished row's slot: the controller aims at the last row

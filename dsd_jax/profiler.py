@@ -151,10 +151,11 @@ def device_kind() -> str:
 
 # --------------------------------------------------------------------------- latency
 
-def _reset(drafter, state, batch, context):
-    """Rows < batch live at `context` committed tokens (drafter caught up); others idle."""
+def _reset(drafter, per_shard, state, batch, context):
+    """Rows < batch of every data shard (`per_shard` slots each) live at `context`
+    committed tokens (drafter caught up); others idle."""
     n = state.length.shape[0]
-    live = jnp.arange(n) < batch
+    live = jnp.arange(n) % per_shard < batch
     big = jnp.int32(state.capacity)  # never reaches its limit while profiling
     length = jnp.where(live, context, 0).astype(jnp.int32)
     return state._replace(
@@ -177,8 +178,8 @@ def _fill(state, key, vocab, temperature):
     )
 
 
-def _idle(drafter, state):
-    return _reset(drafter, state, 0, 0)
+def _idle(drafter, per_shard, state):
+    return _reset(drafter, per_shard, state, 0, 0)
 
 
 class _StatePrograms(NamedTuple):
@@ -194,8 +195,10 @@ def _state_programs(engine) -> _StatePrograms:
     kw = {} if outs is None else {"out_shardings": outs}
     return _StatePrograms(
         jax.jit(_fill, donate_argnums=0, static_argnums=2, **kw),
-        jax.jit(functools.partial(_reset, engine.drafter), donate_argnums=0, **kw),
-        jax.jit(functools.partial(_idle, engine.drafter), donate_argnums=0, **kw))
+        jax.jit(functools.partial(_reset, engine.drafter, engine.slots_per_shard), donate_argnums=0,
+                **kw),
+        jax.jit(functools.partial(_idle, engine.drafter, engine.slots_per_shard), donate_argnums=0,
+                **kw))
 
 
 def _state_usable(state) -> bool:

@@ -33,11 +33,14 @@ draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate
 
 def engine(m, method="draft_model", backend="auto"):
     """Drafter-invariant acceptance: greedy is plain greedy, and sampling is comparable
-    token for token with another engine's (the suite is compile-bound: few programs)."""
+    token for token with another engine's (the suite is compile-bound: few programs).
+    4 slots: 4, 2 or 1 per data shard."""
+    per_shard = 4 // (1 if m is None else m.shape["data"])
     return SpecEngine(target, draft if method == "draft_model" else None,
                       SpecConfig(method=method, num_speculative_tokens=2, acceptance="drafter_invariant"),
-                      max_batch_size=4, max_seq_len=64, prefill_chunk=16, batch_buckets=(1, 4),
-                      controller=FixedK([0, 1, 2, 2]), mesh=m, backend=backend)
+                      max_batch_size=4, max_seq_len=64, prefill_chunk=16,
+                      batch_buckets=sorted({1, per_shard}), controller=FixedK([0, 1, 2, 2]), mesh=m,
+                      backend=backend)
 
 
 def tokens(e, params):
@@ -114,10 +117,35 @@ results["law"] = {"tv": 0.5 * float(abs(empirical_joint(outs) - exact).sum()),
                   "threshold": tv_threshold(exact, n),
                   "draft_tv": 0.5 * float(abs(exact_joint(small_draft, sp) - exact).sum())}
 
-try:
-    engine(mesh(2, 2))
-    results["data_parallel_error"] = None
-except NotImplementedError as err:
-    results["data_parallel_error"] = str(err)
+# data parallel: 2x2 and 4x1, each data shard packing its own requests
+GROUP = SamplingParams(temperature=1.0, max_tokens=8, seed=3, n=3)
+ref = engine(None)
+results["single"]["group"] = [o.token_ids for o in ref.generate(PROMPTS[:2], GROUP)]
+results["single"]["group_seeds"] = tokens_by_seed = [  # each completion alone, seed 3 + g
+    o.token_ids for p in PROMPTS[:2] for o in ref.generate(
+        [p] * 3, [SamplingParams(temperature=1.0, max_tokens=8, seed=3 + g) for g in range(3)])]
+for d, m in ((2, 2), (4, 1)):
+    e = engine(mesh(d, m))
+    r = results[f"{d}x{m}"] = {"greedy_draft": tokens(e, GREEDY), "coupled": tokens(e, COUPLED),
+                               "memory": e.memory_report(),
+                               "kv_spec": list(e.state.target_kv.k[0].sharding.spec),
+                               "group": [o.token_ids for o in e.generate(PROMPTS[:2], GROUP)]}
+    # the step programs that ran (none compiled up front): their batch buckets per shard
+    r["buckets_run"] = sorted({key[2] for key in e.programs._compiled if key[0] == "step"})
+dp = engine(mesh(2, 2), backend="interpret")
+results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY), "coupled": tokens(dp, COUPLED)}
+
+dp = engine(mesh(2, 2))
+dp.warmup()
+before = compilation_count()
+for n in (1, 4, 1):
+    dp.generate(PROMPTS[:n], GREEDY)
+dp.generate(PROMPTS[:2], GROUP)
+new_params = train_step(dp._target_params)
+train_compiles = compilation_count() - before
+with jax.transfer_guard_host_to_device("disallow"):
+    dp.set_params(target=new_params)
+dp.generate(PROMPTS, GREEDY)
+results["dp_compilations_after_warmup"] = compilation_count() - before - train_compiles
 
 print("RESULTS " + json.dumps(results))

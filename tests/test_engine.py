@@ -207,3 +207,36 @@ def test_prefill_pieces_cover_the_prompt_at_least_cost():
     assert [c for _, c in prefill_pieces(140, chunks)] == [128, 16]  # not one padded 256
     assert [c for _, c in prefill_pieces(600, chunks)] == [256, 256, 128]
     assert prefill_pieces(0, chunks) == []
+
+
+def test_group_sampling_prefills_each_prompt_once(pair):
+    """SamplingParams(n=3): outputs adjacent per prompt; a group admitted together has its
+    prompt prefilled once (its slot copied into the siblings'); completion g equals the
+    single request with seed + g (rejection sampling, the engine's mode)."""
+    engine = make_engine(*pair, method="draft_model", max_seq_len=48, max_batch_size=8)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]]
+    prefilled = []
+    prefill = engine.programs.prefill
+
+    def counting(n, c):
+        exe = prefill(n, c)
+
+        def run(*args):
+            prefilled.append(int(np.asarray(args[6]).sum()))  # real tokens in this chunk
+            return exe(*args)
+        return run
+
+    engine.programs.prefill = counting
+    try:
+        outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=6, seed=9, n=3))
+    finally:
+        engine.programs.prefill = prefill
+    assert sum(prefilled) == sum(map(len, prompts))
+    assert [(o.prompt_index, o.index) for o in outs] == [(i, g) for i in range(2) for g in range(3)]
+    alone = engine.generate([p for p in prompts for _ in range(3)],
+                            [SamplingParams(temperature=1.0, max_tokens=6, seed=9 + g)
+                             for _ in prompts for g in range(3)])
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    assert len({tuple(o.token_ids) for o in outs[:3]}) > 1  # siblings draw their own streams
+    with pytest.raises(ValueError, match="n \\(completions per prompt\\)"):
+        SamplingParams(n=0)

@@ -1,4 +1,5 @@
-"""The engine on a `jax.sharding` mesh: tensor parallel on "model" (4 fake CPU devices).
+"""The engine on a `jax.sharding` mesh: tensor parallel on "model", data parallel on "data"
+(4 fake CPU devices).
 
 The mesh cases run in a subprocess (`mesh_cases.py`): the number of CPU devices is fixed
 when a process starts its backend, and this suite runs on one.
@@ -29,13 +30,16 @@ def results():
 
 @pytest.mark.parametrize("mesh, case", [("1x4", "greedy_draft"), ("1x4", "greedy_ngram"),
                                         ("1x4", "coupled"), ("1x2", "greedy_draft"),
-                                        ("1x2", "coupled")])
+                                        ("1x2", "coupled"), ("2x2", "greedy_draft"),
+                                        ("2x2", "coupled"), ("2x2", "group"),
+                                        ("4x1", "greedy_draft"), ("4x1", "coupled"),
+                                        ("4x1", "group")])
 def test_outputs_identical_to_one_device(results, mesh, case):
     """Greedy, and drafter-invariant sampling with the same seeds, token for token."""
     assert results[mesh][case] == results["single"][case]
 
 
-@pytest.mark.parametrize("mesh", ["pallas_1x2", "pallas_1x4"])
+@pytest.mark.parametrize("mesh", ["pallas_1x2", "pallas_1x4", "pallas_2x2"])
 def test_pallas_kernels_per_device_match_one_device(results, mesh):
     """backend="interpret" (the Pallas kernels) under shard_map: heads local on 1x2, every
     head on every device on 1x4 (2 KV heads); tokens equal one device's (XLA)."""
@@ -85,8 +89,30 @@ def test_no_compilation_after_warmup(results):
     assert results["compilations_after_warmup"] == 0
 
 
-def test_data_parallel_mesh_is_a_clear_error(results):
-    assert "'data' axis > 1 are not supported yet" in results["data_parallel_error"]
+def test_no_compilation_after_warmup_data_parallel(results):
+    """2x2: batch sizes 1 -> 4 -> 1, a group, new params under a transfer guard."""
+    assert results["dp_compilations_after_warmup"] == 0
+
+
+def test_group_completions_are_single_requests_with_seeds_seed_plus_g(results):
+    assert results["single"]["group"] == results["single"]["group_seeds"]
+
+
+def test_data_parallel_balances_requests_over_shards(results):
+    """4x1 holds one slot per shard: had admission filled the first global slots, four
+    live requests would have needed the 4-row bucket; balanced, every step ran 1 row per
+    shard. 2x2's largest bucket is 2 rows per shard."""
+    assert results["4x1"]["buckets_run"] == [1]
+    assert max(results["2x2"]["buckets_run"]) == 2
+
+
+def test_data_parallel_layout_and_memory(results):
+    """Slots split on "data", KV heads on "model" (2 heads over 2): a quarter per device."""
+    assert results["2x2"]["kv_spec"] == ["data", "model", None, None]
+    assert results["4x1"]["kv_spec"] == ["data", None, None, None]
+    one = results["single"]["memory"]["kv_cache"]["target"]
+    assert results["2x2"]["memory"]["kv_cache"]["target"] == one // 4
+    assert results["4x1"]["memory"]["kv_cache"]["target"] == one // 4
 
 
 LLAMA_8B = models.ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,

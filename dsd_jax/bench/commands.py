@@ -46,7 +46,8 @@ def main(args) -> int:
     rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes)),
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
-                     profile_out=profile_out, compilation_cache_dir=getattr(args, "compilation_cache_dir", None))
+                     profile_out=profile_out, compilation_cache_dir=getattr(args, "compilation_cache_dir", None),
+                     mesh=_mesh(getattr(args, "mesh", None)))
     print(format_table(rows))
     if out_json:
         write_json(rows, out_json)
@@ -55,6 +56,17 @@ def main(args) -> int:
         write_plot(rows, out_plot, title=f"dsd-jax bench ({source} models)")
         print(f"wrote {out_plot}")
     return 0 if summarize(rows)["lossless"] else 1
+
+
+def _mesh(shape):
+    """The ("data", "model") mesh of `--mesh DATAxMODEL` (None: one device)."""
+    if shape is None:
+        return None
+    from dsd_jax.sharding import make_mesh
+    try:
+        return make_mesh(*shape)
+    except ValueError as e:
+        raise ArgumentError("--mesh", str(e)) from e
 
 
 def _complete(runner, prompt: str) -> None:

@@ -25,7 +25,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
               profile_prompts=None, profile_out: str | os.PathLike | None = None,
               workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
               compilation_cache_dir: str | None = None, runner_hook: Callable | None = None,
-              log: Callable[[str], None] | None = print) -> list[dict]:
+              mesh=None, log: Callable[[str], None] | None = print) -> list[dict]:
     """Runs the benchmark; returns the result rows (see `dsd_jax.bench`).
 
     target, draft: `dsd_jax.models.Transformer`s (draft sharing the target's vocabulary);
@@ -39,6 +39,10 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     quick: defaults from `QUICK` instead of `FULL` for every argument left None.
     runner_hook: called as ``runner_hook(runner)`` once engines are compiled and the
         profile is ready (the demo completes a prompt there).
+    mesh: a ("data", "model") `jax.sharding.Mesh` every engine runs on (None: one device).
+        Under data parallelism the slots (and batch buckets) are per data shard, so the
+        largest batch is rounded up to a multiple of the data axis and the engines' own
+        per-shard buckets are used.
 
     Rows: ``{"workload": "sweep", "batch_size", "config", "tokens_per_s",
     "mean_accepted_len", "k_hist", "lossless", ...}`` and ``{"workload": "rollout",
@@ -57,11 +61,15 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                  rollout_max_tokens=rollout_max_tokens, max_seq_len=max_seq_len, max_k=max_k,
                  batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed)
     s = resolve(quick, given, profiles.max_seq_len_of(profile) if profile else None)
+    data = 1 if mesh is None else dict(mesh.shape).get("data", 1)
+    max_batch = -(-s.max_batch // data) * data
+    buckets = s.batch_buckets if data == 1 else None
     ids = encode_prompts(prompts, tokenizer, target.config.vocab_size)
     log(_banner(s))
-    runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=s.max_batch,
-                    max_seq_len=s.max_seq_len, max_k=s.max_k, batch_buckets=s.batch_buckets,
-                    prefill_chunk=s.prefill_chunk, compilation_cache_dir=compilation_cache_dir, log=log)
+    runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=max_batch,
+                    max_seq_len=s.max_seq_len, max_k=s.max_k, batch_buckets=buckets,
+                    prefill_chunk=s.prefill_chunk, compilation_cache_dir=compilation_cache_dir, log=log,
+                    mesh=mesh)
     seconds: dict[str, float] = {}
     log(f"compiling every (K, batch bucket) program (max_seq_len {s.max_seq_len}) ...")
     with _timer(seconds, "compile"):

@@ -44,7 +44,7 @@ class Runner:
     """The engines and controllers of one benchmark; `run` is one timed `generate`."""
 
     def __init__(self, target, draft, tokenizer, *, configs, max_batch_size, max_seq_len, max_k,
-                 batch_buckets, prefill_chunk, compilation_cache_dir, log):
+                 batch_buckets, prefill_chunk, compilation_cache_dir, log, mesh=None):
         from dsd_jax.engine import SpecEngine
         self.log = log
         self.configs = configs
@@ -54,7 +54,7 @@ class Runner:
         self.max_k = max([max_k] + static_ks) if dynamic else max(static_ks, default=0)
         common = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=tokenizer,
                       batch_buckets=batch_buckets, prefill_chunk=prefill_chunk,
-                      compilation_cache_dir=compilation_cache_dir)
+                      compilation_cache_dir=compilation_cache_dir, mesh=mesh)
         self.vanilla = SpecEngine(target, None, SpecConfig(method="none"), **common)
         self.spec = None
         if any(kind != "vanilla" for kind, _ in kinds):

@@ -244,7 +244,9 @@ class SpecConfig:
     """What to speculate with and how K is chosen (vLLM `speculative_config` names).
 
     method: "draft_model" (a smaller model sharing the tokenizer), "eagle3" (an EAGLE-3
-        head fed by the target's hidden states), "ngram" (prompt lookup), "none" (plain decoding; `num_speculative_tokens` is forced to 0), or a
+        head fed by the target's hidden states), "ngram" (prompt lookup), "suffix" (lookup
+        over the slot's, its siblings' and earlier rollouts' tokens), "none" (plain
+        decoding; `num_speculative_tokens` is forced to 0), or a
         method added with `dsd_jax.drafters.register`.
     model: draft model path (informational; the engine receives the model itself). For
         "eagle3": "builtin" or an EAGLE-3 head directory, checked to exist
@@ -257,7 +259,9 @@ class SpecConfig:
     acceptance: "rejection" (Leviathan et al.) or "drafter_invariant" (Gumbel-max
         coupling: output token-identical to plain sampling with the same seed).
     draft_sampling: "sample" (draft samples from q) or "argmax" (one-hot q).
-    prompt_lookup_min / prompt_lookup_max: n-gram sizes for method "ngram".
+    prompt_lookup_min / prompt_lookup_max: n-gram sizes for methods "ngram" and "suffix".
+    suffix_bank_len: tokens of references each slot holds for method "suffix" (earlier
+        rollouts of its prompt; the newest kept).
     dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller.
     """
 
@@ -270,6 +274,7 @@ class SpecConfig:
     draft_sampling: str = "sample"
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    suffix_bank_len: int = 1024
     dynamic: DynamicConfig | None = None
 
     def __post_init__(self):
@@ -298,6 +303,7 @@ class SpecConfig:
             raise ValueError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
         set_("prompt_lookup_min", lo)
         set_("prompt_lookup_max", hi)
+        set_("suffix_bank_len", _int("suffix_bank_len", self.suffix_bank_len, min_value=1))
         dyn = self.dynamic
         if dyn is not None and not isinstance(dyn, DynamicConfig):
             dyn = DynamicConfig.from_dict(dyn)
@@ -356,6 +362,7 @@ class SpecConfig:
         "draft_sampling",
         "prompt_lookup_min",
         "prompt_lookup_max",
+        "suffix_bank_len",
         "dynamic",
     )
 

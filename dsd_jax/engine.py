@@ -27,6 +27,7 @@ from dsd_jax import compilation, drafters, multihost
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
+from dsd_jax.drafters.base import AdmissionRequest
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
@@ -75,6 +76,7 @@ class _Request:
     prompt_index: int = 0
     index: int = 0  # completion index within its prompt's group (SamplingParams.n)
     group: int = -1  # request id of the group's first completion (siblings share the prefill)
+    references: list = dataclasses.field(default_factory=list)  # earlier continuations of the prompt
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     raw_logprobs: list = dataclasses.field(default_factory=list)
@@ -237,9 +239,23 @@ class SpecEngine:
         return engine_fingerprints(self)
 
     # ---- requests -----------------------------------------------------------------------
-    def _make_requests(self, prompts, sampling) -> list[_Request]:
+    def _token_ids(self, text, what: str) -> list[int]:
+        """A prompt or reference as token ids (a string needs the engine's tokenizer)."""
+        if isinstance(text, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{what} is a string; strings need an engine with a tokenizer")
+            text = self.tokenizer.encode(text).ids
+        ids = [int(t) for t in text]
+        vocab = self.target_config.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise ValueError(f"{what} has token ids outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _make_requests(self, prompts, sampling, references=None, memory=None) -> list[_Request]:
         if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
             raise ValueError("prompts must be a list of prompts (token-id lists or strings)")
+        if references is not None and len(references) != len(prompts):
+            raise ValueError(f"got references for {len(references)} prompts, expected {len(prompts)}")
         if sampling is None:
             sampling = SamplingParams()
         params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
@@ -247,19 +263,15 @@ class SpecEngine:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         requests = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
-            if isinstance(prompt, str):
-                if self.tokenizer is None:
-                    raise ValueError("string prompts need an engine with a tokenizer")
-                prompt = self.tokenizer.encode(prompt).ids
-            prompt = [int(t) for t in prompt]
+            prompt = self._token_ids(prompt, f"prompt {i}")
+            refs = [] if memory is None else memory.references(prompt)
+            given = [] if references is None else references[i]
+            refs += [self._token_ids(c, f"a reference of prompt {i}") for c in given]
             if not prompt:
                 raise ValueError(f"prompt {i} is empty")
             if len(prompt) >= self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} "
                                  "leaves no room to generate")
-            vocab = self.target_config.vocab_size
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
             if len(sp.stop_token_ids) > MAX_STOP_IDS:
                 raise ValueError(f"request {i}: at most {MAX_STOP_IDS} stop_token_ids are supported")
             group = -1
@@ -267,18 +279,27 @@ class SpecEngine:
                 rid = next(self._request_ids)
                 group = rid if g == 0 else group
                 seed = sp.seed + g if sp.seed is not None else (self._seed * 1_000_003 + rid)
-                requests.append(_Request(rid, prompt, sp, seed % (2 ** 32), i, g, group))
+                requests.append(_Request(rid, prompt, sp, seed % (2 ** 32), i, g, group, refs))
         return requests
 
     def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-                 return_logprobs: bool = False, progress: Callable[[int], None] | None = None
-                 ) -> list[RequestOutput]:
+                 return_logprobs: bool = False, progress: Callable[[int], None] | None = None,
+                 references=None, memory=None) -> list[RequestOutput]:
         """Generates for every prompt; outputs in prompt order (a prompt's n completions
-        adjacent). More requests than slots queue."""
-        requests = self._make_requests(prompts, sampling)
+        adjacent). More requests than slots queue.
+
+        references: per prompt, earlier continuations of it (token-id lists or strings)
+        that a drafter may copy from (method "suffix"); memory: a
+        `dsd_jax.rollout_memory.RolloutMemory` giving each prompt its stored completions
+        as references and storing this call's completions when it returns.
+        """
+        requests = self._make_requests(prompts, sampling, references, memory)
         for _ in self._run(requests):
             if progress:
                 progress(sum(r.finish_reason is not None for r in requests))
+        if memory is not None:
+            for r in requests:
+                memory.add(r.prompt, r.tokens)
         return [self._output(r, return_logprobs) for r in requests]
 
     def stream(self, prompts, sampling=None) -> Iterator[tuple[int, list[int]]]:
@@ -370,12 +391,19 @@ class SpecEngine:
         for s in range(self.data):
             for i, r in enumerate(by_shard[s]):
                 stop[s, i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
+        extra = {}
+        for name, (shape, dtype, fill) in self.drafter.admission_fields().items():
+            arr = extra[name] = np.full((self.data, n) + tuple(shape), fill, dtype)
+            for s in range(self.data):
+                for i, r in enumerate(by_shard[s]):
+                    arr[s, i] = self.drafter.admission_value(
+                        name, AdmissionRequest(r.group, r.prompt, r.references))
         init = SlotInit(field(lambda r: r.slot, pad), field(lambda r: len(r.prompt)),
                         field(lambda r: len(r.prompt) + self._budget(r)),
                         field(lambda r: r.params.temperature, dtype=np.float32),
                         field(lambda r: r.params.top_k),
                         field(lambda r: r.params.top_p, 1.0, np.float32),
-                        field(lambda r: r.seed, dtype=np.uint32), stop)
+                        field(lambda r: r.seed, dtype=np.uint32), stop, extra)
         self.state = self.programs.admit(n)(self.state, init)
 
     def _remove(self, shards: list[list[_Request]], finished: list[_Request]) -> None:

@@ -204,6 +204,7 @@ class SlotInit(NamedTuple):
     top_p: jax.Array
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
+    drafter: dict = {}  # the drafter's `admission_fields`: name -> [N, ...] (empty: none)
 
 
 def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
@@ -211,7 +212,8 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         return x.at[init.rows].set(value, mode="drop")
 
     return state._replace(
-        drafter=drafter.admit(state.drafter, init.rows, init.length),
+        drafter=drafter.admit(state.drafter, init.rows, init.length, init.drafter)
+        if init.drafter else drafter.admit(state.drafter, init.rows, init.length),
         length=put(state.length, init.length),
         limit=put(state.limit, init.limit),
         active=put(state.active, jnp.ones_like(init.length, bool)),

@@ -19,6 +19,7 @@ _BUILTIN = {
     "eagle3": "dsd_jax.drafters.eagle3:Eagle3",
     "ngram": "dsd_jax.drafters.ngram:NGram",
     "none": "dsd_jax.drafters.base:NoDrafter",
+    "suffix": "dsd_jax.drafters.suffix:Suffix",
 }
 _registered: dict[str, type] = {}
 

@@ -37,6 +37,14 @@ class DraftContext(NamedTuple):
     seed: jax.Array  # [B] uint32
 
 
+class AdmissionRequest(NamedTuple):
+    """What the host knows of a request a drafter may need at admission (host values)."""
+
+    group: int  # requests sharing a prompt (`SamplingParams.n`) share the group id
+    prompt: list  # token ids
+    references: list  # earlier continuations of the same prompt (lists of token ids)
+
+
 class Proposal(NamedTuple):
     drafts: jax.Array  # [B, K] int32
     q: jax.Array | None  # [B, K, V] float32, or None: one-hot q (drafts are deterministic)
@@ -89,8 +97,18 @@ class Drafter:
 
     def admit(self, state, rows, lengths):
         """Slots `rows` [N] (out of range: padding) now hold `lengths` [N] committed tokens,
-        all but the pending last one prefilled (also used to reset slots)."""
+        all but the pending last one prefilled (also used to reset slots). A drafter with
+        `admission_fields` gets a 4th argument: {name: [N, ...] array} of them."""
         return state
+
+    def admission_fields(self) -> dict:
+        """Per-request host data to hand `admit`: name -> (shape per request, numpy dtype,
+        padding value). The engine fills each from `admission_value`."""
+        return {}
+
+    def admission_value(self, name: str, request: "AdmissionRequest"):
+        """The value of field `name` for one admitted request (an array of its shape)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no admission field {name!r}")
 
     def catch_up(self, params, state, ctx: DraftContext):
         return state

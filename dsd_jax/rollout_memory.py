@@ -1,0 +1,50 @@
+"""Finished rollouts kept on the host, to draft the next epoch's rollouts of the same prompts.
+
+RL loops sample the same prompts epoch after epoch, and last epoch's completions share
+long stretches with this epoch's (SPEC-RL, DAS). `SpecEngine.generate(..., memory=m)`
+gives each request the stored completions of its prompt as references (method "suffix"
+searches them on device) and stores the new completions when the call returns.
+
+Bounded: at most `max_prompts` prompts (the least recently used is evicted first) and
+`per_prompt` completions each (the oldest go first).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Sequence
+
+
+class RolloutMemory:
+    def __init__(self, max_prompts: int = 4096, per_prompt: int = 16):
+        if int(max_prompts) != max_prompts or max_prompts < 1:
+            raise ValueError(f"max_prompts must be a positive integer, got {max_prompts}")
+        if int(per_prompt) != per_prompt or per_prompt < 1:
+            raise ValueError(f"per_prompt must be a positive integer, got {per_prompt}")
+        self.max_prompts, self.per_prompt = int(max_prompts), int(per_prompt)
+        self._store: collections.OrderedDict[tuple, collections.deque] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def references(self, prompt: Sequence[int]) -> list[list[int]]:
+        """The stored completions of `prompt`, oldest first (a copy)."""
+        key = tuple(int(t) for t in prompt)
+        stored = self._store.get(key)
+        if stored is None:
+            return []
+        self._store.move_to_end(key)
+        return [list(c) for c in stored]
+
+    def add(self, prompt: Sequence[int], completion: Sequence[int]) -> None:
+        """Stores one finished completion of `prompt` (empty completions are skipped)."""
+        if not completion:
+            return
+        key = tuple(int(t) for t in prompt)
+        stored = self._store.get(key)
+        if stored is None:
+            stored = self._store[key] = collections.deque(maxlen=self.per_prompt)
+            while len(self._store) > self.max_prompts:
+                self._store.popitem(last=False)
+        self._store.move_to_end(key)
+        stored.append(tuple(int(t) for t in completion))

@@ -1,0 +1,114 @@
+"""Method "suffix": lookup over the slot's own tokens, its group's live siblings and the
+references uploaded at admission. Lossless like any drafter; no cross-group proposals."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import FixedK, greedy_reference, make_engine, scaled
+from dsd_jax import SamplingParams, SpecConfig
+from dsd_jax.compilation import compilation_count
+from dsd_jax.drafters.suffix import lookup, pack_references
+from dsd_jax.rollout_memory import RolloutMemory
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return scaled(tiny_pair[0], 3.0)
+
+
+def _lookup(rows, group, banks, K=3, active=None, max_n=2):
+    S = max(map(len, rows)) + 4
+    tokens = np.zeros((len(rows), S), np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    length = np.array([len(r) for r in rows], np.int32)
+    active = np.ones(len(rows), bool) if active is None else np.array(active)
+    bank = np.stack([pack_references(b, 16) for b in banks])
+    return np.asarray(lookup(jnp.asarray(tokens), jnp.asarray(length), jnp.asarray(active),
+                             jnp.asarray(np.array(group, np.int32)), jnp.asarray(bank), K, 1, max_n))
+
+
+def test_longest_match_own_then_siblings_then_references():
+    # row 0 ends in "5 6": its own tokens hold "5 6 9", a sibling "5 6 7 8", a reference
+    # "5 6 1 2 3": own wins at equal length
+    assert _lookup([[5, 6, 9, 1, 5, 6], [4, 5, 6, 7, 8]], [0, 0], [[[5, 6, 1, 2, 3]]] * 2)[0].tolist() \
+        == [9, 1, 5]
+    # no own match of "3 5 6": the sibling has the longer match (n = 2 over n = 1)
+    assert _lookup([[3, 5, 6], [4, 5, 6, 7, 8]], [0, 0], [[], []])[0].tolist() == [7, 8, 6]
+    # only the reference continues "3 4": its continuation stops at its separator
+    assert _lookup([[1, 3, 4], [9, 9]], [0, 0], [[[3, 4, 8, 2], [7]], []])[0].tolist() == [8, 2, 4]
+
+
+def test_no_proposals_across_groups_or_from_finished_siblings():
+    rows = [[3, 5, 6], [4, 5, 6, 7, 8]]
+    assert _lookup(rows, [0, 1], [[], []])[0].tolist() == [6, 6, 6]  # other group: no match
+    assert _lookup(rows, [0, 0], [[], []], active=[True, False])[0].tolist() == [6, 6, 6]
+    assert _lookup(rows, [-1, -1], [[], []])[0].tolist() == [6, 6, 6]  # no group: own only
+
+
+def test_bank_keeps_the_newest_references():
+    row = pack_references([[1, 2, 3], [4, 5]], 5)
+    assert row.tolist() == [3, -1, 4, 5, -1]  # the tail: the newest whole, the oldest cut
+
+
+def test_rollout_memory_is_bounded():
+    m = RolloutMemory(max_prompts=2, per_prompt=2)
+    for c in ([1], [2], [3]):
+        m.add([9], c)
+    assert m.references([9]) == [[2], [3]]
+    m.add([8], [4])
+    m.add([7], [5])  # evicts the least recently used prompt: [9]
+    assert m.references([9]) == [] and m.references([7]) == [[5]] and len(m) == 2
+    with pytest.raises(ValueError, match="per_prompt"):
+        RolloutMemory(per_prompt=0)
+
+
+@pytest.fixture(scope="module")
+def engine(target):
+    return make_engine(target, None, controller=FixedK([0, 4, 1, 4, 2, 0, 4]), method="suffix",
+                       max_batch_size=8, max_seq_len=48)
+
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]]
+
+
+def test_greedy_is_plain_greedy_with_siblings_and_references(engine, target):
+    refs = [[[1, 5, 9, 2, 6, 5, 3, 5], [9, 2, 6]], [[8, 2, 8, 1, 8]]]
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=20, n=3),
+                           references=refs)
+    for o in outs:
+        assert o.token_ids == greedy_reference(target, PROMPTS[o.prompt_index], 20)
+    assert engine.stats.to_dict()["acceptance_per_position"][0] > 0  # drafts were accepted
+
+
+def test_drafter_invariant_sampling_is_plain_sampling(target):
+    e = make_engine(target, None, controller=FixedK([3, 0, 4]), method="suffix",
+                    acceptance="drafter_invariant", max_batch_size=8, max_seq_len=48)
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0, max_seq_len=48,
+                        max_batch_size=8)
+    sp = SamplingParams(temperature=1.0, max_tokens=16, seed=4, n=3)
+    memory = RolloutMemory()
+    first = e.generate(PROMPTS, sp, memory=memory)  # the second call drafts from these too
+    second = e.generate(PROMPTS, sp, memory=memory)
+    ref = [o.token_ids for o in plain.generate(PROMPTS, sp)]
+    assert [o.token_ids for o in first] == ref == [o.token_ids for o in second]
+    assert len(memory.references(PROMPTS[0])) == 6
+
+
+def test_no_compilation_after_warmup(engine):
+    engine.warmup()
+    before = compilation_count()
+    engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=8, n=4),
+                    references=[[[1, 2, 3]], []])
+    engine.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))
+    assert compilation_count() == before
+
+
+def test_config_and_reference_errors(engine):
+    with pytest.raises(ValueError, match="suffix_bank_len"):
+        SpecConfig(method="suffix", suffix_bank_len=0)
+    with pytest.raises(ValueError, match="references for 1 prompts"):
+        engine.generate(PROMPTS, references=[[]])
+    with pytest.raises(ValueError, match="a reference of prompt 0 has token ids outside"):
+        engine.generate(PROMPTS, references=[[[10 ** 6]], []])

@@ -67,6 +67,13 @@ class Eagle3(Drafter):
         mode = "coupled" if spec.acceptance == "drafter_invariant" else spec.draft_sampling
         return cls(graph=graph, config=config, mode=mode, backend=backend)
 
+    @staticmethod
+    def load_model(spec, dtype: str = "float32"):
+        """The head `spec.model` names ("builtin" when unset), for callers that load models
+        from a `SpecConfig` (pass it to `SpecEngine` as `draft=`)."""
+        from dsd_jax.models.eagle3 import load_eagle3
+        return load_eagle3(spec.model or "builtin", dtype=dtype)
+
     @property
     def num_features(self) -> int:
         return len(self.config.aux_layers or (0, 0, 0)) * self.config.hidden_size

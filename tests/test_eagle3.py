@@ -320,3 +320,17 @@ def test_builtin_head_fits_the_builtin_target():
         assert str(f.get_tensor("fc.weight").dtype) == "bfloat16"  # shipped small
     with pytest.raises(ValueError, match="must be 'builtin' or an EAGLE-3 head directory"):
         SpecConfig(method="eagle3", model="/no/such/head")
+
+
+@pytest.mark.parametrize("program", [("step", 0, 4), ("step", 2, 2), ("step", 4, 4),
+                                     ("prefill", 2, 16), ("move",)])
+def test_no_whole_cache_work(engine, program):
+    """As tests/test_hlo_structure.py for the draft model: the head's cache and the feature
+    buffer are only ever updated in place (K = 0 included, where features are stored)."""
+    from test_hlo_structure import _shape_str, whole_cache_ops
+    st = engine.state
+    shapes = {_shape_str(x) for cache in (st.target_kv, st.drafter.kv) for x in cache.k + cache.v}
+    shapes.add(_shape_str(st.drafter.features))
+    hlo = getattr(engine.programs, program[0])(*program[1:]).as_text()
+    bad = whole_cache_ops(hlo, shapes)
+    assert not bad, f"{program}: whole-cache ops in the compiled HLO:\n" + "\n".join(bad)

@@ -291,7 +291,7 @@ def evaluate(head_dir, prompts: int = 32, tokens: int = 48, k: int = 4, seed: in
         eng = SpecEngine(target, model, SpecConfig(method=method, num_speculative_tokens=k),
                          max_batch_size=16, max_seq_len=256, prefill_chunk=128)
         for temp in (0.0, 1.0):
-            eng.stats = type(eng.stats)(eng.max_k)
+            eng.stats.reset()
             eng.generate(ids, [SamplingParams(temperature=temp, max_tokens=tokens, seed=seed + i)
                                for i in range(len(ids))])
             m = eng.metrics()

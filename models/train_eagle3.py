@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 
 from . import corpus
-from .builtin import BUILTIN_DIR, builtin
+from .builtin import builtin
 from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3, save_eagle3
 from .train import encode_corpus
 from .transformer import rope_cos_sin

@@ -129,6 +129,8 @@ class SpecEngine:
                              f"{max_batch_size}, {max_seq_len}")
         drafter_cls = drafters.get(spec.method)
         if drafter_cls.needs_model:
+            if draft is None and spec.model is not None and hasattr(drafter_cls, "load_model"):
+                draft = drafter_cls.load_model(spec)  # e.g. an EAGLE-3 head named by spec.model
             if draft is None:
                 raise ValueError(f"method {spec.method!r} needs a draft model")
             if draft.config.vocab_size != target.config.vocab_size:

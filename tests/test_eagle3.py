@@ -334,3 +334,12 @@ def test_no_whole_cache_work(engine, program):
     hlo = getattr(engine.programs, program[0])(*program[1:]).as_text()
     bad = whole_cache_ops(hlo, shapes)
     assert not bad, f"{program}: whole-cache ops in the compiled HLO:\n" + "\n".join(bad)
+
+
+def test_engine_loads_the_head_its_spec_names():
+    """SpecConfig(method="eagle3", model="builtin") without draft=: the engine loads it."""
+    from dsd_jax import SpecEngine
+    target, _, _ = models.builtin()
+    spec = SpecConfig(method="eagle3", model="builtin", num_speculative_tokens=2)
+    engine = SpecEngine(target, None, spec, max_batch_size=1, max_seq_len=64)
+    assert engine.draft_config == Eagle3.load_model(spec).config

@@ -452,10 +452,11 @@ class SpecEngine:
             live = rows[last >= j]
             if not len(live):
                 break
-            dt = self.stats.record_step(k, len(live), n_acc[j, live], int(n_emit[j, live].sum()), times[j])
+            per_shard = None if self.data == 1 else np.bincount(live // bucket, minlength=self.data)
+            dt = self.stats.record_step(k, len(live), n_acc[j, live], int(n_emit[j, live].sum()),
+                                        times[j], None if per_shard is None else per_shard.tolist())
             # the batch size that set the round's time: the fullest data shard's
-            fullest = {} if self.data == 1 else {
-                "batch_size": int(np.bincount(live // bucket, minlength=self.data).max())}
+            fullest = {} if per_shard is None else {"batch_size": int(per_shard.max())}
             # In the pipelined steady state the gap between two results is one step's
             # time; a gap that contains a prefill is not.
             step_time = None if self._prefilled else dt

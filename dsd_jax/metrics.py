@@ -35,8 +35,9 @@ class EngineStats:
         self.last_step_time = self._run_start
 
     def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
-                    now: float) -> float:
-        """Records one processed step; returns the wall time since the previous one."""
+                    now: float, shard_rows: list[int] | None = None) -> float:
+        """Records one processed step; returns the wall time since the previous one.
+        shard_rows: live rows per data shard (traced under data parallelism)."""
         dt = now - self.last_step_time
         self.last_step_time = now
         live = len(num_accepted)
@@ -52,6 +53,8 @@ class EngineStats:
         self.trace.append({"step": self.steps, "k": k, "batch_size": live, "emitted": emitted,
                            "mean_accepted": float(np.mean(num_accepted)) if live else 0.0,
                            "wall_ms": dt * 1e3})
+        if shard_rows is not None:
+            self.trace[-1]["shard_rows"] = shard_rows
         return dt
 
     def end_run(self, requests) -> None:

@@ -105,17 +105,18 @@ from test_spec_sampling import PROMPT, VOCAB, empirical_joint, exact_joint, tv_t
 
 small_target = scaled(models.init_model(tiny_config(vocab_size=VOCAB), seed=3), 6.0)
 small_draft = scaled(models.init_model(tiny_config(vocab_size=VOCAB, num_layers=1), seed=4), 6.0)
-law = SpecEngine(small_target, small_draft, SpecConfig(num_speculative_tokens=2), max_batch_size=64,
-                 max_seq_len=16, prefill_chunk=16, batch_buckets=(64,), controller=FixedK([2]),
-                 mesh=mesh(1, 4))
 n = 2000
 sp = SamplingParams(temperature=1.0, max_tokens=2)
-outs = law.generate([PROMPT] * n, [SamplingParams(temperature=1.0, max_tokens=2, seed=7 + i)
-                                   for i in range(n)])
 exact = exact_joint(small_target, sp)
-results["law"] = {"tv": 0.5 * float(abs(empirical_joint(outs) - exact).sum()),
-                  "threshold": tv_threshold(exact, n),
-                  "draft_tv": 0.5 * float(abs(exact_joint(small_draft, sp) - exact).sum())}
+for d, m in ((1, 4), (2, 2)):
+    law = SpecEngine(small_target, small_draft, SpecConfig(num_speculative_tokens=2), max_batch_size=64,
+                     max_seq_len=16, prefill_chunk=16, batch_buckets=(64 // d,), controller=FixedK([2]),
+                     mesh=mesh(d, m))
+    outs = law.generate([PROMPT] * n, [SamplingParams(temperature=1.0, max_tokens=2, seed=7 + i)
+                                       for i in range(n)])
+    results[f"law_{d}x{m}"] = {"tv": 0.5 * float(abs(empirical_joint(outs) - exact).sum()),
+                               "threshold": tv_threshold(exact, n),
+                               "draft_tv": 0.5 * float(abs(exact_joint(small_draft, sp) - exact).sum())}
 
 # data parallel: 2x2 and 4x1, each data shard packing its own requests
 GROUP = SamplingParams(temperature=1.0, max_tokens=8, seed=3, n=3)
@@ -132,6 +133,12 @@ for d, m in ((2, 2), (4, 1)):
                                "group": [o.token_ids for o in e.generate(PROMPTS[:2], GROUP)]}
     # the step programs that ran (none compiled up front): their batch buckets per shard
     r["buckets_run"] = sorted({key[2] for key in e.programs._compiled if key[0] == "step"})
+# uneven lengths on 2x2: six requests through four slots, the per-shard live rows traced
+uneven = [SamplingParams(temperature=0.0, max_tokens=m) for m in (4, 20, 8, 16, 12, 6)]
+ref_uneven = [o.token_ids for o in ref.generate(PROMPTS, uneven)]
+dp = engine(mesh(2, 2))
+results["2x2"]["uneven"] = [o.token_ids for o in dp.generate(PROMPTS, uneven)] == ref_uneven
+results["2x2"]["shard_rows"] = [t["shard_rows"] for t in dp.stats.trace]
 dp = engine(mesh(2, 2), backend="interpret")
 results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY), "coupled": tokens(dp, COUPLED)}
 

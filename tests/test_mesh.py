@@ -76,11 +76,12 @@ def test_memory_report_per_device(results):
     assert results["1x2"]["memory"]["kv_cache"]["target"] == one["kv_cache"]["target"] // 2
 
 
-def test_rejection_sampled_law_on_a_mesh(results):
-    """2000 rejection-sampled 2-token completions on 1x4 are distributed as the target's law
-    (total variation under the exact sampler's 99.9% quantile), and the test has power: the
-    draft's own law is far outside the threshold."""
-    law = results["law"]
+@pytest.mark.parametrize("mesh", ["1x4", "2x2"])
+def test_rejection_sampled_law_on_a_mesh(results, mesh):
+    """2000 rejection-sampled 2-token completions on 1x4 and 2x2 are distributed as the
+    target's law (total variation under the exact sampler's 99.9% quantile), and the test
+    has power: the draft's own law is far outside the threshold."""
+    law = results[f"law_{mesh}"]
     assert law["tv"] < law["threshold"], law
     assert law["draft_tv"] > 2 * law["threshold"], law
 
@@ -104,6 +105,15 @@ def test_data_parallel_balances_requests_over_shards(results):
     shard. 2x2's largest bucket is 2 rows per shard."""
     assert results["4x1"]["buckets_run"] == [1]
     assert max(results["2x2"]["buckets_run"]) == 2
+
+
+def test_data_parallel_uneven_lengths(results):
+    """Six requests of 4..20 tokens through 2x2's four slots: tokens equal one device's;
+    the first step holds two rows on each shard, no step more than a shard's slots."""
+    assert results["2x2"]["uneven"]
+    rows = results["2x2"]["shard_rows"]
+    assert rows[0] == [2, 2]
+    assert all(len(r) == 2 and max(r) <= 2 for r in rows)
 
 
 def test_data_parallel_layout_and_memory(results):

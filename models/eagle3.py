@@ -33,7 +33,7 @@ from flax import nnx
 
 from dsd_jax import kernels
 from .config import ModelConfig
-from .hf import CONFIG_FILE, WEIGHTS_FILE, _TensorReader, _weight_files, read_hf_config
+from .hf import CONFIG_FILE, WEIGHTS_FILE, _TensorReader, _weight_files, read_hf_config, read_tensor
 from .transformer import KVCache, _normal, apply_rope, rms_norm, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -263,17 +263,8 @@ def load_eagle3(path, dtype: str = "float32") -> Eagle3Head:
             if name == "d2t":
                 continue
             key, transpose = _KEYS[name]
-            shape = tuple(var.get_value().shape)
-            hf_shape = shape[::-1] if transpose else shape
-            if key not in files:
-                raise ValueError(f"checkpoint {path!r} is missing tensor {key!r} (expected shape "
-                                 f"{hf_shape}) of an EAGLE-3 head")
-            arr = reader.get(key)
-            if tuple(arr.shape) != hf_shape:
-                raise ValueError(f"tensor {key!r} has shape {tuple(arr.shape)}, expected {hf_shape} "
-                                 f"from config.json")
-            arr = arr.T if transpose else arr
-            values[name] = jax.device_put(np.ascontiguousarray(arr.astype(target_dtype, copy=False)))
+            values[name] = read_tensor(reader, files, path, key, tuple(var.get_value().shape),
+                                       transpose, target_dtype, "of an EAGLE-3 head")
             used.add(key)
         if "d2t" in files:
             t2d = reader.get("t2d") if "t2d" in files else None

@@ -139,6 +139,22 @@ def _hf_name(path: tuple) -> tuple[str, bool]:
     return _TOP_MAP[path[0]]
 
 
+def read_tensor(reader, files, path, name: str, shape: tuple, transpose: bool, dtype, what: str):
+    """Tensor `name` of a safetensors checkpoint as a device array of our `shape` (stored
+    transposed in the HF layout when `transpose`), with clear errors for a missing tensor
+    or a wrong shape; `what` ends the missing-tensor message (e.g. "for llama")."""
+    hf_shape = shape[::-1] if transpose else shape
+    if name not in files:
+        raise ValueError(f"checkpoint {path!r} is missing tensor {name!r} (expected shape "
+                         f"{hf_shape}) {what}")
+    arr = reader.get(name)
+    if tuple(arr.shape) != hf_shape:
+        raise ValueError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {hf_shape} "
+                         f"from config.json")
+    arr = arr.T if transpose else arr
+    return jax.device_put(np.ascontiguousarray(arr.astype(dtype, copy=False)))
+
+
 def load_hf(path, dtype: str = "float32") -> Transformer:
     """Loads a local Llama / Qwen2 / Qwen3 safetensors checkpoint directory as a `Transformer`.
 
@@ -159,19 +175,8 @@ def load_hf(path, dtype: str = "float32") -> Transformer:
     try:
         for param_path, var in nnx.to_flat_state(state):
             name, transpose = _hf_name(param_path)
-            shape = tuple(var.get_value().shape)
-            hf_shape = shape[::-1] if transpose else shape
-            if name not in files:
-                raise ValueError(f"checkpoint {path!r} is missing tensor {name!r} "
-                                 f"(expected shape {hf_shape}) for {cfg.model_type}")
-            arr = reader.get(name)
-            if tuple(arr.shape) != hf_shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {hf_shape} "
-                                 f"from config.json")
-            if transpose:
-                arr = arr.T
-            arr = np.ascontiguousarray(arr.astype(target_dtype, copy=False))
-            values[param_path] = jax.device_put(arr)
+            values[param_path] = read_tensor(reader, files, path, name, tuple(var.get_value().shape),
+                                             transpose, target_dtype, f"for {cfg.model_type}")
             used.add(name)
     finally:
         reader.close()

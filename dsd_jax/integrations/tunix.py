@@ -1,0 +1,293 @@
+"""Tunix rollout engine: speculative decoding for Tunix RL (GRPO and friends).
+
+    from dsd_jax.integrations.tunix import SpecRollout
+    cluster_config = rl_cluster_lib.ClusterConfig(
+        rollout_engine=functools.partial(SpecRollout, draft=my_draft, max_batch_size=32), ...)
+
+Tunix builds it as `cls(rollout_actor=, tokenizer=, mesh=, rollout_config=)`; with a custom
+engine `rollout_actor` is the trainer's own policy module (`tunix.models.llama3` or
+`tunix.models.qwen3`). The policy is converted once into our `Transformer` by the family's
+declared mapping (`dsd_jax.param_mapping`), and `update_params` maps every weight sync
+the same way, device to device, onto the engine's compiled layout.
+
+Conventions, as Tunix 0.1.7's own `VanillaRollout` (tunix/generate/sampler.py):
+- prompts are tokenized with the tokenizer's BOS prepended (deduplicated) and left-padded
+  with `pad_id` to `max_prompt_length`, or to the next power of two of the longest prompt
+  when that is longer;
+- completions are unpadded int32 numpy arrays of at most `max_tokens_to_generate` tokens,
+  cut before the first of `eos_tokens` (default: the tokenizer's EOS), which is excluded;
+- temperature 0 is greedy; `top_k` None/<=0 and `top_p` None/1.0 filter nothing;
+- `logprobs` (when `return_logprobs`): for each completion token, `log_softmax(logits / T)`
+  of the unfiltered logits (raw logits when greedy), what `common.compute_per_token_logps`
+  recomputes with the rollout temperature;
+- `get_per_token_logps` is `compute_per_token_logps` at temperature 1, as vanilla's.
+
+GRPO repeats each prompt `num_generations` times back to back: each run of equal prompts
+becomes one request with `SamplingParams(n=run length)`, one prefill for the group.
+Where the model generates `pad_id` inside a completion, Tunix masks that position out of
+the recomputation (its masks come from the pad id), so logprobs after it differ there, as
+they do for Tunix's own sampler.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from tunix.rl.rollout import base_rollout
+
+from dsd_jax import param_mapping
+from dsd_jax.config import SpecConfig
+from dsd_jax.distill import token_logps
+from dsd_jax.engine import SpecEngine
+from dsd_jax.models.config import ModelConfig
+from dsd_jax.models.transformer import Transformer
+from dsd_jax.sampling import SamplingParams
+from dsd_jax.sharding import make_mesh
+
+# Tunix 0.1.7's Llama3 and Qwen3 attention call `apply_rope` without the config's
+# rope_theta, so the model runs at that function's default whatever the config says.
+# `from_tunix` checks the converted model's logits against Tunix's own forward.
+TUNIX_APPLIED_ROPE_THETA = 1_000_000.0
+
+
+def family(module) -> tuple[str, param_mapping.ParamMapping]:
+    """("llama3" | "qwen3", its mapping) of a Tunix policy module."""
+    from tunix.models.llama3 import model as llama3
+    from tunix.models.qwen3 import model as qwen3
+    if isinstance(module, llama3.Llama3):
+        return "llama3", param_mapping.TUNIX_LLAMA3
+    if isinstance(module, qwen3.Qwen3):
+        if module.config.num_experts is not None:
+            raise ValueError("Tunix Qwen3 mixture-of-experts models are not supported (dense only)")
+        return "qwen3", param_mapping.TUNIX_QWEN3
+    raise ValueError(f"unsupported Tunix model class {type(module).__name__}: SpecRollout maps "
+                     "tunix.models.llama3.Llama3 and tunix.models.qwen3.Qwen3 (or give target= "
+                     "and mapping= yourself)")
+
+
+def config_from_tunix(module) -> ModelConfig:
+    """Our `ModelConfig` for a Tunix Llama3 / Qwen3 module (dtype from its parameters)."""
+    name, _ = family(module)
+    c = module.config
+    dtypes = {np.dtype(x.dtype) for x in jax.tree.leaves(nnx.state(module, nnx.Param))}
+    if len(dtypes) != 1 or dtypes.pop() not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16)):
+        raise ValueError(f"the Tunix model's parameters must all be float32 or all bfloat16")
+    dtype = str(jax.tree.leaves(nnx.state(module, nnx.Param))[0].dtype)
+    tied = c.weight_tying if name == "llama3" else c.use_tied_embedding
+    return ModelConfig(
+        vocab_size=c.vocab_size, hidden_size=c.embed_dim, intermediate_size=c.hidden_dim,
+        num_layers=c.num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim, model_type="llama" if name == "llama3" else "qwen3",
+        rope_theta=TUNIX_APPLIED_ROPE_THETA, rms_norm_eps=c.norm_eps, tie_word_embeddings=tied,
+        qk_norm=name == "qwen3", dtype=dtype)
+
+
+def from_tunix(module, check: bool = True) -> Transformer:
+    """Our `Transformer` holding a Tunix policy's weights (copied on its devices). `check`:
+    compare both forwards' logits on a short sequence, so a layout or convention we do not
+    reproduce is an error here rather than silently wrong rollouts."""
+    _, mapping = family(module)
+    cfg = config_from_tunix(module)
+    graph, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+    ours = nnx.merge(graph, param_mapping.map_params(mapping, nnx.state(module, nnx.Param), like))
+    if check:
+        tokens = (np.arange(12, dtype=np.int32) * 7 + 1) % cfg.vocab_size
+        prompt, completion = jnp.asarray(tokens[None, :4]), jnp.asarray(tokens[None, 4:])
+        from tunix.rl import common
+        theirs = common.compute_per_token_logps(*nnx.split(module), prompt_tokens=prompt,
+                                                completion_tokens=completion, pad_id=-1, eos_id=-1)
+        mine = token_logps(ours, prompt, completion, pad_id=-1)
+        err = float(jnp.max(jnp.abs(theirs - mine)))
+        tol = 1e-4 if cfg.dtype == "float32" else 5e-2
+        if not err <= tol:
+            raise ValueError(f"the converted {cfg.model_type} model's log-probabilities differ from "
+                             f"Tunix's by {err:.3g} (> {tol}): this Tunix version's forward is not the "
+                             "one the mapping reproduces")
+    return ours
+
+
+def _mesh_for(mesh):
+    """A ("data", "model") engine mesh over the rollout mesh's devices (tensor parallel)."""
+    if mesh is None:
+        return None
+    devices = list(np.asarray(mesh.devices).flat)
+    return make_mesh(1, len(devices), devices=devices)
+
+
+def _group_runs(prompts: list[list[int]]) -> list[tuple[int, int]]:
+    """(start, length) of each run of identical consecutive prompts."""
+    runs = []
+    for i, p in enumerate(prompts):
+        if runs and prompts[runs[-1][0]] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def _seed_int(seed) -> int | None:
+    """An int from Tunix's `RolloutConfig.seed` (None, an int, or a JAX PRNG key)."""
+    if seed is None:
+        return None
+    if isinstance(seed, (int, np.integer)):
+        return int(seed)
+    arr = seed
+    if jnp.issubdtype(getattr(seed, "dtype", np.int32), jax.dtypes.prng_key):
+        arr = jax.random.key_data(seed)
+    words = np.asarray(arr, dtype=np.uint64).ravel()
+    return int(sum(int(w) << (32 * i) for i, w in enumerate(words[::-1])) % (2 ** 31))
+
+
+class SpecRollout(base_rollout.BaseRollout):
+    """A Tunix `BaseRollout` backed by a `SpecEngine`.
+
+    Extra keyword arguments (bind them with `functools.partial`):
+    draft: our `Transformer` sharing the policy's vocabulary (or a Tunix Llama3/Qwen3 module,
+        converted the same way), for method "draft_model";
+    spec: `SpecConfig` (default: "draft_model" with a draft, else "suffix": siblings of a
+        GRPO group draft for each other);
+    target: our `Transformer` to serve instead of converting `rollout_actor`;
+    mapping: the `ParamMapping` for `update_params` (default: the policy family's);
+    max_batch_size: engine slots (default 64; more requests queue);
+    max_seq_len: prompt + completion room (default: `rollout_config.kv_cache_size`, as
+        vanilla's cache);
+    everything else goes to `SpecEngine` (batch_buckets, prefill_chunk, profile, controller,
+    backend, seed, ...).
+    """
+
+    def __init__(self, rollout_actor=None, tokenizer=None, mesh=None, rollout_config=None, *,
+                 draft=None, spec: SpecConfig | None = None, target: Transformer | None = None,
+                 mapping: param_mapping.ParamMapping | None = None, max_batch_size: int = 64,
+                 max_seq_len: int | None = None, check: bool = True, **engine_kwargs):
+        if tokenizer is None:
+            raise ValueError("SpecRollout needs Tunix's tokenizer (tokenizer=)")
+        if rollout_actor is None and (target is None or mapping is None):
+            raise ValueError("SpecRollout needs rollout_actor (a Tunix policy), or target= and mapping=")
+        if mapping is None:
+            _, mapping = family(rollout_actor)
+        if target is None:
+            target = from_tunix(rollout_actor, check=check)
+        if draft is not None and not isinstance(draft, Transformer):
+            draft = from_tunix(draft, check=check)
+        if spec is None:
+            spec = SpecConfig(method="draft_model" if draft is not None else "suffix")
+        if max_seq_len is None:
+            max_seq_len = rollout_config.kv_cache_size if rollout_config is not None else 1024
+        self._tokenizer = tokenizer
+        self._mapping = mapping
+        self.mesh = mesh  # Tunix reads `rollout.mesh` back as the rollout role's mesh
+        self._graph = nnx.graphdef(target)
+        self.engine = SpecEngine(target, draft, spec, max_batch_size=max_batch_size,
+                                 max_seq_len=max_seq_len, mesh=_mesh_for(mesh), **engine_kwargs)
+        self._replicated = (None if self.engine.placement.mesh is None else
+                            NamedSharding(self.engine.placement.mesh, PartitionSpec()))
+        # With a custom engine Tunix passes the trainer's own module as rollout_actor:
+        # converting it above compiled the mapping program every later sync reuses.
+        self._logps = jax.jit(_token_logps_split, static_argnums=(0,))
+
+    # ---- generation --------------------------------------------------------------------
+    def _tokenize(self, text: str) -> list[int]:
+        ids = list(self._tokenizer.encode(text))
+        bos = self._tokenizer.bos_id()
+        return [int(t) for t in self._tokenizer.dedup_bos_ids(([bos] if bos else []) + ids)]
+
+    def _sampling(self, cfg, n: int, seed: int | None) -> SamplingParams:
+        top_k = 0 if cfg.top_k is None or cfg.top_k <= 0 else int(cfg.top_k)
+        top_p = 1.0 if cfg.top_p is None else float(cfg.top_p)
+        stop = tuple(cfg.eos_tokens) if cfg.eos_tokens else (self.eos_id(),)
+        return SamplingParams(temperature=float(cfg.temperature), top_k=top_k, top_p=top_p,
+                              max_tokens=int(cfg.max_tokens_to_generate), stop_token_ids=stop,
+                              include_stop_token=False, seed=seed, n=n)
+
+    def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
+                 **kwargs) -> base_rollout.RolloutOutput:
+        if not prompts:
+            raise ValueError("no prompts to generate from")
+        cfg = rollout_config
+        ids = [self._tokenize(p) for p in prompts]
+        longest = max(len(p) for p in ids)
+        width = cfg.max_prompt_length
+        if width is None or width < longest:  # vanilla's rule: no truncation, a wider block
+            width = 1 << max(longest - 1, 0).bit_length()
+        if longest + cfg.max_tokens_to_generate > self.engine.max_seq_len:
+            raise ValueError(f"a {longest}-token prompt plus max_tokens_to_generate "
+                             f"{cfg.max_tokens_to_generate} exceeds the engine's max_seq_len "
+                             f"{self.engine.max_seq_len} (SpecRollout(max_seq_len=...))")
+        runs = _group_runs(ids)
+        base = _seed_int(cfg.seed)
+        # completion r of the call draws from seed base + r (siblings: base + start + g)
+        sampling = [self._sampling(cfg, n, None if base is None else base + start)
+                    for start, n in runs]
+        outs = self.engine.generate([ids[start] for start, _ in runs], sampling,
+                                    return_logprobs=cfg.return_logprobs)
+        tokens = [np.asarray(o.token_ids, np.int32) for o in outs]
+        padded = np.full((len(ids), width), self.pad_id(), np.int32)
+        for i, p in enumerate(ids):
+            padded[i, width - len(p):] = p
+        logprobs = None
+        if cfg.return_logprobs:
+            logprobs = self._rollout_logprobs(outs, padded, tokens, cfg)
+        return base_rollout.RolloutOutput(
+            text=[self._tokenizer.decode(t.tolist()) for t in tokens], logits=[],
+            tokens=tokens, left_padded_prompt_tokens=padded, logprobs=logprobs)
+
+    def _rollout_logprobs(self, outs, padded, tokens, cfg) -> list[np.ndarray]:
+        """Tunix's convention: log_softmax(logits / T), unfiltered, of each sampled token."""
+        T = float(cfg.temperature)
+        filtered = (cfg.top_k is not None and cfg.top_k > 0) or (cfg.top_p is not None and cfg.top_p < 1.0)
+        if T == 0.0:  # greedy: log_softmax of the raw logits
+            return [np.asarray(o.raw_logprobs, np.float32) for o in outs]
+        if not filtered:  # the engine's processed logprobs are exactly that
+            return [np.asarray(o.logprobs, np.float32) for o in outs]
+        # top-k / top-p change the engine's distribution: rescore without the filters
+        width = max(cfg.max_tokens_to_generate, 1)
+        comp = np.full((len(tokens), width), self.pad_id(), np.int32)
+        for i, t in enumerate(tokens):
+            comp[i, :len(t)] = t
+        scores = np.asarray(self.get_per_token_logps(padded, comp, temperature=T))
+        return [scores[i, :len(t)].astype(np.float32) for i, t in enumerate(tokens)]
+
+    def get_per_token_logps(self, prompt_tokens, completion_tokens, temperature: float = 1.0):
+        """`common.compute_per_token_logps` on the rollout weights (vanilla: temperature 1)."""
+        place = (lambda x: jax.device_put(x, self._replicated)) if self._replicated else jnp.asarray
+        return self._logps(self._graph, self.engine._target_params, place(prompt_tokens),
+                           place(completion_tokens), self.pad_id(), jnp.float32(temperature))
+
+    # ---- weights -----------------------------------------------------------------------
+    def update_params(self, params, filter_types=None) -> None:
+        """Maps the trainer's state (Tunix's own model classes, or our own tree, e.g. the
+        `model()` Tunix hands back when offloading) onto the engine, device to device."""
+        from flax.nnx import LoRAParam
+        if filter_types is not None and any(
+                isinstance(t, type) and issubclass(t, LoRAParam) for t in filter_types):
+            raise ValueError("SpecRollout cannot take LoRA-only updates: merge the LoRA weights "
+                             "into the base model (or train without LoRA)")
+        names, _ = param_mapping.flatten(params)
+        ours, _ = param_mapping.flatten(self.engine._target_params)
+        mapping = param_mapping.OURS if set(names) == set(ours) else self._mapping
+        param_mapping.set_params_from(self.engine, mapping, params)
+
+    # ---- the rest of BaseRollout -------------------------------------------------------
+    def pad_id(self) -> int:
+        return self._tokenizer.pad_id()
+
+    def eos_id(self) -> int:
+        return self._tokenizer.eos_id()
+
+    def model(self) -> Transformer:
+        """Our `Transformer` on the current rollout weights (never the trainer's module, so
+        Tunix sees separate weights and syncs them every step)."""
+        return nnx.merge(self._graph, self.engine._target_params)
+
+
+def _token_logps_split(graph, params, prompt_tokens, completion_tokens, pad_id, temperature):
+    return token_logps(nnx.merge(graph, params), prompt_tokens, completion_tokens, pad_id,
+                       temperature)

@@ -44,7 +44,7 @@ from tunix.rl.rollout import base_rollout
 
 from dsd_jax import param_mapping
 from dsd_jax.config import SpecConfig
-from dsd_jax.distill import token_logps
+from dsd_jax.distill import DraftDistiller, token_logps
 from dsd_jax.engine import SpecEngine
 from dsd_jax.models.config import ModelConfig
 from dsd_jax.models.transformer import Transformer
@@ -159,6 +159,10 @@ class SpecRollout(base_rollout.BaseRollout):
     max_batch_size: engine slots (default 64; more requests queue);
     max_seq_len: prompt + completion room (default: `rollout_config.kv_cache_size`, as
         vanilla's cache);
+    distill_steps: when > 0 (needs a draft model), before each rollout that follows a
+        weight sync the draft takes that many optax steps toward the new policy on the
+        previous rollout's completions (`dsd_jax.distill.DraftDistiller`; its keyword
+        arguments in `distill=`); `distill_log` keeps the losses;
     everything else goes to `SpecEngine` (batch_buckets, prefill_chunk, profile, controller,
     backend, seed, ...).
     """
@@ -166,7 +170,8 @@ class SpecRollout(base_rollout.BaseRollout):
     def __init__(self, rollout_actor=None, tokenizer=None, mesh=None, rollout_config=None, *,
                  draft=None, spec: SpecConfig | None = None, target: Transformer | None = None,
                  mapping: param_mapping.ParamMapping | None = None, max_batch_size: int = 64,
-                 max_seq_len: int | None = None, check: bool = True, **engine_kwargs):
+                 max_seq_len: int | None = None, check: bool = True, distill_steps: int = 0,
+                 distill: dict | None = None, **engine_kwargs):
         if tokenizer is None:
             raise ValueError("SpecRollout needs Tunix's tokenizer (tokenizer=)")
         if rollout_actor is None and (target is None or mapping is None):
@@ -189,6 +194,17 @@ class SpecRollout(base_rollout.BaseRollout):
                                  max_seq_len=max_seq_len, mesh=_mesh_for(mesh), **engine_kwargs)
         self._replicated = (None if self.engine.placement.mesh is None else
                             NamedSharding(self.engine.placement.mesh, PartitionSpec()))
+        self.distill_steps = int(distill_steps)
+        self.distill_log: list[dict] = []
+        self._distiller = None
+        if self.distill_steps > 0:
+            if draft is None or spec.method != "draft_model":
+                raise ValueError("distill_steps needs a draft model (method 'draft_model')")
+            temperature = rollout_config.temperature if rollout_config is not None else 1.0
+            self._distiller = DraftDistiller(target, draft, **{"temperature": temperature,
+                                                               **(distill or {})})
+        self._last_outputs = None  # the previous rollout's RequestOutputs (distillation data)
+        self._synced = False  # weights changed since the draft was last refreshed
         # With a custom engine Tunix passes the trainer's own module as rollout_actor:
         # converting it above compiled the mapping program every later sync reuses.
         self._logps = jax.jit(_token_logps_split, static_argnums=(0,))
@@ -226,8 +242,14 @@ class SpecRollout(base_rollout.BaseRollout):
         # completion r of the call draws from seed base + r (siblings: base + start + g)
         sampling = [self._sampling(cfg, n, None if base is None else base + start)
                     for start, n in runs]
+        if self._distiller is not None and self._synced and self._last_outputs:
+            # not in update_params: Tunix runs it under guards against host->device copies
+            self.distill_log.append(self._distiller.refresh(self.engine, self._last_outputs,
+                                                            self.distill_steps))
+            self._synced = False
         outs = self.engine.generate([ids[start] for start, _ in runs], sampling,
                                     return_logprobs=cfg.return_logprobs)
+        self._last_outputs = outs
         tokens = [np.asarray(o.token_ids, np.int32) for o in outs]
         padded = np.full((len(ids), width), self.pad_id(), np.int32)
         for i, p in enumerate(ids):
@@ -274,6 +296,7 @@ class SpecRollout(base_rollout.BaseRollout):
         ours, _ = param_mapping.flatten(self.engine._target_params)
         mapping = param_mapping.OURS if set(names) == set(ours) else self._mapping
         param_mapping.set_params_from(self.engine, mapping, params)
+        self._synced = True
 
     # ---- the rest of BaseRollout -------------------------------------------------------
     def pad_id(self) -> int:

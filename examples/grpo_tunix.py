@@ -1,0 +1,266 @@
+"""GRPO with Tunix on a tiny Llama3 policy, its rollouts by dsd_jax's SpecRollout (CPU).
+
+    python examples/grpo_tunix.py --steps 3
+
+A real `tunix.rl.grpo.GRPOLearner`: Tunix's own Llama3 class as the policy (and as the
+frozen reference), a word-level toy vocabulary, a reward for saying "jax", and
+`ClusterConfig(rollout_engine=functools.partial(SpecRollout, draft=...))`: every rollout
+is speculative (a one-layer draft of ours, K chosen per step), every GRPO group of
+`num_generations` completions one request with `SamplingParams(n=G)` (one prefill).
+
+The process gets two CPU devices: the trainer on one, the rollout engine on the other,
+so after each training step Tunix syncs weights through `SpecRollout.update_params`
+(device to device, under its transfer guards). With `--distill-steps N` the draft is
+refreshed from the last rollouts against the updated policy before each generation.
+
+The run checks, and prints as JSON (`--json FILE` writes it):
+- after every sync the engine's weights equal the trainer's (leaf by leaf, exactly);
+- after the first step neither a rollout nor a sync compiles anything;
+- the rollout logprobs equal Tunix's `compute_per_token_logps` on the synced weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+# two CPU devices (trainer, rollout); must precede the first JAX import
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=2").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+from grain import python as grain  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from tunix.models.llama3 import model as llama3  # noqa: E402
+from tunix.rl import common  # noqa: E402
+from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
+from tunix.rl.grpo import grpo_learner  # noqa: E402
+from tunix.rl.rollout import base_rollout  # noqa: E402
+
+from dsd_jax import SpecConfig, models  # noqa: E402
+from dsd_jax.compilation import compilation_count  # noqa: E402
+from dsd_jax.integrations.tunix import SpecRollout  # noqa: E402
+
+WORDS = ["<pad>", "<s>", "</s>", "the", "a", "jax", "model", "is", "fast", "slow", "and", "we",
+         "train", "decode", "tokens", "with", "draft", "target", "speculative", "step", "good",
+         "very", "rollout", "policy", "learns", "to", "say", "more", "words", "here", "now", "."]
+PROMPTS = ["we train the model", "the draft is fast", "speculative decode with jax",
+           "the policy learns", "we decode tokens now", "a rollout step"]
+REWARD_WORD = "jax"
+
+
+class WordTokenizer:
+    """Whitespace tokenizer over `WORDS` (pad 0, bos 1, eos 2): Tunix's tokenizer protocol."""
+
+    def __init__(self):
+        self.ids = {w: i for i, w in enumerate(WORDS)}
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        return [self.ids[w] for w in text.split() if w in self.ids]
+
+    def decode(self, ids, **kwargs) -> str:
+        return " ".join(WORDS[i] for i in ids)
+
+    def bos_id(self) -> int:
+        return 1
+
+    def eos_id(self) -> int:
+        return 2
+
+    def pad_id(self) -> int:
+        return 0
+
+
+REWARDS: list[float] = []  # mean reward of each training batch, in order
+
+
+def reward_jax(prompts, completions, **kwargs):
+    """GRPO's reward: how often the completion says REWARD_WORD."""
+    rewards = [float(c.split().count(REWARD_WORD)) for c in completions]
+    REWARDS.append(float(np.mean(rewards)))
+    return rewards
+
+
+def policy(seed: int) -> llama3.Llama3:
+    """A tiny Tunix Llama3 (its MLP kernels start at zero: give every weight some noise)."""
+    cfg = llama3.ModelConfig(num_layers=2, vocab_size=len(WORDS), embed_dim=32, hidden_dim=64,
+                             num_heads=4, head_dim=8, num_kv_heads=2, rope_theta=10000,
+                             norm_eps=1e-5)
+    model = llama3.Llama3(cfg, rngs=nnx.Rngs(seed))
+    state = nnx.state(model, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state))))
+    nnx.update(model, jax.tree.map(
+        lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape) if x.ndim > 1 else x, state))
+    return model
+
+
+def expected_leaves(trainer_state) -> dict:
+    """Our leaves as they must be after a sync, written out by hand from Tunix's layout
+    (independent of `dsd_jax.param_mapping`)."""
+    s = trainer_state
+    out = {"embed": s["embedder"]["input_embedding"][...], "final_norm": s["final_norm"]["w"][...],
+           "lm_head": s["lm_head"]["w"][...]}
+    for i, layer in s["layers"].items():
+        a, m = layer["attn"], layer["mlp"]
+        d = a["q_proj"]["w"][...].shape[0]
+        out.update({
+            f"layers.{i}.attn_norm": layer["input_layernorm"]["w"][...],
+            f"layers.{i}.mlp_norm": layer["post_attention_layernorm"]["w"][...],
+            f"layers.{i}.wq": a["q_proj"]["w"][...].reshape(d, -1),
+            f"layers.{i}.wk": a["k_proj"]["w"][...].reshape(d, -1),
+            f"layers.{i}.wv": a["v_proj"]["w"][...].reshape(d, -1),
+            f"layers.{i}.wo": a["o_proj"]["w"][...].reshape(-1, d),
+            f"layers.{i}.w_gate": m["gate_proj"]["kernel"][...],
+            f"layers.{i}.w_up": m["up_proj"]["kernel"][...],
+            f"layers.{i}.w_down": m["down_proj"]["kernel"][...]})
+    return out
+
+
+class CheckedSpecRollout(SpecRollout):
+    """SpecRollout recording what the run checks: compilations inside each call, the
+    weights after each sync and the rollout logprobs against Tunix's recomputation."""
+
+    def __init__(self, rollout_actor=None, **kwargs):
+        super().__init__(rollout_actor=rollout_actor, **kwargs)
+        self.tunix_graph = nnx.graphdef(rollout_actor)
+        self.synced = jax.tree.map(jnp.copy, nnx.state(rollout_actor, nnx.Param))
+        self.log = {"generate_compiles": [], "sync_compiles": [], "sync_max_abs_diff": [],
+                    "logprob_max_abs_diff": [], "logprob_tokens_compared": 0, "groups": [],
+                    "acceptance": []}
+
+    def update_params(self, params, filter_types=None):
+        before = compilation_count()
+        super().update_params(params, filter_types)
+        self.log["sync_compiles"].append(compilation_count() - before)
+        # still under Tunix's transfer guards: device-side comparisons and copies only
+        want = expected_leaves(params)
+        ours = {}
+        from dsd_jax.param_mapping import flatten
+        ours, _ = flatten(self.engine._target_params)
+        diffs = [jnp.max(jnp.abs(jax.device_put(want[n], x.sharding) - x)) for n, x in ours.items()]
+        self.log["sync_max_abs_diff"].append(functools.reduce(jnp.maximum, diffs))
+        self.synced = jax.tree.map(jnp.copy, params)
+
+    def generate(self, prompts, rollout_config, **kwargs):
+        before = compilation_count()
+        runs = []
+        inner = self.engine.generate
+
+        def spy(ps, sampling, **kw):  # records how the prompts were grouped
+            runs.append([sp.n for sp in sampling])
+            return inner(ps, sampling, **kw)
+        self.engine.generate = spy
+        try:
+            self.engine.stats.reset()
+            out = super().generate(prompts, rollout_config, **kwargs)
+        finally:
+            del self.engine.generate
+        self.log["generate_compiles"].append(compilation_count() - before)
+        self.log["groups"].append(runs[0])
+        self.log["acceptance"].append(self.engine.metrics()["mean_accepted_len"])
+        if out.logprobs is not None:
+            self._check_logprobs(out, rollout_config)
+        return out
+
+    def _check_logprobs(self, out, cfg):
+        width = cfg.max_tokens_to_generate
+        comp = np.zeros((len(out.tokens), width), np.int32)
+        for i, t in enumerate(out.tokens):
+            comp[i, :len(t)] = t
+        theirs = np.asarray(common.compute_per_token_logps(
+            self.tunix_graph, self.synced, prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
+            completion_tokens=jnp.asarray(comp), pad_id=self.pad_id(), eos_id=self.eos_id(),
+            temperature=cfg.temperature))
+        worst = 0.0
+        for i, t in enumerate(out.tokens):
+            # Tunix masks a generated pad id out of its recomputation: compare before it
+            n = int(np.argmax(t == self.pad_id())) if (t == self.pad_id()).any() else len(t)
+            if n:
+                worst = max(worst, float(np.max(np.abs(theirs[i, :n] - out.logprobs[i][:n]))))
+                self.log["logprob_tokens_compared"] += n
+        self.log["logprob_max_abs_diff"].append(worst)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=3, help="GRPO training steps")
+    ap.add_argument("--generations", type=int, default=4, help="GRPO group size G")
+    ap.add_argument("--batch", type=int, default=2, help="prompts per step")
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--k", type=int, default=3, help="max draft tokens per step")
+    ap.add_argument("--distill-steps", type=int, default=0,
+                    help="draft refresh (optax steps on the last rollouts) before each rollout")
+    ap.add_argument("--json", default=None, help="write the checks here")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+
+    devices = jax.devices()
+    if len(devices) < 2:
+        raise SystemExit("needs two devices (XLA_FLAGS --xla_force_host_platform_device_count=2)")
+    actor_mesh = Mesh(np.array(devices[:1]).reshape(1, 1), ("fsdp", "tp"))
+    rollout_mesh = Mesh(np.array(devices[1:2]).reshape(1, 1), ("fsdp", "tp"))
+
+    actor, reference = policy(0), policy(0)
+    draft = models.init_model(models.ModelConfig(
+        vocab_size=len(WORDS), hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+        num_kv_heads=1, head_dim=8), seed=1)
+    rollout_config = base_rollout.RolloutConfig(
+        max_tokens_to_generate=args.max_tokens, max_prompt_length=8, kv_cache_size=32,
+        temperature=0.9, top_p=1.0, return_logprobs=True)
+    batch_slots = args.batch * args.generations
+    engine = functools.partial(
+        CheckedSpecRollout, draft=draft, max_batch_size=batch_slots, prefill_chunk=16,
+        spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k),
+        distill_steps=args.distill_steps)
+    cluster = rl_cluster_lib.RLCluster(
+        actor=actor, reference=reference, tokenizer=WordTokenizer(),
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={rl_cluster_lib.Role.ACTOR: actor_mesh,
+                          rl_cluster_lib.Role.REFERENCE: actor_mesh,
+                          rl_cluster_lib.Role.ROLLOUT: rollout_mesh},
+            rollout_engine=engine, offload_to_cpu=False,
+            training_config=rl_cluster_lib.RLTrainingConfig(
+                actor_optimizer=optax.adamw(3e-3), eval_every_n_steps=1000,
+                max_steps=args.steps),
+            rollout_config=rollout_config))
+    learner = grpo_learner.GRPOLearner(
+        rl_cluster=cluster, reward_fns=reward_jax,
+        algo_config=grpo_learner.GRPOConfig(num_generations=args.generations, num_iterations=1,
+                                            beta=0.04))
+    data = (grain.MapDataset.source(PROMPTS * args.steps).batch(args.batch)
+            .map(lambda x: {"prompts": x}))
+    learner.train(data)
+
+    rollout = cluster.rollout
+    log = rollout.log
+    result = {
+        "steps": args.steps, "seconds": time.perf_counter() - t0,
+        "syncs": len(log["sync_compiles"]),
+        "sync_max_abs_diff": [float(x) for x in jax.device_get(log["sync_max_abs_diff"])],
+        "sync_compiles": log["sync_compiles"],
+        "generate_compiles": log["generate_compiles"],
+        "groups": log["groups"],
+        "logprob_max_abs_diff": log["logprob_max_abs_diff"],
+        "logprob_tokens_compared": log["logprob_tokens_compared"],
+        "mean_accepted_len": log["acceptance"],
+        "mean_reward_per_step": REWARDS,
+        "distill": rollout.distill_log,
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -233,10 +233,3 @@ TUNIX_QWEN3 = ParamMapping("tunix.qwen3", _TOP + _layer_rules("attn", (
     Rule("layers.{i}.attn.q_norm.w", "layers.{i}.q_norm"),
     Rule("layers.{i}.attn.k_norm.w", "layers.{i}.k_norm"),
 )))
-
-# Our own tree (a `dsd_jax.models.Transformer`'s state): the identity, every leaf by name.
-OURS = ParamMapping("dsd_jax", tuple(Rule(n, n) for n in (
-    "embed", "final_norm", "lm_head", "layers.{i}.attn_norm", "layers.{i}.wq", "layers.{i}.wk",
-    "layers.{i}.wv", "layers.{i}.wo", "layers.{i}.bq", "layers.{i}.bk", "layers.{i}.bv",
-    "layers.{i}.q_norm", "layers.{i}.k_norm", "layers.{i}.mlp_norm", "layers.{i}.w_gate",
-    "layers.{i}.w_up", "layers.{i}.w_down")))

@@ -15,7 +15,9 @@ refreshed from the last rollouts against the updated policy before each generati
 
 The run checks, and prints as JSON (`--json FILE` writes it):
 - after every sync the engine's weights equal the trainer's (leaf by leaf, exactly);
-- after the first step neither a rollout nor a sync compiles anything;
+- no sync compiles anything, and a rollout compiles only (K, batch bucket) programs it
+  runs for the first time (programs compile on first use; `engine.warmup()` compiles them
+  all up front): never a program twice, whatever the weights;
 - the rollout logprobs equal Tunix's `compute_per_token_logps` on the synced weights.
 """
 
@@ -133,7 +135,7 @@ class CheckedSpecRollout(SpecRollout):
         super().__init__(rollout_actor=rollout_actor, **kwargs)
         self.tunix_graph = nnx.graphdef(rollout_actor)
         self.synced = jax.tree.map(jnp.copy, nnx.state(rollout_actor, nnx.Param))
-        self.log = {"generate_compiles": [], "sync_compiles": [], "sync_max_abs_diff": [],
+        self.log = {"generate_compiles": [], "generate_new_programs": [], "sync_compiles": [], "sync_max_abs_diff": [],
                     "logprob_max_abs_diff": [], "logprob_tokens_compared": 0, "groups": [],
                     "acceptance": []}
 
@@ -151,20 +153,24 @@ class CheckedSpecRollout(SpecRollout):
         self.synced = jax.tree.map(jnp.copy, params)
 
     def generate(self, prompts, rollout_config, **kwargs):
-        before = compilation_count()
-        runs = []
+        runs, compiles = [], []
         inner = self.engine.generate
 
-        def spy(ps, sampling, **kw):  # records how the prompts were grouped
+        def spy(ps, sampling, **kw):  # how the prompts were grouped; what the engine compiled
             runs.append([sp.n for sp in sampling])
-            return inner(ps, sampling, **kw)
+            before, programs = compilation_count(), len(self.engine.programs._compiled)
+            out = inner(ps, sampling, **kw)
+            compiles.append((compilation_count() - before,
+                             len(self.engine.programs._compiled) - programs))
+            return out
         self.engine.generate = spy
         try:
             self.engine.stats.reset()
             out = super().generate(prompts, rollout_config, **kwargs)
         finally:
             del self.engine.generate
-        self.log["generate_compiles"].append(compilation_count() - before)
+        self.log["generate_compiles"].append(compiles[0][0])
+        self.log["generate_new_programs"].append(compiles[0][1])
         self.log["groups"].append(runs[0])
         self.log["acceptance"].append(self.engine.metrics()["mean_accepted_len"])
         if out.logprobs is not None:
@@ -182,8 +188,9 @@ class CheckedSpecRollout(SpecRollout):
             temperature=cfg.temperature))
         worst = 0.0
         for i, t in enumerate(out.tokens):
-            # Tunix masks a generated pad id out of its recomputation: compare before it
-            n = int(np.argmax(t == self.pad_id())) if (t == self.pad_id()).any() else len(t)
+            # Tunix drops a generated pad id from the context of what follows it (its masks
+            # come from the pad id); we keep it: compare up to and including that token
+            n = int(np.argmax(t == self.pad_id())) + 1 if (t == self.pad_id()).any() else len(t)
             if n:
                 worst = max(worst, float(np.max(np.abs(theirs[i, :n] - out.logprobs[i][:n]))))
                 self.log["logprob_tokens_compared"] += n
@@ -248,6 +255,7 @@ def main(argv=None) -> dict:
         "sync_max_abs_diff": [float(x) for x in jax.device_get(log["sync_max_abs_diff"])],
         "sync_compiles": log["sync_compiles"],
         "generate_compiles": log["generate_compiles"],
+        "generate_new_programs": log["generate_new_programs"],
         "groups": log["groups"],
         "logprob_max_abs_diff": log["logprob_max_abs_diff"],
         "logprob_tokens_compared": log["logprob_tokens_compared"],

@@ -16,7 +16,8 @@ Conventions, as Tunix 0.1.7's own `VanillaRollout` (tunix/generate/sampler.py):
   when that is longer;
 - completions are unpadded int32 numpy arrays of at most `max_tokens_to_generate` tokens,
   cut before the first of `eos_tokens` (default: the tokenizer's EOS), which is excluded;
-- temperature 0 is greedy; `top_k` None/<=0 and `top_p` None/1.0 filter nothing;
+- greedy when `top_p` is None (vanilla's sampler then ignores temperature and top_k) or
+  the temperature is 0; otherwise temperature -> top_k (None/<=0: off) -> top_p;
 - `logprobs` (when `return_logprobs`): for each completion token, `log_softmax(logits / T)`
   of the unfiltered logits (raw logits when greedy), what `common.compute_per_token_logps`
   recomputes with the rollout temperature;
@@ -133,6 +134,11 @@ def _group_runs(prompts: list[list[int]]) -> list[tuple[int, int]]:
     return runs
 
 
+def _greedy(cfg) -> bool:
+    """Tunix's sampler is greedy unless top_p is given (temperature 0: greedy as well)."""
+    return cfg.top_p is None or float(cfg.temperature) == 0.0
+
+
 def _seed_int(seed) -> int | None:
     """An int from Tunix's `RolloutConfig.seed` (None, an int, or a JAX PRNG key)."""
     if seed is None:
@@ -216,12 +222,14 @@ class SpecRollout(base_rollout.BaseRollout):
         return [int(t) for t in self._tokenizer.dedup_bos_ids(([bos] if bos else []) + ids)]
 
     def _sampling(self, cfg, n: int, seed: int | None) -> SamplingParams:
-        top_k = 0 if cfg.top_k is None or cfg.top_k <= 0 else int(cfg.top_k)
-        top_p = 1.0 if cfg.top_p is None else float(cfg.top_p)
         stop = tuple(cfg.eos_tokens) if cfg.eos_tokens else (self.eos_id(),)
-        return SamplingParams(temperature=float(cfg.temperature), top_k=top_k, top_p=top_p,
-                              max_tokens=int(cfg.max_tokens_to_generate), stop_token_ids=stop,
-                              include_stop_token=False, seed=seed, n=n)
+        common = dict(max_tokens=int(cfg.max_tokens_to_generate), stop_token_ids=stop,
+                      include_stop_token=False, seed=seed, n=n)
+        if _greedy(cfg):
+            return SamplingParams(temperature=0.0, **common)
+        top_k = 0 if cfg.top_k is None or cfg.top_k <= 0 else int(cfg.top_k)
+        return SamplingParams(temperature=float(cfg.temperature), top_k=top_k,
+                              top_p=float(cfg.top_p), **common)
 
     def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
                  **kwargs) -> base_rollout.RolloutOutput:
@@ -263,10 +271,10 @@ class SpecRollout(base_rollout.BaseRollout):
 
     def _rollout_logprobs(self, outs, padded, tokens, cfg) -> list[np.ndarray]:
         """Tunix's convention: log_softmax(logits / T), unfiltered, of each sampled token."""
-        T = float(cfg.temperature)
-        filtered = (cfg.top_k is not None and cfg.top_k > 0) or (cfg.top_p is not None and cfg.top_p < 1.0)
-        if T == 0.0:  # greedy: log_softmax of the raw logits
+        if _greedy(cfg):  # log_softmax of the raw logits
             return [np.asarray(o.raw_logprobs, np.float32) for o in outs]
+        T = float(cfg.temperature)
+        filtered = (cfg.top_k is not None and cfg.top_k > 0) or cfg.top_p < 1.0
         if not filtered:  # the engine's processed logprobs are exactly that
             return [np.asarray(o.logprobs, np.float32) for o in outs]
         # top-k / top-p change the engine's distribution: rescore without the filters
@@ -294,8 +302,10 @@ class SpecRollout(base_rollout.BaseRollout):
                              "into the base model (or train without LoRA)")
         names, _ = param_mapping.flatten(params)
         ours, _ = param_mapping.flatten(self.engine._target_params)
-        mapping = param_mapping.OURS if set(names) == set(ours) else self._mapping
-        param_mapping.set_params_from(self.engine, mapping, params)
+        if set(names) == set(ours):  # already our tree: nothing to convert
+            self.engine.set_params(target=params)
+        else:
+            param_mapping.set_params_from(self.engine, self._mapping, params)
         self._synced = True
 
     # ---- the rest of BaseRollout -------------------------------------------------------

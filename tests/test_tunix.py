@@ -1,0 +1,312 @@
+"""The Tunix adapter against Tunix itself: conventions of its own vanilla rollout, logprobs
+of its `compute_per_token_logps`, group sampling, weight syncs under its transfer guards,
+mapping errors, and a real GRPO learner end to end (examples/grpo_tunix.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tunix.generate import tokenizer_adapter
+from tunix.models.llama3 import model as llama3
+from tunix.models.qwen3 import model as qwen3
+from tunix.rl import common
+from tunix.rl.rollout import base_rollout, vanilla_rollout
+
+from dsd_jax import SamplingParams, SpecConfig, param_mapping
+from dsd_jax.compilation import compilation_count
+from dsd_jax.distill import token_logps
+from dsd_jax.integrations.tunix import SpecRollout, from_tunix
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(29)]
+PAD, BOS, EOS = 0, 1, 2
+
+
+class Words:
+    def encode(self, text, **kw):
+        return [WORDS.index(w) for w in text.split()]
+
+    def decode(self, ids, **kw):
+        return " ".join(WORDS[i] for i in ids)
+
+    def bos_id(self):
+        return BOS
+
+    def eos_id(self):
+        return EOS
+
+    def pad_id(self):
+        return PAD
+
+
+TOKENIZER = tokenizer_adapter.TokenizerAdapter(Words())
+
+
+def noisy(model, seed, scale=0.25):
+    """Tunix initialises MLP kernels to zero: give every matrix random weights."""
+    state = nnx.state(model, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state))))
+    nnx.update(model, jax.tree.map(
+        lambda x: x + scale * jax.random.normal(next(keys), x.shape) if x.ndim > 1 else x, state))
+    return model
+
+
+def tiny_llama(seed=0, tied=False):
+    cfg = llama3.ModelConfig(num_layers=2, vocab_size=len(WORDS), embed_dim=32, hidden_dim=64,
+                             num_heads=4, head_dim=8, num_kv_heads=2, rope_theta=10000,
+                             norm_eps=1e-5, weight_tying=tied)
+    return noisy(llama3.Llama3(cfg, rngs=nnx.Rngs(seed)), seed)
+
+
+def tiny_qwen(seed=0):
+    cfg = qwen3.ModelConfig(num_layers=1, vocab_size=len(WORDS), embed_dim=32, hidden_dim=64,
+                            num_heads=4, head_dim=8, num_kv_heads=2, rope_theta=1_000_000,
+                            norm_eps=1e-6, use_tied_embedding=True)
+    return noisy(qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed)), seed)
+
+
+def config(**kw):
+    base = dict(max_tokens_to_generate=10, max_prompt_length=8, kv_cache_size=32,
+                temperature=0.8, top_p=1.0, return_logprobs=True)
+    base.update(kw)
+    return base_rollout.RolloutConfig(**base)
+
+
+def tunix_logps(module, out, cfg, temperature):
+    comp = np.full((len(out.tokens), cfg.max_tokens_to_generate), PAD, np.int32)
+    for i, t in enumerate(out.tokens):
+        comp[i, :len(t)] = t
+    return np.asarray(common.compute_per_token_logps(
+        *nnx.split(module), prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
+        completion_tokens=jnp.asarray(comp), pad_id=PAD, eos_id=EOS, temperature=temperature))
+
+
+def assert_logprobs_match(module, out, cfg, temperature, atol=1e-5):
+    """Rollout logprobs equal Tunix's recomputation (before any generated pad id, which
+    Tunix masks out of its recomputation)."""
+    theirs = tunix_logps(module, out, cfg, temperature)
+    compared = 0
+    for i, t in enumerate(out.tokens):
+        n = before_pad(t)
+        np.testing.assert_allclose(out.logprobs[i][:n], theirs[i, :n], atol=atol)
+        compared += n
+    assert compared >= len(out.tokens)  # the comparison is not vacuous
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="module")
+def rollout(policy):
+    return SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, mesh=None,
+                       rollout_config=config(), max_batch_size=8, prefill_chunk=16,
+                       spec=SpecConfig(method="suffix", num_speculative_tokens=2,
+                                       acceptance="drafter_invariant"))
+
+
+PROMPTS = ["w3 w4 w5", "w7 w8", "w3 w4 w5 w6 w9 w10"]
+
+
+def test_conversion_reproduces_tunix_forward():
+    """Llama3 (tied and untied) and Qwen3: our converted model's per-token log-probabilities
+    equal Tunix's on padded rows (left-padded prompts, right-padded completions)."""
+    prompt = jnp.asarray([[0, 0, 1, 5, 6], [1, 7, 8, 9, 10]], jnp.int32)
+    completion = jnp.asarray([[11, 12, 13, 0], [14, 15, 16, 17]], jnp.int32)
+    for module in (tiny_llama(1), tiny_llama(2, tied=True), tiny_qwen(3)):
+        ours = from_tunix(module, check=False)
+        theirs = common.compute_per_token_logps(
+            *nnx.split(module), prompt_tokens=prompt, completion_tokens=completion,
+            pad_id=PAD, eos_id=EOS, temperature=0.7)
+        np.testing.assert_allclose(token_logps(ours, prompt, completion, PAD, 0.7), theirs,
+                                   atol=1e-5)
+
+
+def test_conversion_check_catches_a_convention_we_do_not_reproduce(monkeypatch):
+    """`from_tunix` compares both forwards: the RoPE base Tunix 0.1.7 really applies is
+    1e6 whatever its config says; with the config's value the check fails loudly."""
+    from dsd_jax.integrations import tunix as adapter
+    module = tiny_llama(1)
+    from_tunix(module)  # passes
+    monkeypatch.setattr(adapter, "TUNIX_APPLIED_ROPE_THETA", float(module.config.rope_theta))
+    with pytest.raises(ValueError, match="differ from Tunix's"):
+        from_tunix(module)
+
+
+def before_pad(tokens) -> int:
+    """Tokens up to and including the first generated pad id: after it Tunix's sampler and
+    its recomputation drop that token from the context (masks from the pad id); we keep it."""
+    t = list(tokens)
+    return t.index(PAD) + 1 if PAD in t else len(t)
+
+
+def test_greedy_rollout_equals_tunix_vanilla(policy, rollout):
+    """Greedy (top_p None, as Tunix's sampler reads it): tokens, text, left-padded prompts,
+    EOS cut and logprobs all equal Tunix's own VanillaRollout's."""
+    c = policy.config
+    vanilla = vanilla_rollout.VanillaRollout(policy, TOKENIZER, base_rollout.CacheConfig(
+        cache_size=32, num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim))
+    ref = vanilla.generate(PROMPTS, config(top_p=None))
+    # an EOS that a greedy path really emits (in a row without a pad), so the cut is exercised
+    row = next(i for i, t in enumerate(ref.tokens) if PAD not in t.tolist())
+    eos = int(ref.tokens[row][3])
+    cut = ref.tokens[row].tolist().index(eos)
+    cfg = config(top_p=None, eos_tokens=[eos])
+    ref = vanilla.generate(PROMPTS, cfg)
+    out = rollout.generate(PROMPTS, cfg)
+    assert len(ref.tokens[row]) == cut
+    compared = 0
+    for a, b, text, ref_text, lp, ref_lp in zip(out.tokens, ref.tokens, out.text, ref.text,
+                                                out.logprobs, ref.logprobs):
+        assert isinstance(a, np.ndarray) and a.dtype == np.int32
+        assert eos not in a.tolist() and len(a) <= cfg.max_tokens_to_generate
+        n = before_pad(b)
+        assert a.tolist()[:n] == b.tolist()[:n]
+        np.testing.assert_allclose(lp[:n], ref_lp[:n], atol=1e-5)
+        if n == len(b):
+            assert len(a) == len(b) and text == ref_text
+            compared += 1
+    assert compared >= 2
+    np.testing.assert_array_equal(out.left_padded_prompt_tokens, ref.left_padded_prompt_tokens)
+    assert out.left_padded_prompt_tokens.shape == (3, cfg.max_prompt_length)
+    assert_logprobs_match(policy, out, cfg, temperature=1.0)  # greedy: raw logits
+    assert rollout.pad_id() == PAD and rollout.eos_id() == EOS
+    # a prompt longer than max_prompt_length widens the block to a power of two, as vanilla
+    long = " ".join(f"w{i}" for i in range(3, 13))
+    wide, ref_wide = rollout.generate([long], cfg), vanilla.generate([long], cfg)
+    assert wide.left_padded_prompt_tokens.shape == ref_wide.left_padded_prompt_tokens.shape == (1, 16)
+    n = before_pad(ref_wide.tokens[0])
+    assert wide.tokens[0].tolist()[:n] == ref_wide.tokens[0].tolist()[:n]
+
+
+def test_sampled_logprobs_follow_grpo_convention(policy, rollout):
+    """Sampling at T: logprobs are log_softmax(logits / T) of the unfiltered logits, what
+    Tunix recomputes in the GRPO loss, also when top-k / top-p filter the sampling."""
+    for cfg in (config(temperature=0.8), config(temperature=1.3, top_k=5, top_p=0.9)):
+        out = rollout.generate(PROMPTS * 2, cfg)
+        assert all(len(t) <= cfg.max_tokens_to_generate for t in out.tokens)
+        assert_logprobs_match(policy, out, cfg, temperature=cfg.temperature)
+    # get_per_token_logps is Tunix's at temperature 1, like vanilla's
+    out = rollout.generate(PROMPTS, config(return_logprobs=False))
+    assert out.logprobs is None
+    comp = np.zeros((3, 10), np.int32)
+    for i, t in enumerate(out.tokens):
+        comp[i, :len(t)] = t
+    mine = rollout.get_per_token_logps(out.left_padded_prompt_tokens, comp)
+    theirs = common.compute_per_token_logps(
+        *nnx.split(policy), prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
+        completion_tokens=jnp.asarray(comp), pad_id=PAD, eos_id=EOS)
+    np.testing.assert_allclose(mine, theirs, atol=1e-5)
+
+
+def test_repeated_prompts_become_groups(rollout):
+    """GRPO's repeated prompts become SamplingParams(n=run) requests, outputs in order; with a
+    seed, completion r of the call draws from seed + r, so a group member equals a single
+    request with that seed."""
+    calls = []
+    inner = rollout.engine.generate
+
+    def spy(prompts, sampling, **kw):
+        calls.append([(len(p), sp.n, sp.seed) for p, sp in zip(prompts, sampling)])
+        return inner(prompts, sampling, **kw)
+
+    a, b = "w3 w4 w5", "w7 w8"
+    prompts = [a, a, a, b, b, a]
+    rollout.engine.generate = spy
+    try:
+        out = rollout.generate(prompts, config(seed=100))
+    finally:
+        del rollout.engine.generate
+    assert calls == [[(4, 3, 100), (3, 2, 103), (4, 1, 105)]]
+    ids_a, ids_b = [BOS] + TOKENIZER.encode(a), [BOS] + TOKENIZER.encode(b)
+    assert [r.tolist() for r in out.left_padded_prompt_tokens[:3]] == [[PAD] * 4 + ids_a] * 3
+    singles = rollout.engine.generate([ids_a, ids_b], [rollout._sampling(config(), 1, 101),
+                                                       rollout._sampling(config(), 1, 104)])
+    assert out.tokens[1].tolist() == singles[0].token_ids
+    assert out.tokens[4].tolist() == singles[1].token_ids
+    assert out.tokens[0].tolist() != out.tokens[1].tolist()  # siblings draw different noise
+
+
+def test_update_params_under_transfer_guards_compiles_nothing(policy):
+    """A sync from the trainer's module (a jitted step's output on device) under Tunix's
+    transfer guards: zero compilations, the new weights served (logprobs equal Tunix's on
+    them), and the next rollout compiles nothing either."""
+    trainer = tiny_llama(0)
+    r = SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, mesh=None,
+                    rollout_config=config(), max_batch_size=4, prefill_chunk=16,
+                    spec=SpecConfig(method="ngram", num_speculative_tokens=2))
+    cfg = config(temperature=0.9)
+    r.generate(PROMPTS, cfg)
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x * 1.05 + 0.002, s))
+    nnx.update(trainer, step(nnx.state(trainer, nnx.Param)))
+    state = nnx.state(trainer, nnx.Param)
+    before = compilation_count()
+    with jax.transfer_guard("disallow"), \
+            jax.transfer_guard_host_to_device("disallow_explicit"), \
+            jax.transfer_guard_device_to_host("disallow_explicit"):
+        r.update_params(state, (nnx.Param,))
+    assert compilation_count() == before
+    out = r.generate(PROMPTS, cfg)
+    assert compilation_count() == before
+    assert_logprobs_match(trainer, out, cfg, temperature=0.9)
+    # Tunix hands back our own `model()` state when it offloads: taken as it is
+    before = compilation_count()
+    r.update_params(nnx.state(r.model(), nnx.Param))
+    assert compilation_count() == before
+
+
+def test_mapping_errors_name_the_leaf(rollout, policy):
+    state = nnx.state(policy, nnx.Param)
+    named, _ = param_mapping.flatten(state)
+    engine = rollout.engine
+    missing = {k: v for k, v in named.items() if k != "layers.1.attn.k_proj.w"}
+    with pytest.raises(ValueError, match=r"no leaf 'layers\.1\.attn\.k_proj\.w' \(for our 'layers\.1\.wk'\)"):
+        param_mapping.set_params_from(engine, param_mapping.TUNIX_LLAMA3, missing)
+    wrong = dict(named, **{"layers.0.attn.o_proj.w": jnp.zeros((4, 8, 31))})
+    with pytest.raises(ValueError, match=r"'layers\.0\.attn\.o_proj\.w' of shape \(4, 8, 31\).*'layers\.0\.wo'"):
+        param_mapping.set_params_from(engine, param_mapping.TUNIX_LLAMA3, wrong)
+    extra = dict(named, **{"layers.0.attn.o_proj.bias": jnp.zeros((32,))})
+    with pytest.raises(ValueError, match=r"unused: 'layers\.0\.attn\.o_proj\.bias'"):
+        param_mapping.set_params_from(engine, param_mapping.TUNIX_LLAMA3, extra)
+    partial = param_mapping.ParamMapping("partial", [r for r in param_mapping.TUNIX_LLAMA3.rules
+                                                     if r.ours != "lm_head"])
+    with pytest.raises(ValueError, match=r"does not cover our leaf 'lm_head'"):
+        param_mapping.set_params_from(engine, partial, named)
+    with pytest.raises(ValueError, match="LoRA"):
+        rollout.update_params(state, (nnx.LoRAParam,))
+    with pytest.raises(ValueError, match="unsupported Tunix model class"):
+        SpecRollout(rollout_actor=nnx.Linear(2, 2, rngs=nnx.Rngs(0)), tokenizer=TOKENIZER,
+                    rollout_config=config())
+    with pytest.raises(ValueError, match="max_seq_len"):
+        rollout.generate(PROMPTS, config(max_tokens_to_generate=40))
+    # the engine still serves its old weights after every refusal
+    out = rollout.generate(PROMPTS, config(top_p=None))
+    assert_logprobs_match(policy, out, config(top_p=None), temperature=1.0)
+
+
+def test_grpo_learner_end_to_end(tmp_path):
+    """Tunix's GRPOLearner, 2 steps, SpecRollout on its own device: weights equal the
+    trainer's after every sync, nothing compiles after the first step, rollout logprobs
+    equal Tunix's recomputation, GRPO groups arrive as n=G requests."""
+    out = tmp_path / "grpo.json"
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "grpo_tunix.py"),
+                           "--steps", "2", "--max-tokens", "8", "--distill-steps", "2",
+                           "--json", str(out)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["syncs"] == 2 and r["sync_max_abs_diff"] == [0.0, 0.0]
+    assert r["sync_compiles"] == [0, 0]
+    # every compilation is a (K, bucket) program's first use: nothing compiles twice
+    assert r["generate_compiles"] == r["generate_new_programs"] and r["generate_compiles"][0] > 0
+    assert r["groups"] == [[4, 4], [4, 4]]
+    assert max(r["logprob_max_abs_diff"]) < 1e-5 and r["logprob_tokens_compared"] > 20
+    assert len(r["distill"]) == 1 and r["distill"][0]["loss_after"] < r["distill"][0]["loss_before"]

@@ -46,7 +46,7 @@ def test_rollout_batch_marks_the_completion_positions():
 def acceptance(engine, prompts) -> float:
     """Mean committed tokens per step at K=3 (1.0: every draft rejected)."""
     engine.stats.reset()
-    engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=24, seed=7))
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, seed=7))
     return engine.metrics()["mean_accepted_len"]
 
 
@@ -58,27 +58,28 @@ def test_distillation_recovers_acceptance_after_the_target_moves(tiny_pair):
     draft = models.init_model(tiny_config(num_layers=1, hidden_size=32, intermediate_size=64,
                                           num_heads=2, num_kv_heads=1, head_dim=16), seed=3)
     engine = make_engine(target, draft, method="draft_model", num_speculative_tokens=3,
-                         max_batch_size=8, max_seq_len=48)
+                         max_batch_size=16, max_seq_len=32, batch_buckets=(16,))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(3, 9, size=8)]
     distiller = DraftDistiller(target, draft, learning_rate=1e-2, rows=16)
 
     def rollouts():
-        return engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=24, n=2))
+        return engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, n=2))
 
-    for _ in range(3):
-        distiller.refresh(engine, rollouts(), steps=40)
+    for _ in range(2):
+        distiller.refresh(engine, rollouts(), steps=30)
     fresh = acceptance(engine, prompts)
     graph, params = nnx.split(target)
     keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
-    moved = jax.tree.map(lambda x: x + 0.6 * jnp.std(x) * jax.random.normal(next(keys), x.shape)
+    moved = jax.tree.map(lambda x: x + 1.5 * jnp.std(x) * jax.random.normal(next(keys), x.shape)
                          if x.ndim == 2 else x, params)
     engine.set_params(target=moved)
     stale = acceptance(engine, prompts)
-    metrics = [distiller.refresh(engine, rollouts(), steps=40) for _ in range(3)]
+    metrics = [distiller.refresh(engine, rollouts(), steps=30) for _ in range(2)]
     before = compilation_count()
     recovered = acceptance(engine, prompts)
     assert compilation_count() == before
     assert metrics[0]["loss_after"] < metrics[0]["loss_before"]
+    print(f"accepted length: fresh {fresh:.2f}, stale {stale:.2f}, recovered {recovered:.2f}")
     assert stale < fresh - 0.3, (fresh, stale)
     assert recovered > stale + 0.3, (fresh, stale, recovered)

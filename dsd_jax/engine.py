@@ -207,6 +207,15 @@ class SpecEngine:
                 raise ValueError("this engine has no draft model")
             self._draft_params = params_of(draft, self._draft_params, "draft")
 
+    def set_params_from(self, mapping, state, role: str = "target") -> None:
+        """Weights from a trainer's own param tree (an `nnx.State` or nested dicts of another
+        model class: Tunix, MaxText, your NNX model), mapped onto ours by a declared
+        `dsd_jax.param_mapping.ParamMapping`. Device to device only (transfer guards hold);
+        compiles none of the engine's programs; a leaf the mapping misses, leaves unused or
+        gets the wrong shape from is a ValueError naming it."""
+        from dsd_jax.param_mapping import set_params_from
+        set_params_from(self, mapping, state, role)
+
     def new_state(self):
         """A fresh device state (every slot free) in the engine's layout."""
         return self.placement.new_state(lambda: init_state(

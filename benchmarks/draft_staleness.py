@@ -36,19 +36,9 @@ from dsd_jax.controller import Controller
 from dsd_jax.distill import DraftDistiller
 from dsd_jax.models import builtin, heldout_prompts
 from dsd_jax.profiler import profile_engine
+from suffix_rollout import Static  # noqa: E402  (a fixed-K controller; same folder)
 
 EOS = 0
-
-
-class Static:
-    def __init__(self, k: int):
-        self.k = k
-
-    def choose_k(self, batch_size, context_len=None, request_ids=None, remaining=None):
-        return self.k
-
-    def observe(self, *args, **kwargs):
-        pass
 
 
 def drifted(params, level: float, seed: int = 0):

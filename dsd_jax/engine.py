@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters, multihost
+from dsd_jax import compilation, drafters, kernels, multihost
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
@@ -160,17 +160,21 @@ class SpecEngine:
         self._target_params = self.placement.put_params(target_params, "target")
         self._draft_params = self.placement.put_params(draft_params, "draft")
         self.capacity = max_seq_len + self.max_k + 1
+        # each kernel's backend, resolved once; under "auto" on GPU/TPU a Pallas kernel that
+        # fails to compile falls back to XLA (`Programs`, `kernels.PallasFallbackWarning`)
+        backends = kernels.resolve_backends(backend)
+        fallback = backend == "auto" and kernels.default_platform() in ("gpu", "tpu")
         self.drafter = drafter_cls.build(
-            spec, None if draft is None else (draft_graph, draft.config), backend)
+            spec, None if draft is None else (draft_graph, draft.config), backends)
         self.state = self.new_state()
-        opts = StepOptions(acceptance=spec.acceptance, backend=backend)
+        opts = StepOptions(acceptance=spec.acceptance, backend=backends)
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
         prefill_rows = self.batch_buckets
         prefill_chunks = chunk_buckets(self.prefill_chunk)
         self.programs = Programs(target_graph, self.drafter, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
-                                 prefill_rows, prefill_chunks, self.placement)
+                                 prefill_rows, prefill_chunks, self.placement, fallback=fallback)
         if controller is None:
             if profile is None and spec.dynamic is not None and spec.dynamic.profile:
                 # warns loudly when the profile was measured for other models or hardware
@@ -236,8 +240,19 @@ class SpecEngine:
                              self.max_batch_size, self.max_seq_len)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Compiles every program up front; returns the number of programs."""
-        return self.programs.compile_all(progress)
+        """Compiles every program up front; returns the number of programs. Under
+        backend="auto" on GPU/TPU a Pallas kernel that fails to compile is replaced by its
+        XLA path, with a `kernels.PallasFallbackWarning` naming the kernel, the device and
+        the error (`kernel_backends` says what runs); backend="pallas" raises instead."""
+        n = self.programs.compile_all(progress)
+        self.drafter = self.programs.drafter
+        return n
+
+    @property
+    def kernel_backends(self) -> dict[str, str]:
+        """The backend each kernel runs on, e.g. {"attention": "pallas", "rejection": "xla"}
+        (after a fallback at warmup, the XLA path for the kernel that failed)."""
+        return self.programs.kernel_backends
 
     def metrics(self) -> dict:
         """`stats` as a dict, with the controller's calibration (predicted vs measured)."""

@@ -10,13 +10,16 @@ indices are per shard, and a step's outputs are [rounds, data * bucket, ...].
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
+from dsd_jax import kernels
 from dsd_jax import step as step_lib
 from dsd_jax.data_parallel import HOST, PARAMS, STATE, any_active, per_shard, summed_counters
 from dsd_jax.sharding import DATA, Placement
@@ -26,8 +29,10 @@ from dsd_jax.state import MAX_STOP_IDS, DecodeState
 class Programs:
     def __init__(self, target_graph, drafter, opts: step_lib.StepOptions, target_params,
                  draft_params, state: DecodeState, batch_buckets, max_k: int, prefill_rows,
-                 prefill_chunks, placement: Placement | None = None):
-        self.opts = opts
+                 prefill_chunks, placement: Placement | None = None, fallback: bool = False):
+        """`fallback`: a program that fails to lower or compile with a Pallas kernel in it
+        switches that kernel to its XLA path, with a `kernels.PallasFallbackWarning` (the
+        engine sets it for backend="auto" on GPU/TPU)."""
         self.batch_buckets = tuple(batch_buckets)
         self.max_k = max_k
         self.prefill_rows = tuple(prefill_rows)
@@ -44,15 +49,23 @@ class Programs:
         outs = {} if state_sh is None else {"out_shardings": state_sh}
         # outputs replicated: every process of a multi-host run reads them whole
         self._step_outs = {} if state_sh is None else {"out_shardings": (state_sh, rep, rep)}
-        local = place.data_specs(state) if data > 1 else None
+        local = self._step_shards_specs = place.data_specs(state) if data > 1 else None
 
         def shards(fn, kinds, out_specs=local):
             return per_shard(fn, place.mesh, data, local, kinds, out_specs)
 
-        self._graph, self._drafter = target_graph, drafter
+        self._shards, self._outs = shards, outs
+        self._graph = target_graph
+        self._fallback = fallback
+        self._build(opts, drafter)
+
+    def _build(self, opts: step_lib.StepOptions, drafter) -> None:
+        """The jitted programs for these step options and drafter (nothing compiled yet)."""
+        shards, outs, local = self._shards, self._outs, self._step_shards_specs
+        self.opts, self._drafter = opts, drafter
         self._step_shards = functools.partial(shards, kinds=(PARAMS, PARAMS, STATE, PARAMS),
                                               out_specs=(local, P(None, DATA), P()))
-        self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, target_graph, drafter, opts),
+        self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
                                        (PARAMS, PARAMS, STATE) + (HOST,) * 5),
                                 donate_argnums=2, **outs)
         self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
@@ -61,15 +74,57 @@ class Programs:
         self._copy = jax.jit(shards(step_lib.copy_slots, (STATE, HOST, HOST)), donate_argnums=0, **outs)
         self._compiled: dict = {}
 
+    @property
+    def drafter(self):
+        return self._drafter
+
+    @property
+    def kernel_backends(self) -> dict[str, str]:
+        """Each kernel's backend in these programs, e.g. {"attention": "pallas", ...}."""
+        return kernels.resolve_backends(self.opts.backend)._asdict()
+
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
             # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`)
             mesh = self.placement.mesh
-            with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
-                lowered = lower()
-            exe = self._compiled[key] = lowered.compile()
+            try:
+                with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+                    lowered = lower()
+                exe = lowered.compile()
+            except Exception as err:  # noqa: BLE001  (Triton/Mosaic raise many kinds)
+                if not self._fallback:
+                    raise
+                self._fall_back(key, err)
+                return self._compiled[key]
+            self._compiled[key] = exe
         return exe
+
+    def _fall_back(self, key, err: Exception) -> None:
+        """Program `key` failed to lower or compile with a Pallas kernel in it: find the
+        kernels whose XLA path makes it compile (each alone, then all), switch them to XLA
+        for every program (those compiled before are dropped and recompile) and warn. If no
+        such switch helps, the error was not a kernel's: re-raise it."""
+        backends = kernels.resolve_backends(self.opts.backend)
+        pallas = [k for k in kernels.KERNELS if getattr(backends, k) == "pallas"]
+        trials = [[k] for k in pallas] + ([pallas] if len(pallas) > 1 else [])
+        saved = (self.opts, self._drafter, self._compiled)
+        self._fallback = False
+        try:
+            for trial in trials:
+                new = backends._replace(**{k: "xla" for k in trial})
+                self._build(dataclasses.replace(saved[0], backend=new), with_backend(saved[1], new))
+                try:
+                    getattr(self, key[0])(*key[1:])
+                except Exception:  # noqa: BLE001
+                    continue
+                _warn_fallback(trial, err)
+                return
+            self._build(*saved[:2])
+            self._compiled = saved[2]
+            raise err
+        finally:
+            self._fallback = True
 
     def _rounds(self, k: int, b: int, target_params, draft_params, state, num_rounds):
         """One data shard's dispatch: R rounds of K over its first b slots."""
@@ -125,15 +180,36 @@ class Programs:
         return self._get(("copy", n), lambda: self._copy.lower(self._args[2], ints, ints))
 
     def compile_all(self, progress=None) -> int:
-        """Compiles every program; returns how many. `progress(done, total)` is optional."""
+        """Compiles every program; returns how many. `progress(done, total)` is optional.
+        A kernel fallback drops the programs compiled before it: they compile again."""
         jobs = [functools.partial(self.step, k, b) for b in self.batch_buckets
                 for k in range(self.max_k + 1)]
         jobs += [functools.partial(self.prefill, n, c) for n in self.prefill_rows
                  for c in self.prefill_chunks]
         jobs += [functools.partial(self.admit, n) for n in self.prefill_rows] + [self.move]
         jobs += [functools.partial(self.copy, n) for n in self.prefill_rows]
-        for i, job in enumerate(jobs):
-            job()
-            if progress:
-                progress(i + 1, len(jobs))
-        return len(jobs)
+        while True:
+            backends = self.opts.backend
+            for i, job in enumerate(jobs):
+                job()
+                if progress:
+                    progress(i + 1, len(jobs))
+            if self.opts.backend == backends:
+                return len(jobs)
+
+
+def with_backend(drafter, backend):
+    """`drafter` with its kernels backend replaced (drafters without one are returned)."""
+    if dataclasses.is_dataclass(drafter) and "backend" in {f.name for f in dataclasses.fields(drafter)}:
+        return dataclasses.replace(drafter, backend=backend)
+    return drafter
+
+
+def _warn_fallback(names, err: Exception) -> None:
+    dev = jax.devices()[0]
+    lines = str(err).strip().splitlines()
+    first = f"{type(err).__name__}: {lines[0] if lines else ''}"
+    for name in names:
+        warnings.warn(f"Pallas kernel {name!r} failed to compile on {dev.device_kind} "
+                      f"({dev.platform}); using its XLA path instead. Error: {first}",
+                      kernels.PallasFallbackWarning, stacklevel=4)

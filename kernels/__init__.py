@@ -1,13 +1,17 @@
 """Kernels behind one dispatch: pure-XLA references on CPU, Pallas on GPU/TPU.
 
 `backend` is "auto" (Pallas on GPU/TPU, XLA elsewhere), "xla", "pallas" or
-"interpret" (the Pallas code run by the interpreter, for CPU tests). `platform`
+"interpret" (the Pallas code run by the interpreter, for CPU tests), or a
+`KernelBackends` naming one per kernel (an engine passes one after resolving "auto" and
+falling back, kernel by kernel, to XLA where a Pallas kernel did not compile). `platform`
 ("gpu" | "tpu" | None) picks the Pallas variant; None means the default backend,
 or the TPU variant when interpreting on a CPU host. Models and step programs call
 kernels only through these functions.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,20 +22,51 @@ from .cache_attention import attend_and_write_xla, write_entries
 from .rejection_ref import coupled_accept_xla, first_rejection, rejection_sample_xla
 
 BACKENDS = ("auto", "xla", "pallas", "interpret")
+KERNELS = ("attention", "rejection")  # attention: verify_attention / attend_and_write
 
 
-def resolve_backend(backend: str) -> str:
+class KernelBackends(NamedTuple):
+    """The resolved backend ("xla" | "pallas" | "interpret") of each kernel. Hashable, so
+    it goes wherever a backend string goes (static step options, drafters)."""
+
+    attention: str
+    rejection: str
+
+
+class PallasFallbackWarning(RuntimeWarning):
+    """A Pallas kernel failed to compile under backend="auto"; the engine uses XLA for it."""
+
+
+def default_platform() -> str:
+    """The platform "auto" resolves against ("cpu" | "gpu" | "tpu"); tests patch it."""
+    return jax.default_backend()
+
+
+def resolve_backend(backend, kernel: str | None = None) -> str:
+    """The backend `kernel` (one of KERNELS) runs on: "auto" is Pallas on GPU/TPU, XLA
+    elsewhere; a `KernelBackends` gives that kernel's entry."""
+    if isinstance(backend, KernelBackends):
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        return getattr(backend, kernel)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "pallas" if jax.default_backend() in ("gpu", "tpu") else "xla"
+        return "pallas" if default_platform() in ("gpu", "tpu") else "xla"
     return backend
+
+
+def resolve_backends(backend) -> KernelBackends:
+    """Every kernel's backend for a backend string (or a `KernelBackends`, returned as is)."""
+    if isinstance(backend, KernelBackends):
+        return backend
+    return KernelBackends(*(resolve_backend(backend, k) for k in KERNELS))
 
 
 def verify_attention(q, k_cache, v_cache, q_positions, rows=None, *, backend: str = "auto",
                      platform: str | None = None):
     """See `attention_ref.verify_attention_xla` for shapes and semantics."""
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, "attention")
     if backend == "xla":
         return verify_attention_xla(q, k_cache, v_cache, q_positions, rows)
     from . import attention_pallas
@@ -62,7 +97,7 @@ def attend_and_write(q, k_new, v_new, positions, k_cache, v_cache, rows=None, *,
     0..positions[b, t] of its row, the new ones included. Returns (out [B, T, Hq, D],
     k_cache, v_cache); the caches are updated in place (see `cache_attention`).
     """
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, "attention")
     if backend == "xla":
         return attend_and_write_xla(q, k_new, v_new, positions, k_cache, v_cache, rows)
     idx = jnp.arange(q.shape[0], dtype=jnp.int32) if rows is None else rows
@@ -90,7 +125,7 @@ def attend_and_write(q, k_new, v_new, positions, k_cache, v_cache, rows=None, *,
 def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual_noise, *,
                      backend: str = "auto", platform: str | None = None):
     """See `rejection_ref.rejection_sample_xla` for shapes and semantics."""
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, "rejection")
     if backend == "xla":
         return rejection_sample_xla(target_probs, draft_probs, draft_tokens, uniforms, residual_noise)
     from . import rejection_pallas
@@ -107,6 +142,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
                                          residual_noise)
 
 
-__all__ = ["BACKENDS", "resolve_backend", "verify_attention", "verify_attention_xla",
+__all__ = ["BACKENDS", "KERNELS", "KernelBackends", "PallasFallbackWarning", "default_platform",
+           "resolve_backend", "resolve_backends", "verify_attention", "verify_attention_xla",
            "attend_and_write", "attend_and_write_xla", "write_entries",
            "rejection_sample", "rejection_sample_xla", "coupled_accept_xla", "first_rejection"]

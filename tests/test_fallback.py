@@ -1,0 +1,97 @@
+"""Under backend="auto" on a GPU/TPU, a Pallas kernel that fails to compile at warmup
+falls back to its XLA path with a warning naming the kernel, the device and the error;
+backend="pallas" fails loudly. Forced on CPU: the platform claims "gpu", the attention
+kernel raises while lowering, and the rejection kernel runs in interpret mode (so it
+compiles here and stays Pallas)."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import pytest
+
+import dsd_jax as dsd
+from dsd_jax import kernels
+from dsd_jax.kernels import attention_pallas, rejection_pallas
+
+PROMPTS = [[3, 9, 4, 1, 7], [5, 2]]
+
+
+def _engine(tiny_pair, backend):
+    target, draft = tiny_pair
+    return dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=2),
+                          max_batch_size=2, max_seq_len=32, prefill_chunk=16, backend=backend,
+                          batch_buckets=(2,))
+
+
+def _tokens(engine):
+    outs = engine.generate(PROMPTS, dsd.SamplingParams(temperature=0.0, max_tokens=8))
+    return [o.token_ids for o in outs]
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A GPU whose Pallas attention fails to lower; Pallas rejection sampling interpreted."""
+    def broken(*args, **kw):
+        raise NotImplementedError("Mosaic GPU lowering failed: forced for the test\nsecond line")
+
+    real = rejection_pallas.rejection_sample
+
+    def interpreted(*args, **kw):
+        return real(*args, **{**kw, "interpret": True, "platform": "gpu"})
+
+    monkeypatch.setattr(kernels, "default_platform", lambda: "gpu")
+    monkeypatch.setattr(attention_pallas, "verify_attention", broken)
+    monkeypatch.setattr(rejection_pallas, "rejection_sample", interpreted)
+
+
+def test_auto_falls_back_per_kernel(tiny_pair, fake_gpu):
+    engine = _engine(tiny_pair, "auto")
+    assert engine.kernel_backends == {"attention": "pallas", "rejection": "pallas"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        n = engine.warmup()
+    fell = [w for w in caught if issubclass(w.category, kernels.PallasFallbackWarning)]
+    assert len(fell) == 1, [str(w.message) for w in caught]
+    msg = str(fell[0].message)
+    assert "'attention'" in msg and jax.devices()[0].device_kind in msg
+    assert "NotImplementedError: Mosaic GPU lowering failed: forced for the test" in msg
+    assert "second line" not in msg
+    assert engine.kernel_backends == {"attention": "xla", "rejection": "pallas"}
+    assert n == len(engine.programs._compiled)       # everything compiled, after the switch
+    got = _tokens(engine)
+    ref = _tokens(_engine(tiny_pair, "xla"))
+    assert got == ref
+
+
+def test_explicit_pallas_fails_loudly(tiny_pair, fake_gpu):
+    engine = _engine(tiny_pair, "pallas")
+    with pytest.raises(NotImplementedError, match="forced for the test"):
+        engine.warmup()
+
+
+def test_unrelated_error_is_not_masked(tiny_pair, fake_gpu, monkeypatch):
+    """A failure no kernel switch fixes is raised as it is, with no warning."""
+    from dsd_jax import step as step_lib
+    real = step_lib.admit
+
+    def admit(*args, **kw):
+        raise RuntimeError("not a kernel problem")
+
+    engine = _engine(tiny_pair, "auto")
+    monkeypatch.setattr(step_lib, "admit", admit)
+    engine.programs._build(engine.programs.opts, engine.programs.drafter)  # picks up the patch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="not a kernel problem"):
+            engine.programs.admit(2)
+    assert not [w for w in caught if issubclass(w.category, kernels.PallasFallbackWarning)]
+    assert engine.kernel_backends == {"attention": "pallas", "rejection": "pallas"}
+    monkeypatch.setattr(step_lib, "admit", real)
+
+
+def test_cpu_auto_is_xla_and_never_probes(tiny_pair):
+    engine = _engine(tiny_pair, "auto")
+    assert engine.kernel_backends == {"attention": "xla", "rejection": "xla"}
+    assert engine.programs._fallback is False

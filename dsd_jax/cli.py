@@ -106,6 +106,9 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
     g.add_argument("--speculative-config", metavar="JSON",
                    help="vLLM-style speculative config: a JSON string or a path to a JSON file "
                         "(default: draft model, num_speculative_tokens 4)")
+    g.add_argument("--method", metavar="NAME",
+                   help="speculative method, e.g. eagle3 (the built-in head unless the speculative "
+                        "config names \"model\"): short for --speculative-config '{\"method\": NAME}'")
     g.add_argument("--max-batch-size", type=_positive_int, default=max_batch,
                    help=f"live request slots (default {max_batch})")
     g.add_argument("--max-seq-len", type=_positive_int, default=max_seq,
@@ -123,6 +126,15 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
 
 def _load_spec(cmd: str, args, has_draft: bool):
     from dsd_jax.config import SpecConfig
+    method = getattr(args, "method", None)
+    if args.speculative_config is None and method is not None:
+        try:
+            spec = SpecConfig(method=method)
+        except ValueError as e:
+            _fail(cmd, "--method", str(e))
+        if _needs_draft(spec) and spec.method != "eagle3" and not has_draft:
+            _fail(cmd, "--draft", f"speculative method {spec.method!r} needs a draft model (--draft or --hf-draft)")
+        return spec
     if args.speculative_config is None:
         if not has_draft:
             _fail(cmd, "--draft", "the default speculative method 'draft_model' needs a draft model: pass "
@@ -135,7 +147,9 @@ def _load_spec(cmd: str, args, has_draft: bool):
         spec = SpecConfig.from_json(src)
     except ValueError as e:
         _fail(cmd, "--speculative-config", str(e))
-    if _needs_draft(spec) and not has_draft:
+    if method is not None and method != spec.method:
+        _fail(cmd, "--method", f"{method!r} disagrees with the speculative config's method {spec.method!r}")
+    if _needs_draft(spec) and spec.method != "eagle3" and not has_draft:
         _fail(cmd, "--draft", f"speculative method {spec.method!r} needs a draft model (--draft or --hf-draft)")
     return spec
 
@@ -145,9 +159,20 @@ def _needs_draft(spec) -> bool:
     return drafters.get(spec.method).needs_model
 
 
+def _engine_draft(args, spec, draft):
+    """The engine's `draft=`: for method "eagle3" the head the spec names (the built-in one by
+    default), loaded here unless `draft` is it already; else the draft model."""
+    from dsd_jax.models.eagle3 import Eagle3Config
+    if spec.method != "eagle3" or isinstance(getattr(draft, "config", None), Eagle3Config):
+        return draft
+    source = "custom" if args.target or args.hf_target else "builtin"
+    return loading.draft_for(spec, draft, source, "--speculative-config", args.dtype)
+
+
 def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
     from dsd_jax import SpecEngine
     from dsd_jax.sharding import make_mesh
+    draft = _engine_draft(args, spec, draft)
     if args.compilation_cache_dir:
         loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
     try:
@@ -304,6 +329,7 @@ def cmd_generate(args) -> int:
     raw_prompts = loading.read_prompts("--prompts", args.prompts)
     target, draft, tokenizer, _ = loading.load_models(args)
     spec = _load_spec(cmd, args, draft is not None)
+    draft = _engine_draft(args, spec, draft)
     prompts = loading.encode_prompts(raw_prompts, tokenizer, flag="--prompts")
 
     profile = None
@@ -371,8 +397,11 @@ def cmd_bench(args) -> int:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             loading.output_file(flag, path)
-    if args.profile:
-        loading.existing_file("--profile", args.profile)
+    for flag, path in (("--profile", args.profile), ("--eagle3-profile", args.eagle3_profile)):
+        if path:
+            loading.existing_file(flag, path)
+    if args.eagle3 and args.eagle3 != "builtin":
+        loading.existing_dir("--eagle3", args.eagle3)
     if args.compilation_cache_dir:
         loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
     return _lazy_bench("bench").main(args) or 0
@@ -434,15 +463,26 @@ def _add_generate(sub) -> None:
 
 def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="benchmark vanilla / static-K / dynamic decoding",
-                       description="Benchmark configurations over batch sizes.")
+                       description="Benchmark configurations over batch sizes: the draft model's "
+                                   "(static-K, dynamic) and the EAGLE-3 head's (eagle3-static-K, "
+                                   "eagle3-dynamic), in one process.")
     _add_model_flags(b)
+    b.add_argument("--method", choices=("draft_model", "eagle3", "both"), default="draft_model",
+                   help="whose default configurations to run without --configs: the draft model's "
+                        "(default), the EAGLE-3 head's (eagle3-...) or both")
+    b.add_argument("--eagle3", metavar="DIR", help="EAGLE-3 head directory for the eagle3-... "
+                   "configurations (default: the built-in head, with the built-in models)")
+    b.add_argument("--eagle3-profile", metavar="FILE",
+                   help="profile JSON of the EAGLE-3 engine for eagle3-dynamic (default: profile now)")
     b.add_argument("--quick", action="store_true", help="a small, fast run")
     b.add_argument("--json", metavar="FILE", help="write results as JSON")
     b.add_argument("--plot", metavar="FILE.png", help="write a plot")
-    b.add_argument("--profile", metavar="FILE", help="profile JSON for the dynamic configuration")
+    b.add_argument("--profile", metavar="FILE", help="profile JSON for the (draft-model) dynamic configuration")
     b.add_argument("--batch-sizes", type=_int_list, metavar="1,2,4,...", help="batch sizes")
-    b.add_argument("--configs", type=_str_list, metavar="vanilla,static-1,...,dynamic",
-                   help="configurations to run")
+    b.add_argument("--configs", type=_str_list, metavar="vanilla,static-1,...,dynamic,eagle3-static-2,...",
+                   help="configurations to run (eagle3-...: the EAGLE-3 head)")
+    b.add_argument("--eagle3-max-batch", type=_positive_int, metavar="N",
+                   help="run the eagle3 configurations only at batch sizes <= N")
     b.add_argument("--repeats", type=_positive_int, help="repeats per point")
     b.add_argument("--max-tokens", type=_positive_int, help="tokens per request")
     b.add_argument("--compilation-cache-dir", metavar="DIR",

@@ -13,7 +13,7 @@ import os
 import sys
 
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "load_models",
-           "read_prompts", "encode_prompts", "eos_token_ids", "EOS_CANDIDATES"]
+           "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids", "EOS_CANDIDATES"]
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
 
@@ -123,6 +123,38 @@ def load_models(options):
     if tokenizer_path:
         tokenizer = _tokenizer_file(tokenizer_path)
     return target, draft, tokenizer, source
+
+
+def load_eagle3_head(flag: str, path, source: str = "builtin", dtype: str = "float32"):
+    """The EAGLE-3 head in `path` (a head directory, or None / "builtin": the one shipped for
+    the built-in target, only with the built-in models: source "builtin")."""
+    from dsd_jax.models import load_eagle3
+    if path in (None, "builtin"):
+        if source != "builtin":
+            raise ArgumentError(flag, "the built-in EAGLE-3 head was trained for the built-in target; with a "
+                                "custom target give a head trained for it (an EAGLE-3 head directory)")
+        path = "builtin"
+    else:
+        existing_dir(flag, os.fspath(path))
+    try:
+        return load_eagle3(path, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise ArgumentError(flag, f"cannot load the EAGLE-3 head {os.fspath(path)!r}: {e}") from e
+
+
+def draft_for(spec, draft, source: str, flag: str = "--speculative-config", dtype: str = "float32"):
+    """What an engine running `spec` takes as `draft=`: the EAGLE-3 head `spec.model` names
+    for method "eagle3" (default "builtin"), the draft model for methods that need one, else
+    None. `draft` is the draft model `load_models` gave."""
+    from dsd_jax import drafters
+    if spec.method == "eagle3":
+        return load_eagle3_head(flag, spec.model, source, dtype)
+    if not drafters.get(spec.method).needs_model:
+        return None
+    if draft is None:
+        raise ArgumentError("--draft", f"speculative method {spec.method!r} needs a draft model "
+                            "(--draft or --hf-draft)")
+    return draft
 
 
 def eos_token_ids(tokenizer) -> list[int]:

@@ -9,8 +9,8 @@ from pathlib import Path
 from dsd_jax.bench.profiles import shipped_profile
 from dsd_jax.bench.report import format_hist, format_table, summarize, write_json, write_plot
 from dsd_jax.bench.run import run_bench
-from dsd_jax.bench.settings import config_list, has_dynamic, int_list, mode
-from dsd_jax.loading import ArgumentError, load_models
+from dsd_jax.bench.settings import config_list, has_dynamic, int_list, methods_of, mode, with_method
+from dsd_jax.loading import ArgumentError, load_eagle3_head, load_models
 from dsd_jax.sampling import SamplingParams
 
 DEMO_PROMPT_INDEX = 22  # a held-out prompt (the built-in pair is small: its completions are rough)
@@ -27,6 +27,30 @@ def _prompts_needed(quick: bool, batch_sizes) -> int:
     return max(max(int_list("batch_sizes", batch_sizes)), d["rollout_requests"]) + d["profile_prompts"]
 
 
+def default_configs(quick: bool, method: str = "draft_model") -> list[str]:
+    """The mode's configurations for the draft model, the EAGLE-3 head ("eagle3") or "both"."""
+    base = list(mode(quick)["configs"])
+    if method == "draft_model":
+        return base
+    head = with_method(base, "eagle3")
+    return head if method == "eagle3" else list(dict.fromkeys(base + head))
+
+
+def _configs(args, quick: bool) -> list[str]:
+    try:
+        return config_list(getattr(args, "configs", None)
+                           or default_configs(quick, getattr(args, "method", None) or "draft_model"))
+    except ValueError as e:
+        raise ArgumentError("--configs", str(e)) from e
+
+
+def _profile_out(out_json: str | None, given, configs, method: str) -> str | None:
+    """Where a profile measured now is saved: beside --json (None: not saved, or not measured)."""
+    if given is not None or not out_json or not has_dynamic(configs, method):
+        return None
+    return os.path.splitext(out_json)[0] + (".eagle3" if method == "eagle3" else "") + ".profile.json"
+
+
 def main(args) -> int:
     """`dsd-jax bench`. args: its parsed flags (see `dsd_jax.cli`); a bad one raises
     `dsd_jax.loading.ArgumentError`."""
@@ -36,17 +60,22 @@ def main(args) -> int:
         raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "
                             "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
     d = mode(quick)
-    configs = getattr(args, "configs", None) or d["configs"]
+    configs = _configs(args, quick)
+    head = (load_eagle3_head("--eagle3", getattr(args, "eagle3", None), source, getattr(args, "dtype", None)
+                             or "float32") if "eagle3" in methods_of(configs) else None)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
-    profile = getattr(args, "profile", None)
-    if profile is None and source == "builtin" and has_dynamic(config_list(configs)):
+    profile, eagle3_profile = getattr(args, "profile", None), getattr(args, "eagle3_profile", None)
+    if profile is None and source == "builtin" and has_dynamic(configs, "draft_model"):
         profile = shipped_profile(quick)
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
-    profile_out = os.path.splitext(out_json)[0] + ".profile.json" if profile is None and out_json else None
     rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes)),
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
-                     profile_out=profile_out, compilation_cache_dir=getattr(args, "compilation_cache_dir", None),
+                     profile_out=_profile_out(out_json, profile, configs, "draft_model"),
+                     eagle3=head, eagle3_profile=eagle3_profile,
+                     eagle3_profile_out=_profile_out(out_json, eagle3_profile, configs, "eagle3"),
+                     eagle3_max_batch=getattr(args, "eagle3_max_batch", None),
+                     compilation_cache_dir=getattr(args, "compilation_cache_dir", None),
                      mesh=_mesh(getattr(args, "mesh", None)))
     print(format_table(rows))
     if out_json:

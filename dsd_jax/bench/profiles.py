@@ -1,10 +1,12 @@
-"""The profile behind the bench's dynamic configurations: loaded and checked, or measured now.
+"""The profiles behind the bench's dynamic configurations: loaded and checked, or measured now.
 
 A dynamic configuration is the goodput controller,
-``Controller(SpecConfig(method="draft_model", num_speculative_tokens=max_k,
+``Controller(SpecConfig(method=M, num_speculative_tokens=max_k,
 dynamic=DynamicConfig(profile=...)), profile, max_batch_size, batch_buckets=...)``,
-with a profile made by `dsd_jax.profiler.profile_engine` on the bench's own
-speculative engine, or one given (``--profile``, the built-in pair's shipped one).
+with a profile of method M's engine (each method its own: the draft model's for
+``dynamic``, the EAGLE-3 head's for ``eagle3-dynamic``) made by
+`dsd_jax.profiler.profile_engine` on the bench's own engine, or one given
+(``--profile`` / ``--eagle3-profile``, the built-in pair's shipped one).
 """
 
 from __future__ import annotations
@@ -52,36 +54,37 @@ def profile_fit_problems(profile: Profile, engine) -> list[str]:
     return problems
 
 
-def _measure(runner, s: Settings, prompts: list[list[int]], log) -> Profile:
+def _measure(engine, method: str, s: Settings, prompts: list[list[int]], log) -> Profile:
     from dsd_jax.profiler import profile_engine
     d = mode(s.quick)
     ctx = min(s.max_seq_len, s.prompt_len + s.max_tokens // 2)
-    log(f"profiling the speculative engine (context {ctx}, {len(prompts)} acceptance prompts) ...")
-    return profile_engine(runner.spec, context_lengths=(ctx,), repeats=d["profile_repeats"],
+    log(f"profiling the {method} engine (context {ctx}, {len(prompts)} acceptance prompts) ...")
+    return profile_engine(engine, context_lengths=(ctx,), repeats=d["profile_repeats"],
                           warmup_reps=d["profile_warmup_reps"], prompts=prompts,
                           acceptance_max_tokens=d["profile_max_tokens"], temperatures=(0.0,))
 
 
-def _check(runner, profile: Profile, path: str | None, log) -> str:
+def _check(engine, profile: Profile, path: str | None, log) -> str:
     from dsd_jax.profiler import device_kind, engine_fingerprints
     source = f"loaded from {portable_path(path)}" if path else "given"
-    profile.check_compatible(engine_fingerprints(runner.spec), device_kind(), source=source)
-    for problem in profile_fit_problems(profile, runner.spec):
+    profile.check_compatible(engine_fingerprints(engine), device_kind(), source=source)
+    for problem in profile_fit_problems(profile, engine):
         log(f"  WARNING: {problem}")
     return source
 
 
 def prepare(runner, s: Settings, profile: Profile | None, path: str | None, *, ids, given_prompts,
-            tokenizer, vocab: int, profile_out, log) -> dict:
-    """Gives the runner its profile: `profile` checked against its engine, or one measured now
-    (acceptance on `given_prompts`, else on held-out `ids`; saved to `profile_out` if given).
-    Returns what the results record about it."""
+            tokenizer, vocab: int, profile_out, log, method: str = "draft_model") -> dict:
+    """Gives the runner the profile of `method`'s engine: `profile` checked against that
+    engine, or one measured now (acceptance on `given_prompts`, else on held-out `ids`; saved
+    to `profile_out` if given). Returns what the results record about it."""
     t0 = time.perf_counter()
+    engine = runner.by_method[method]
     if profile is None:
         n = mode(s.quick)["profile_prompts"]
         prompts = (profile_prompts(s, ids, n) if given_prompts is None else
                    [p[:s.prompt_len] for p in encode_prompts(given_prompts, tokenizer, vocab)])
-        profile = _measure(runner, s, prompts, log)
+        profile = _measure(engine, method, s, prompts, log)
         source = "profiled now"
         if profile_out:
             profile.save(profile_out)
@@ -89,9 +92,9 @@ def prepare(runner, s: Settings, profile: Profile | None, path: str | None, *, i
             source += f", saved to {portable_path(path)}"
         seconds = time.perf_counter() - t0
     else:
-        source, seconds = _check(runner, profile, path, log), 0.0
-    runner.profile, runner.profile_path = profile, path
-    log("  profile acceptance a_i: " + " ".join(f"{a:.2f}" for a in profile.acceptance)
+        source, seconds = _check(engine, profile, path, log), 0.0
+    runner.profiles[method], runner.profile_paths[method] = profile, path
+    log(f"  {method} profile acceptance a_i: " + " ".join(f"{a:.2f}" for a in profile.acceptance)
         + f" ({source}{f', {seconds:.1f} s' if seconds else ''})")
     return {"source": source, "path": portable_path(path) if path else None,
             "sha256": file_sha256(path) if path else None, "acceptance": list(profile.acceptance),

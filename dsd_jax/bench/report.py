@@ -10,23 +10,31 @@ from typing import Any
 from dsd_jax import stats
 from dsd_jax.bench.environment import environment
 from dsd_jax.bench.pairs import differences, pair_ratios, points
-from dsd_jax.bench.settings import parse_config
+from dsd_jax.bench.settings import method_of, methods_of, parse_config
 
 SCHEMA = "dsd_jax.bench/1"
 
 
 # --------------------------------------------------------------------------- summary
 
+def _dynamic_names(configs) -> list[str]:
+    return [c for c in configs if parse_config(c)[0] == "dynamic"]
+
+
 def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
-    """Dynamic against the best other configuration at one batch size, and the noise there."""
+    """Each dynamic configuration against the best other configuration at one batch size, and
+    the noise there."""
     pts = {c: r["tokens_per_s"] for c, r in rows_b.items()}
     others = {c: v for c, v in pts.items() if parse_config(c)[0] != "dynamic"}
     best_c = max(others, key=others.get)
     entry = {"batch_size": b, "best_config": max(pts, key=pts.get), "best_other": best_c,
              "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
-    if "dynamic" in pts:
-        entry["dynamic_vs_best_other"] = pts["dynamic"] / others[best_c]
-        entry["dynamic_vs_best_other_ci"] = pair_ratios(rows_b, best_c)["dynamic"]
+    ratios = pair_ratios(rows_b, best_c)
+    entry["dynamic_configs"] = {d: {"vs_best_other": pts[d] / others[best_c], "ci": ratios[d]}
+                                for d in _dynamic_names(pts)}
+    if "dynamic" in pts:  # the draft model's, under the keys the summary always had
+        entry["dynamic_vs_best_other"] = entry["dynamic_configs"]["dynamic"]["vs_best_other"]
+        entry["dynamic_vs_best_other_ci"] = entry["dynamic_configs"]["dynamic"]["ci"]
     # run-to-run noise at this point: the median over configurations of the spread
     # (max - min) / median of their repeats; a gap smaller than this is not a finding
     spreads = [(max(r) - min(r)) / statistics.median(r) for r in
@@ -39,15 +47,30 @@ def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
     return entry
 
 
-def _stops_paying_at(by_point: dict, sizes: list[int]) -> int | None:
-    """Smallest batch size from which on no static K beats vanilla any more."""
+def _stops_paying_at(by_point: dict, sizes: list[int], chosen=None) -> int | None:
+    """Smallest batch size from which on none of the `chosen(config)` configurations (default:
+    every static K) beats vanilla any more (at the batch sizes where they ran)."""
+    chosen = chosen or (lambda c: parse_config(c)[0] == "static")
     gains = []
     for b in sizes:
         pts = {c: r["tokens_per_s"] for c, r in by_point[("sweep", b)].items()}
-        statics = [v for c, v in pts.items() if c.startswith("static")]
-        if statics and "vanilla" in pts:
-            gains.append((b, max(statics) / pts["vanilla"]))
+        picked = [v for c, v in pts.items() if chosen(c)]
+        if picked and "vanilla" in pts:
+            gains.append((b, max(picked) / pts["vanilla"]))
     return next((b for i, (b, _) in enumerate(gains) if all(g <= 1.0 for _, g in gains[i:])), None)
+
+
+def _stops_paying_by(by_point: dict, sizes: list[int]) -> dict[str, int | None]:
+    """Where speculation stops paying, per method (its best static K) and per dynamic
+    configuration: `_stops_paying_at` of each (None: it pays up to the largest batch)."""
+    configs = list(dict.fromkeys(c for b in sizes for c in by_point[("sweep", b)]))
+    out = {}
+    for m in methods_of(configs):
+        out[f"{m} (best static K)"] = _stops_paying_at(
+            by_point, sizes, lambda c, m=m: parse_config(c)[0] == "static" and method_of(c) == m)
+    for d in _dynamic_names(configs):
+        out[d] = _stops_paying_at(by_point, sizes, lambda c, d=d: c == d)
+    return out
 
 
 def _rollout_entry(rows_r: dict[str, dict]) -> dict:
@@ -55,22 +78,27 @@ def _rollout_entry(rows_r: dict[str, dict]) -> dict:
     others = {c: v for c, v in roll.items() if parse_config(c)[0] != "dynamic"}
     best_c = min(others, key=others.get)
     out = {"best_other": best_c, "best_other_makespan_s": others[best_c], "vanilla_makespan_s": roll.get("vanilla")}
+    ratios = pair_ratios(rows_r, best_c)
+    # makespan ratios (below 1: the dynamic configuration finished sooner)
+    out["dynamic_configs"] = {d: {"makespan_s": roll[d], "vs_best_other": roll[d] / others[best_c],
+                                  "ci": stats.reciprocal(ratios[d])} for d in _dynamic_names(roll)}
     if "dynamic" in roll:
         out["dynamic_makespan_s"] = roll["dynamic"]
-        out["dynamic_vs_best_other"] = roll["dynamic"] / others[best_c]
-        # a makespan ratio like dynamic_vs_best_other (below 1: dynamic finished sooner)
-        out["dynamic_vs_best_other_ci"] = stats.reciprocal(pair_ratios(rows_r, best_c)["dynamic"])
+        out["dynamic_vs_best_other"] = out["dynamic_configs"]["dynamic"]["vs_best_other"]
+        out["dynamic_vs_best_other_ci"] = out["dynamic_configs"]["dynamic"]["ci"]
     return out
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Dynamic vs the best other configuration per sweep batch size and for the rollout, and
-    which differences between configurations the paired intervals resolve."""
+    """Each dynamic configuration vs the best other configuration per sweep batch size and for
+    the rollout, where speculation stops paying, and which differences between configurations
+    the paired intervals resolve."""
     by_point = points(rows)
     sizes = sorted(b for w, b in by_point if w == "sweep")
     out: dict[str, Any] = {"sweep": [_sweep_entry(b, by_point[("sweep", b)]) for b in sizes], "rollout": None,
                            "lossless": all(r["lossless"] for pts in by_point.values() for r in pts.values())}
     out["speculation_stops_paying_at"] = _stops_paying_at(by_point, sizes)
+    out["stops_paying_at"] = _stops_paying_by(by_point, sizes)
     if ("rollout", None) in by_point:
         out["rollout"] = _rollout_entry(by_point[("rollout", None)])
     out["differences"] = differences(by_point)
@@ -92,15 +120,17 @@ def _speedup_cell(r: dict) -> str:
 def _sweep_lines(sweep, configs, meta) -> list[str]:
     cells_of = {(r["batch_size"], r["config"]): f"{r['tokens_per_s']:.1f} {_speedup_cell(r)}" for r in sweep}
     w = max([len(c) for c in configs] + [len(x) for x in cells_of.values()])
+    dynamic = _dynamic_names(configs)
     lines = ["sweep: tokens/s and speedup over vanilla [paired 95% interval; * = real], greedy, "
              f"{meta.get('max_tokens', '?')} tokens per request",
              f"{'batch':>5} | " + " | ".join(f"{c:>{w}}" for c in configs)
-             + (" | dynamic K histogram" if "dynamic" in configs else "")]
+             + (f" | {', '.join(dynamic)} K histogram" if dynamic else "")]
     for b in sorted({r["batch_size"] for r in sweep}):
         line = f"{b:>5} | " + " | ".join(f"{cells_of.get((b, c), '-'):>{w}}" for c in configs)
-        dyn = next((r for r in sweep if r["batch_size"] == b and r["config"] == "dynamic"), None)
-        if dyn is not None:
-            line += " | " + format_hist(dyn["k_hist"])
+        hists = [(d, r["k_hist"]) for d in dynamic for r in sweep if r["batch_size"] == b and r["config"] == d]
+        if hists:
+            line += " | " + "; ".join(format_hist(h) if len(dynamic) == 1 else f"{d} {format_hist(h)}"
+                                      for d, h in hists)
         lines.append(line)
     return lines
 
@@ -167,28 +197,34 @@ def _rollout_lines(roll, meta) -> list[str]:
 
 
 def _learnt_lines(rows) -> list[str]:
-    learnt = [r["controller"] for r in rows if r["config"] == "dynamic" and r.get("controller")]
-    if not learnt or not learnt[-1].get("latency_factors"):
-        return []
-    lines = [f"dynamic's learnt step time / profiled ITL per batch bucket, K = 0.. "
-             f"({learnt[-1].get('probes', 0)} probe steps):"]
-    for bucket, factors in sorted(learnt[-1]["latency_factors"].items(), key=lambda x: int(x[0])):
-        lines.append(f"{bucket:>5} | " + " ".join(f"{f:.2f}" for f in factors))
+    lines = []
+    for d in dict.fromkeys(r["config"] for r in rows if parse_config(r["config"])[0] == "dynamic"):
+        learnt = [r["controller"] for r in rows if r["config"] == d and r.get("controller")]
+        if not learnt or not learnt[-1].get("latency_factors"):
+            continue
+        lines.append(f"{d}'s learnt step time / profiled ITL per batch bucket, K = 0.. "
+                     f"({learnt[-1].get('probes', 0)} probe steps):")
+        for bucket, factors in sorted(learnt[-1]["latency_factors"].items(), key=lambda x: int(x[0])):
+            lines.append(f"{bucket:>5} | " + " ".join(f"{f:.2f}" for f in factors))
     return lines
 
 
 def _summary_lines(s: dict) -> list[str]:
     lines = []
     for e in s["sweep"]:
-        if "dynamic_vs_best_other" in e:
-            spread, ci = e.get("repeat_spread"), e.get("dynamic_vs_best_other_ci")
-            lines.append(f"  B={e['batch_size']:>3}: dynamic = {e['dynamic_vs_best_other']:.2f} x best other "
+        for d, x in e.get("dynamic_configs", {}).items():
+            spread, ci = e.get("repeat_spread"), x.get("ci")
+            lines.append(f"  B={e['batch_size']:>3}: {d} = {x['vs_best_other']:.2f} x best other "
                          f"({e['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else "")
                          + (f"; repeats spread {100 * spread:.0f}%" if spread else ""))
-    if s["rollout"] and "dynamic_vs_best_other" in s["rollout"]:
-        ci = s["rollout"].get("dynamic_vs_best_other_ci")
-        lines.append(f"  rollout: dynamic makespan = {s['rollout']['dynamic_vs_best_other']:.2f} x best other "
+    for d, x in ((s["rollout"] or {}).get("dynamic_configs") or {}).items():
+        ci = x.get("ci")
+        lines.append(f"  rollout: {d} makespan = {x['vs_best_other']:.2f} x best other "
                      f"({s['rollout']['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else ""))
+    stops = s.get("stops_paying_at") or {}
+    if stops:
+        lines.append("speculation stops paying (no gain over vanilla from this batch size on): " + "; ".join(
+            f"{name} at B={b}" if b is not None else f"{name} pays at every batch size" for name, b in stops.items()))
     return lines
 
 
@@ -250,8 +286,8 @@ def batch_axis(ax, sizes) -> None:
 
 
 def _line_style(c: str, colors: dict) -> dict:
-    return dict(color=colors[c], lw=2.6 if c == "dynamic" else 1.4, ls="--" if c == "vanilla" else "-",
-                marker="o", ms=4)
+    ls = "--" if c == "vanilla" else "-." if method_of(c) == "eagle3" else "-"
+    return dict(color=colors[c], lw=2.6 if parse_config(c)[0] == "dynamic" else 1.4, ls=ls, marker="o", ms=4)
 
 
 def _plot_throughput(ax, sweep, configs, colors) -> None:

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from dsd_jax.bench import profiles
 from dsd_jax.bench.pairs import add_intervals
 from dsd_jax.bench.runner import Runner, add_speedups, point_row, run_interleaved
-from dsd_jax.bench.settings import Settings, has_dynamic, resolve
+from dsd_jax.bench.settings import Settings, has_dynamic, methods_of, resolve
 from dsd_jax.bench.workloads import rollout, rollout_meta, sweep, warmup_requests
 from dsd_jax.loading import encode_prompts
 
@@ -25,17 +25,25 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
               profile_prompts=None, profile_out: str | os.PathLike | None = None,
               workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
               compilation_cache_dir: str | None = None, runner_hook: Callable | None = None,
-              mesh=None, log: Callable[[str], None] | None = print) -> list[dict]:
+              mesh=None, eagle3=None, eagle3_profile=None, eagle3_profile_out: str | os.PathLike | None = None,
+              eagle3_max_batch: int | None = None, log: Callable[[str], None] | None = print) -> list[dict]:
     """Runs the benchmark; returns the result rows (see `dsd_jax.bench`).
 
-    target, draft: `dsd_jax.models.Transformer`s (draft sharing the target's vocabulary);
+    target, draft: `dsd_jax.models.Transformer`s (draft sharing the target's vocabulary;
+        None when no configuration runs the draft model);
+    eagle3: the EAGLE-3 head of the "eagle3-" configurations (an `Eagle3Head`, "builtin" or a
+        head directory; None when none runs).
     tokenizer: a `tokenizers.Tokenizer` or None (then prompts must be token ids).
     prompts: held-out prompts (strings or token-id lists); at least max(batch_sizes)
         and rollout_requests of them are used, cycling when there are fewer.
-    configs: names ("vanilla", "static-K", "dynamic") as a list or a comma-separated
-        string; "vanilla" is always added (the speedup baseline and lossless oracle).
-    profile: a `Profile`, a path to a profile JSON, or None (profile the shared
-        speculative engine now with `profile_engine`; saved to `profile_out` if given).
+    configs: names ("vanilla", "static-K", "dynamic", and "eagle3-static-K", "eagle3-dynamic"
+        for the head) as a list or a comma-separated string; "vanilla" is always added (the
+        speedup baseline and lossless oracle).
+    profile: a `Profile`, a path to a profile JSON, or None (profile the shared draft-model
+        engine now with `profile_engine`; saved to `profile_out` if given).
+    eagle3_profile, eagle3_profile_out: the same for the EAGLE-3 engine (eagle3-dynamic).
+    eagle3_max_batch: run the eagle3 configurations only at batch sizes <= this (and in the
+        rollout only if it has no more requests); their engine gets only those slots.
     quick: defaults from `QUICK` instead of `FULL` for every argument left None.
     runner_hook: called as ``runner_hook(runner)`` once engines are compiled and the
         profile is ready (the demo completes a prompt there).
@@ -54,43 +62,45 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     """
     t_start = time.perf_counter()
     log = log or (lambda s: None)
-    profile, profile_path = profiles.load(profile)
+    loaded = {"draft_model": profiles.load(profile), "eagle3": profiles.load(eagle3_profile)}
+    profile = loaded["draft_model"][0]
     given = dict(batch_sizes=batch_sizes, configs=configs, repeats=repeats, max_tokens=max_tokens,
                  prompt_len=prompt_len, rows_per_point=rows_per_point, rollout_requests=rollout_requests,
                  rollout_prompt_len=rollout_prompt_len, rollout_median_tokens=rollout_median_tokens,
                  rollout_max_tokens=rollout_max_tokens, max_seq_len=max_seq_len, max_k=max_k,
-                 batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed)
+                 batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed,
+                 eagle3_max_batch=eagle3_max_batch)
     s = resolve(quick, given, profiles.max_seq_len_of(profile) if profile else None)
     data = 1 if mesh is None else dict(mesh.shape).get("data", 1)
-    max_batch = -(-s.max_batch // data) * data
+    round_up = lambda n: -(-n // data) * data  # noqa: E731  (slots split evenly over data shards)
     buckets = s.batch_buckets if data == 1 else None
     ids = encode_prompts(prompts, tokenizer, target.config.vocab_size)
     log(_banner(s))
-    runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=max_batch,
+    runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=round_up(s.max_batch),
                     max_seq_len=s.max_seq_len, max_k=s.max_k, batch_buckets=buckets,
                     prefill_chunk=s.prefill_chunk, compilation_cache_dir=compilation_cache_dir, log=log,
-                    mesh=mesh)
+                    mesh=mesh, eagle3=_head(eagle3, s.configs),
+                    method_max_batch={m: round_up(s.method_max_batch(m)) for m in methods_of(s.configs)})
     seconds: dict[str, float] = {}
     log(f"compiling every (K, batch bucket) program (max_seq_len {s.max_seq_len}) ...")
     with _timer(seconds, "compile"):
         n_programs = runner.warmup()
-    prof_info = None
-    if has_dynamic(s.configs):
-        prof_info = profiles.prepare(runner, s, profile, profile_path, ids=ids, given_prompts=profile_prompts,
-                                     tokenizer=tokenizer, vocab=target.config.vocab_size,
-                                     profile_out=profile_out, log=log)
-    seconds["profile"] = prof_info["seconds"] if prof_info else 0.0
+    outs = {"draft_model": profile_out, "eagle3": eagle3_profile_out}
+    prof_info = {m: profiles.prepare(runner, s, *loaded[m], ids=ids, given_prompts=profile_prompts,
+                                     tokenizer=tokenizer, vocab=target.config.vocab_size, profile_out=outs[m],
+                                     log=log, method=m)
+                 for m in methods_of(s.configs) if has_dynamic(s.configs, m)}
+    seconds["profile"] = sum(p["seconds"] for p in prof_info.values())
     if runner_hook is not None:
         runner_hook(runner)
     with _timer(seconds, "warmup_runs"):
-        warm_prompts, warm_sampling = warmup_requests(s, ids)
         for c in s.configs:
-            runner.run(c, warm_prompts, warm_sampling)
+            runner.run(c, *warmup_requests(s, ids, runner.engine_for(c).max_batch_size))
     points, lengths = _points(s, ids)
     with _timer(seconds, "timed"):
         run_interleaved(points, lambda c, p, unit: runner.run(c, unit, p.sampling), s.repeats,
                         on_repeat=lambda rep, p: log(_progress(rep, p, s)))
-    rows = add_intervals([point_row(p, c, runner.profile) for p in points for c in p.configs])
+    rows = add_intervals([point_row(p, c, runner.profile_for(c)) for p in points for c in p.configs])
     add_speedups(rows)
     bad = [(r["workload"], r.get("batch_size"), r["config"]) for r in rows if not r["lossless"]]
     seconds["total"] = time.perf_counter() - t_start
@@ -98,6 +108,16 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     if bad:
         log(f"WARNING: outputs differ from vanilla's (greedy) for {bad}: NOT lossless")
     return rows
+
+
+def _head(eagle3, configs):
+    """The EAGLE-3 head the configurations need: `eagle3` as given, loaded when it names one."""
+    if eagle3 is None or "eagle3" not in methods_of(configs):
+        return None
+    if isinstance(eagle3, (str, os.PathLike)):
+        from dsd_jax.models import load_eagle3
+        return load_eagle3(eagle3)
+    return eagle3
 
 
 @contextlib.contextmanager
@@ -131,14 +151,21 @@ def _progress(rep: int, p, s: Settings) -> str:
         f"{c} {p.cells[c].tokens[rep] / p.cells[c].walls[rep]:.0f}" for c in p.configs) + " tok/s"
 
 
+def _engines_text(runner: Runner) -> str:
+    own = ", ".join(f"{m}: one shared engine compiled for K=0..{e.max_k} with {e.max_batch_size} slots"
+                    for m, e in runner.by_method.items())
+    return ("vanilla: own engine (method none)" + (f"; {own}" if own else "")
+            + "; static-K and dynamic of a method share its engine, controller swapped per run")
+
+
 def _meta(s: Settings, runner: Runner, lengths, prof_info, n_programs: int, seconds: dict, lossless: bool) -> dict:
-    """The meta row: the settings, the profile, the engines and where the time went."""
+    """The meta row: the settings, the profiles, the engines and where the time went."""
     return {"workload": "meta", "quick": s.quick, "configs": s.configs, "batch_sizes": s.batch_sizes,
             "repeats": s.repeats, "max_tokens": s.max_tokens, "prompt_len": s.prompt_len,
             "rows_per_point": s.rows_per_point, "max_seq_len": s.max_seq_len, "max_k": runner.max_k,
             "batch_buckets": runner.batch_buckets,
             "rollout": rollout_meta(s, lengths) if s.rollout_requests else None,
-            "temperature": 0.0, "lossless": lossless, "profile": prof_info,
-            "engines": "vanilla: own engine (method none); static-K and dynamic: one shared draft-model "
-                       f"engine compiled for K=0..{runner.max_k}, controller swapped per run",
+            "eagle3_max_batch": s.eagle3_max_batch,
+            "temperature": 0.0, "lossless": lossless, "profile": prof_info.get("draft_model"),
+            "profiles": prof_info, "engines": _engines_text(runner),
             "programs_compiled": n_programs, "seconds": {k: round(v, 2) for k, v in seconds.items()}}

@@ -1,7 +1,8 @@
 """Engines, controllers, interleaved repeats and the per-point statistics of a benchmark.
 
 Engines: `vanilla` is its own engine (``SpecConfig(method="none")``: target only, no
-draft state). Every speculative configuration shares **one** draft-model engine
+draft state). Every speculative configuration of one method shares **one** engine of
+that method (the draft model's, and the EAGLE-3 head's for the "eagle3-" names)
 compiled for K = 0..max_k; a configuration is the controller object swapped into
 ``engine.controller`` before each run (`Runner.controller`). The (K, bucket) program a
 step runs is the same executable whichever controller chose K, so sharing the engine
@@ -25,7 +26,7 @@ import statistics
 import time
 from typing import Callable
 
-from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES, parse_config
+from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES, base_name, method_of, methods_of, parse_config
 from dsd_jax.buckets import bucket_for
 from dsd_jax.config import DynamicConfig, SpecConfig
 from dsd_jax.controller import Controller
@@ -40,70 +41,126 @@ def median(xs) -> float:
     return float(statistics.median(xs))
 
 
+def _engine_max_k(configs: list[str], max_k: int) -> int:
+    """The largest K an engine running `configs` (one method's) needs: the static Ks, and
+    max_k for a dynamic configuration."""
+    kinds = [parse_config(c) for c in configs]
+    static_ks = [k for kind, k in kinds if kind == "static"]
+    dynamic = any(kind == "dynamic" for kind, _ in kinds)
+    return max([max_k] + static_ks) if dynamic else max(static_ks, default=0)
+
+
+def _buckets_upto(buckets, max_batch: int) -> tuple[list[int] | None, int]:
+    """(the buckets of an engine holding max_batch requests, its slots): the given buckets up
+    to the first one that holds max_batch (None: the engine's defaults)."""
+    if buckets is None:
+        return None, max_batch
+    top = min((b for b in buckets if b >= max_batch), default=max_batch)
+    return [b for b in buckets if b < top] + [top], top
+
+
 class Runner:
-    """The engines and controllers of one benchmark; `run` is one timed `generate`."""
+    """The engines and controllers of one benchmark; `run` is one timed `generate`.
+
+    draft: the draft model (configurations without a prefix); eagle3: the EAGLE-3 head
+    (`dsd_jax.models.load_eagle3`; the "eagle3-" configurations). Each method present gets one
+    engine; `method_max_batch` ({method: n}) gives a method's engine fewer slots than
+    max_batch_size (and only the batch buckets up to them)."""
 
     def __init__(self, target, draft, tokenizer, *, configs, max_batch_size, max_seq_len, max_k,
-                 batch_buckets, prefill_chunk, compilation_cache_dir, log, mesh=None):
+                 batch_buckets, prefill_chunk, compilation_cache_dir, log, mesh=None, eagle3=None,
+                 method_max_batch: dict | None = None):
         from dsd_jax.engine import SpecEngine
         self.log = log
         self.configs = configs
-        kinds = [parse_config(c) for c in configs]
-        static_ks = [k for kind, k in kinds if kind == "static"]
-        dynamic = any(kind == "dynamic" for kind, _ in kinds)
-        self.max_k = max([max_k] + static_ks) if dynamic else max(static_ks, default=0)
-        common = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=tokenizer,
-                      batch_buckets=batch_buckets, prefill_chunk=prefill_chunk,
+        self.max_ks = {m: _engine_max_k([c for c in configs if method_of(c) == m], max_k)
+                       for m in methods_of(configs)}
+        self.max_k = max(self.max_ks.values(), default=0)
+        common = dict(max_seq_len=max_seq_len, tokenizer=tokenizer, prefill_chunk=prefill_chunk,
                       compilation_cache_dir=compilation_cache_dir, mesh=mesh)
-        self.vanilla = SpecEngine(target, None, SpecConfig(method="none"), **common)
-        self.spec = None
-        if any(kind != "vanilla" for kind, _ in kinds):
-            if draft is None:
-                raise ValueError("speculative configurations need a draft model")
-            self.spec = SpecEngine(target, draft, SpecConfig(method="draft_model",
-                                                            num_speculative_tokens=self.max_k), **common)
+        self.vanilla = SpecEngine(target, None, SpecConfig(method="none"), max_batch_size=max_batch_size,
+                                  batch_buckets=batch_buckets, **common)
+        given = {"draft_model": draft, "eagle3": eagle3}
+        self.by_method = {}
+        for m, k in self.max_ks.items():
+            if given[m] is None:
+                raise ValueError("speculative configurations need a draft model" if m == "draft_model" else
+                                 "eagle3 configurations need an EAGLE-3 head (eagle3=models.load_eagle3(...))")
+            buckets, slots = _buckets_upto(batch_buckets, (method_max_batch or {}).get(m, max_batch_size))
+            self.by_method[m] = SpecEngine(target, given[m], SpecConfig(method=m, num_speculative_tokens=k),
+                                           max_batch_size=slots, batch_buckets=buckets, **common)
+        self.spec = self.by_method.get("draft_model")
+        self.eagle3 = self.by_method.get("eagle3")
         self.max_batch_size = max_batch_size
         self._dynamic: dict[str, Controller] = {}  # one goodput controller per name, built on first use
-        self.profile: Profile | None = None
-        self.profile_path: str | None = None
+        self.profiles: dict[str, Profile] = {}  # per method: the dynamic configurations' profile
+        self.profile_paths: dict[str, str | None] = {}
+
+    # the draft model's profile (the one profile of a bench without eagle3 configurations)
+    @property
+    def profile(self) -> Profile | None:
+        return self.profiles.get("draft_model")
+
+    @profile.setter
+    def profile(self, value: Profile | None) -> None:
+        self.profiles["draft_model"] = value
+
+    @property
+    def profile_path(self) -> str | None:
+        return self.profile_paths.get("draft_model")
+
+    @profile_path.setter
+    def profile_path(self, value: str | None) -> None:
+        self.profile_paths["draft_model"] = value
+
+    def engine_for(self, config: str):
+        """The engine a configuration runs on."""
+        return self.vanilla if config == "vanilla" else self.by_method[method_of(config)]
+
+    def profile_for(self, config: str) -> Profile | None:
+        return self.profiles.get(method_of(config))
 
     def engines(self):
-        return [e for e in (self.vanilla, self.spec) if e is not None]
+        return [self.vanilla, *self.by_method.values()]
 
     @property
     def batch_buckets(self) -> list[int]:
-        return list((self.spec or self.vanilla).batch_buckets)
+        return list(self.vanilla.batch_buckets)
 
     def warmup(self) -> int:
         """Compiles every program of every engine; returns how many."""
         n = 0
+        names = {id(e): m for m, e in self.by_method.items()}
         for e in self.engines():
             t0 = time.perf_counter()
             n += e.warmup()
-            self.log(f"  compiled {'vanilla' if e is self.vanilla else f'K=0..{e.max_k}'} engine "
-                     f"({len(e.batch_buckets)} batch buckets) in {time.perf_counter() - t0:.1f} s")
+            what = "vanilla" if e is self.vanilla else f"{names[id(e)]} K=0..{e.max_k}"
+            self.log(f"  compiled the {what} engine ({len(e.batch_buckets)} batch buckets) in "
+                     f"{time.perf_counter() - t0:.1f} s")
         return n
 
     def controller(self, config: str):
         kind, k = parse_config(config)
         if kind == "vanilla":
             return None
-        buckets = self.spec.batch_buckets
+        method = method_of(config)
+        engine = self.by_method[method]
         if kind == "static":
-            spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
-            return Controller(spec, None, self.max_batch_size, batch_buckets=buckets)
-        if self.profile is None:
-            raise RuntimeError("the dynamic configuration needs a profile")
+            return Controller(SpecConfig(method=method, num_speculative_tokens=k), None, engine.max_batch_size,
+                              batch_buckets=engine.batch_buckets)
+        if self.profiles.get(method) is None:
+            raise RuntimeError(f"the {config} configuration needs a profile of the {method} engine")
         if config not in self._dynamic:
-            spec = SpecConfig(method="draft_model", num_speculative_tokens=self.max_k,
-                              dynamic=DynamicConfig(profile=self.profile_path,
-                                                    objective=DYNAMIC_OBJECTIVES[config]))
-            self._dynamic[config] = Controller(spec, self.profile, self.max_batch_size, batch_buckets=buckets)
+            spec = SpecConfig(method=method, num_speculative_tokens=engine.max_k,
+                              dynamic=DynamicConfig(profile=self.profile_paths.get(method),
+                                                    objective=DYNAMIC_OBJECTIVES[base_name(config)]))
+            self._dynamic[config] = Controller(spec, self.profiles[method], engine.max_batch_size,
+                                               batch_buckets=engine.batch_buckets)
         return self._dynamic[config]
 
     def run(self, config: str, prompts, sampling):
         """One timed `generate`: (wall seconds, outputs' token ids, run statistics)."""
-        engine = self.vanilla if config == "vanilla" else self.spec
+        engine = self.engine_for(config)
         ctl = self.controller(config)
         if ctl is not None:
             engine.controller = ctl

@@ -10,7 +10,7 @@ FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
             repeats=3, max_tokens=64, prompt_len=128, rows_per_point=8,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
-            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
+            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None, eagle3_max_batch=None,
             profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
 # --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 3: 38 programs, still
 # more than half of the demo's time on 2 slow CPU cores (K <= 4 took the demo to 5 minutes).
@@ -19,35 +19,57 @@ QUICK = dict(batch_sizes=(1, 4, 16, 64),
              repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4,
              rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=12, rollout_max_tokens=112,
              max_seq_len=160, max_k=3, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
-             profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
+             eagle3_max_batch=None, profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
 
 WORKLOADS = ("sweep", "rollout")
 
 # dynamic configurations -> DynamicConfig.objective
 DYNAMIC_OBJECTIVES = {"dynamic": "makespan", "dynamic-throughput": "throughput"}
 
+# The speculative methods a bench compares. A configuration name without a prefix runs the
+# draft model; "eagle3-" + a name (eagle3-static-2, eagle3-dynamic) runs the EAGLE-3 head.
+METHODS = ("draft_model", "eagle3")
+EAGLE3_PREFIX = "eagle3-"
+
 
 def mode(quick: bool) -> dict:
     return QUICK if quick else FULL
 
 
+def method_of(name: str) -> str | None:
+    """The speculative method a configuration runs: None for vanilla, "eagle3" for the
+    "eagle3-" names, else "draft_model"."""
+    if name == "vanilla":
+        return None
+    return "eagle3" if name.startswith(EAGLE3_PREFIX) else "draft_model"
+
+
+def base_name(name: str) -> str:
+    """The name without its method prefix ("eagle3-static-2" -> "static-2")."""
+    return name[len(EAGLE3_PREFIX):] if name.startswith(EAGLE3_PREFIX) else name
+
+
 def parse_config(name: str) -> tuple[str, int | None]:
     """"vanilla" -> ("vanilla", None); "static-3" -> ("static", 3); "dynamic" and
-    "dynamic-throughput" -> ("dynamic", None)."""
+    "dynamic-throughput" -> ("dynamic", None); the same with the "eagle3-" prefix (which
+    method runs it: `method_of`)."""
     if not isinstance(name, str):
         raise ValueError(f"configuration names are strings, got {name!r}")
     if name == "vanilla":
         return name, None
-    if name in DYNAMIC_OBJECTIVES:
+    base = base_name(name)
+    if base in DYNAMIC_OBJECTIVES:
         return "dynamic", None
-    if name.startswith("static-"):
+    if base.startswith("static-"):
         try:
-            k = int(name[len("static-"):])
+            k = int(base[len("static-"):])
         except ValueError:
             k = -1
         if k >= 1:
             return "static", k
-    raise ValueError(f"unknown configuration {name!r}: use vanilla, static-K (K >= 1), dynamic or dynamic-throughput")
+    raise ValueError(f"unknown configuration {name!r}: use vanilla, static-K (K >= 1), dynamic or "
+                     "dynamic-throughput (the draft model), or the same prefixed with 'eagle3-' "
+                     "(the EAGLE-3 head: eagle3-static-2, eagle3-dynamic)")
 
 
 def config_list(configs) -> list[str]:
@@ -65,8 +87,21 @@ def config_list(configs) -> list[str]:
     return configs
 
 
-def has_dynamic(configs) -> bool:
-    return any(parse_config(c)[0] == "dynamic" for c in configs)
+def has_dynamic(configs, method: str | None = None) -> bool:
+    """Whether a dynamic configuration (of `method`, None: of any) is among `configs`."""
+    return any(parse_config(c)[0] == "dynamic" and method in (None, method_of(c)) for c in configs)
+
+
+def methods_of(configs) -> list[str]:
+    """The speculative methods the configurations run, in `METHODS` order."""
+    used = {method_of(c) for c in configs}
+    return [m for m in METHODS if m in used]
+
+
+def with_method(configs, method: str) -> list[str]:
+    """Draft-model configuration names turned into `method`'s ("vanilla" stays)."""
+    prefix = EAGLE3_PREFIX if method == "eagle3" else ""
+    return [c if c == "vanilla" else prefix + base_name(c) for c in configs]
 
 
 def int_list(name: str, v) -> list[int]:
@@ -102,10 +137,23 @@ class Settings:
     batch_buckets: list[int] | None  # None: the engine's default buckets
     prefill_chunk: int
     seed: int
+    eagle3_max_batch: int | None = None  # eagle3 configurations run at batch sizes <= this only
 
     @property
     def max_batch(self) -> int:
         return max(self.batch_sizes + [self.rollout_requests])
+
+    def runs_at(self, config: str, batch_size: int) -> bool:
+        """Whether `config` runs at a point of `batch_size` requests (the rollout: all of them)."""
+        return self.method_runs_at(method_of(config), batch_size)
+
+    def method_runs_at(self, method: str | None, batch_size: int) -> bool:
+        return method != "eagle3" or self.eagle3_max_batch is None or batch_size <= self.eagle3_max_batch
+
+    def method_max_batch(self, method: str) -> int:
+        """The most requests `method`'s engine holds at once in this run."""
+        sizes = self.batch_sizes + ([self.rollout_requests] if self.rollout_requests else [])
+        return max((b for b in sizes if self.method_runs_at(method, b)), default=1)
 
 
 def _buckets(given: Sequence[int] | None, defaults, batch_sizes: list[int], max_batch: int) -> list[int] | None:
@@ -145,7 +193,11 @@ def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Set
     roll_cap = max(1, min(int(pick["rollout_max_tokens"]), seq - ints["rollout_prompt_len"]))
     chunk = pick["prefill_chunk"] or prefill_chunk_for(max(ints["prompt_len"], ints["rollout_prompt_len"]))
     max_batch = max(batch_sizes + [n_roll])
+    e3 = pick["eagle3_max_batch"]
+    if e3 is not None and int(e3) < 1:
+        raise ValueError(f"eagle3_max_batch must be >= 1 or None, got {e3!r}")
     return Settings(quick=bool(quick), configs=config_list(pick["configs"]), batch_sizes=batch_sizes,
                     workloads=workloads, rollout_requests=n_roll, rollout_max_tokens=roll_cap, max_seq_len=seq,
                     batch_buckets=_buckets(given.get("batch_buckets"), d["batch_buckets"], batch_sizes, max_batch),
-                    prefill_chunk=int(chunk), seed=int(given.get("seed") or 0), **ints)
+                    prefill_chunk=int(chunk), seed=int(given.get("seed") or 0),
+                    eagle3_max_batch=None if e3 is None else int(e3), **ints)

@@ -58,8 +58,12 @@ def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int) -> list
 def sweep(s: Settings, ids: list[list[int]]) -> list[Point]:
     prompts = [p[:s.prompt_len] for p in ids]
     greedy = SamplingParams(temperature=0.0, max_tokens=s.max_tokens)
-    return [Point("sweep", b, prompt_groups(prompts, b, s.rows_per_point), s.configs, greedy)
+    return [Point("sweep", b, prompt_groups(prompts, b, s.rows_per_point), _configs_at(s, b), greedy)
             for b in s.batch_sizes]
+
+
+def _configs_at(s: Settings, batch_size: int) -> list[str]:
+    return [c for c in s.configs if s.runs_at(c, batch_size)]
 
 
 def rollout(s: Settings, ids: list[list[int]]) -> tuple[Point, list[int]]:
@@ -67,7 +71,7 @@ def rollout(s: Settings, ids: list[list[int]]) -> tuple[Point, list[int]]:
     lengths = rollout_lengths(s.rollout_requests, s.rollout_median_tokens, s.rollout_max_tokens, seed=s.seed)
     prompts = [ids[i % len(ids)][:s.rollout_prompt_len] for i in range(s.rollout_requests)]
     sampling = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
-    return Point("rollout", None, [prompts], s.configs, sampling), lengths
+    return Point("rollout", None, [prompts], _configs_at(s, s.rollout_requests), sampling), lengths
 
 
 def rollout_meta(s: Settings, lengths: list[int]) -> dict:
@@ -76,10 +80,11 @@ def rollout_meta(s: Settings, lengths: list[int]) -> dict:
             "distribution": f"lognormal(log(median), {ROLLOUT_SIGMA}), clipped"}
 
 
-def warmup_requests(s: Settings, ids: list[list[int]]) -> tuple[list[list[int]], list[SamplingParams]]:
-    """An untimed run whose live batch shrinks through every bucket: max_batch short prompts
-    asking for 1..8 tokens."""
-    n = s.max_batch
+def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
+                    ) -> tuple[list[list[int]], list[SamplingParams]]:
+    """An untimed run whose live batch shrinks through every bucket: n (default max_batch)
+    short prompts asking for 1..8 tokens."""
+    n = n or s.max_batch
     prompts = [ids[i % len(ids)][:min(16, s.prompt_len)] for i in range(n)]
     return prompts, [SamplingParams(temperature=0.0, max_tokens=1 + (i * 8) // n) for i in range(n)]
 

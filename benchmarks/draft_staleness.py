@@ -1,18 +1,24 @@
-"""A stale draft as the policy moves: dynamic K against K=0, and distillation's recovery.
+"""A stale draft as the policy moves: dynamic K against K=0 and a static K, then
+distillation's recovery.
 
 RL moves the target every step while the draft stays as it was. This simulates that with
-the built-in pair: the target's matrices drift along one fixed random direction,
-`W_s = W_0 + s * drift * std(W_0) * eps`, s = 0..levels-1. At each level:
+the built-in pair: every target matrix drifts along one fixed random direction,
+`W_s = W_0 + s * std(W_0) * eps`, for each drift level s. At each level:
 
-- acceptance: mean committed tokens per step at a static K (1.0 = every draft rejected);
-- speed: the same engine under the goodput controller (profiled on the fresh pair, then
-  learning acceptance live) against K=0 (plain decoding: the draft is not run), paired and
-  interleaved (each repeat runs both, the order alternating), drafter-invariant sampling at
-  temperature 1 so both produce the same tokens (checked) and the ratio compares the same
-  work.
+- acceptance: mean committed tokens per row-step at a static K on the benchmark prompts
+  (1.0 = every draft rejected), at each temperature;
+- speed: K=0 (plain decoding: the draft is not run), static K and the goodput controller,
+  interleaved (order rotated every unit) and paired per (repeat, temperature, batch),
+  drafter-invariant so all three produce the same tokens (checked) and every ratio
+  compares the same work. Ratios are geometric means of paired tokens/s ratios with
+  bootstrap 95% intervals (`dsd_jax.stats`). B=1 runs the prompts one request at a time,
+  B=8 all at once. The dynamic controller is one object per (temperature, batch) that
+  lives through every level, as a rollout engine's does through an RL run: it has to
+  notice the acceptance fall by itself.
 
-Then, at the most stale level, `dsd_jax.distill.DraftDistiller` trains the draft on that
-level's rollouts against the moved target, and acceptance is measured again.
+Then, at the most stale level, `dsd_jax.distill.DraftDistiller` trains the draft on
+rollouts of *other* prompts (held out from the benchmark prompts) against the moved
+target, and the stale level is measured once more with the distilled draft.
 
     python benchmarks/draft_staleness.py --out benchmarks/results/draft_staleness/draft_staleness.json
 """
@@ -20,17 +26,16 @@ level's rollouts against the moved target, and acceptance is measured again.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from dsd_jax import SamplingParams, SpecConfig, SpecEngine
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, stats
 from dsd_jax.config import DynamicConfig
 from dsd_jax.controller import Controller
 from dsd_jax.distill import DraftDistiller
@@ -39,6 +44,7 @@ from dsd_jax.profiler import profile_engine
 from suffix_rollout import Static  # noqa: E402  (a fixed-K controller; same folder)
 
 EOS = 0
+CONFIGS = ("k0", "static", "dynamic")
 
 
 def drifted(params, level: float, seed: int = 0):
@@ -49,103 +55,150 @@ def drifted(params, level: float, seed: int = 0):
                         if x.ndim == 2 else x, params)
 
 
+def parse_floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+class Bench:
+    """The engine, its controllers and the timed runs."""
+
+    def __init__(self, args):
+        self.args = args
+        target, draft, tok = builtin()
+        self.target, self.draft = target, draft
+        self.prompts = heldout_prompts(args.prompts, num_lines=4, seed=5)
+        self.distill_prompts = heldout_prompts(args.prompts, num_lines=4, seed=6)
+        self.engine = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=args.k,
+                                                           acceptance="drafter_invariant"),
+                                 max_batch_size=max(args.batches), max_seq_len=256, tokenizer=tok,
+                                 prefill_chunk=128, batch_buckets=tuple(sorted(set(args.batches))))
+        self.engine.warmup()
+        self.base = nnx.state(target)
+        profile = profile_engine(self.engine, context_lengths=(96,), repeats=5, warmup_reps=1,
+                                 acceptance_max_tokens=24, temperatures=tuple(args.temperatures))
+        spec = SpecConfig(method="draft_model", num_speculative_tokens=args.k,
+                          acceptance="drafter_invariant", dynamic=DynamicConfig())
+        # one controller per (temperature, batch), living through every level
+        self.dynamic = {(t, b): Controller(spec, profile, max_batch_size=max(args.batches),
+                                           batch_buckets=self.engine.batch_buckets)
+                        for t in args.temperatures for b in args.batches}
+
+    def sampling(self, temperature: float, seed: int):
+        return SamplingParams(temperature=temperature, max_tokens=self.args.max_tokens,
+                              stop_token_ids=(EOS,), seed=seed)
+
+    def run(self, controller, temperature: float, batch: int, seed: int, prompts=None):
+        """One timed unit: the prompts in calls of `batch` requests. Returns (tokens per
+        request, tokens/s, mean accepted length, K histogram)."""
+        prompts = self.prompts if prompts is None else prompts
+        engine = self.engine
+        engine.controller = controller
+        engine.stats.reset()
+        outs = []
+        t = time.perf_counter()
+        for i in range(0, len(prompts), batch):
+            outs += engine.generate(prompts[i:i + batch], self.sampling(temperature, seed + i))
+        wall = time.perf_counter() - t
+        m = engine.metrics()
+        tokens = [o.token_ids for o in outs]
+        return tokens, sum(map(len, tokens)) / wall, m["mean_accepted_len"], m["k_hist"]
+
+    def level(self, name: str, drift: float) -> dict:
+        """Acceptance and the paired speed comparison at one drift level."""
+        args = self.args
+        acceptance = {t: self.run(Static(args.k), t, max(args.batches), seed=1)[2]
+                      for t in args.temperatures}
+        cells = {(t, b): {c: [] for c in CONFIGS} for t in args.temperatures for b in args.batches}
+        hist = {key: collections.Counter() for key in cells}
+        mismatches, turn = 0, 0
+        for rep in range(args.repeats):
+            for (t, b), cell in cells.items():
+                ctl = {"k0": Static(0), "static": Static(args.k), "dynamic": self.dynamic[(t, b)]}
+                order = CONFIGS[turn % 3:] + CONFIGS[:turn % 3]
+                turn += 1
+                got = {}
+                for c in order:
+                    tokens, tps, _, k_hist = self.run(ctl[c], t, b, seed=100 + 1000 * rep)
+                    cell[c].append(tps)
+                    got[c] = tokens
+                    if c == "dynamic":
+                        hist[(t, b)].update(k_hist)
+                mismatches += sum(a != r for c in ("static", "dynamic") for a, r in zip(got[c], got["k0"]))
+        rows = []
+        for (t, b), cell in cells.items():
+            row = {"temperature": t, "batch": b, "accepted_len_static_k": acceptance[t],
+                   "tokens_per_s_median": {c: sorted(v)[len(v) // 2] for c, v in cell.items()},
+                   "dynamic_over_k0": stats.paired_ratio(cell["dynamic"], cell["k0"]),
+                   "static_over_k0": stats.paired_ratio(cell["static"], cell["k0"]),
+                   "dynamic_k_hist": dict(sorted(hist[(t, b)].items())), "tokens_per_s": cell}
+            rows.append(row)
+            print(f"{name:>16} T={t:g} B={b}: AL(K={args.k}) {acceptance[t]:.2f}  dynamic/K0 "
+                  f"{stats.format_ratio(row['dynamic_over_k0'], 3)}  static-{args.k}/K0 "
+                  f"{stats.format_ratio(row['static_over_k0'], 3)}  dynamic K {row['dynamic_k_hist']}",
+                  flush=True)
+        return {"level": name, "drift": drift, "rows": rows, "mismatches_vs_k0": mismatches}
+
+    def distill(self) -> list[dict]:
+        """Rollouts of the held-out distillation prompts, then a few AdamW steps, per round."""
+        distiller = DraftDistiller(self.target, self.draft, learning_rate=1e-3, rows=8, temperature=1.0)
+        log = []
+        for r in range(self.args.distill_rounds):
+            self.engine.controller = Static(self.args.k)
+            outs = self.engine.generate(self.distill_prompts, SamplingParams(
+                temperature=1.0, max_tokens=self.args.max_tokens, stop_token_ids=(EOS,), seed=500 + r, n=2))
+            t = time.perf_counter()
+            m = distiller.refresh(self.engine, outs, steps=self.args.distill_steps)
+            m["seconds"] = time.perf_counter() - t
+            log.append(m)
+            print(f"distill round {r}: KL {m['loss_before']:.3f} -> {m['loss_after']:.3f} "
+                  f"({m['seconds']:.1f}s)", flush=True)
+        return log
+
+
+def summarize(levels: list[dict]) -> dict:
+    rows = [(lv["level"], r) for lv in levels for r in lv["rows"]]
+    worst_name, worst = min(rows, key=lambda x: x[1]["dynamic_over_k0"]["ratio"])
+    acc = {lv["level"]: {r["temperature"]: r["accepted_len_static_k"] for r in lv["rows"]} for lv in levels}
+    return {
+        "accepted_len_static_k": acc,
+        "worst_dynamic_over_k0": {"level": worst_name, "temperature": worst["temperature"],
+                                  "batch": worst["batch"], **worst["dynamic_over_k0"]},
+        "dynamic_resolvably_below_0.95x_k0": any(
+            r["dynamic_over_k0"]["hi"] is not None and r["dynamic_over_k0"]["hi"] < 0.95 for _, r in rows),
+        "mismatches_vs_k0": sum(lv["mismatches_vs_k0"] for lv in levels),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--levels", default="0,0.15,0.3,0.6", help="drift per level (x std)")
-    ap.add_argument("--k", type=int, default=3, help="max K (and the static K of the acceptance run)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--levels", type=parse_floats, default=[0, 0.15, 0.3, 0.6], help="drift per level (x std)")
+    ap.add_argument("--temperatures", type=parse_floats, default=[0.0, 1.0])
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    ap.add_argument("--k", type=int, default=3, help="max K (and the static K)")
+    ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--distill-steps", type=int, default=24)
-    ap.add_argument("--distill-rounds", type=int, default=2,
-                    help="rollout + distill rounds at the last level")
+    ap.add_argument("--distill-rounds", type=int, default=2, help="rollout + distill rounds at the last level")
     ap.add_argument("--out", default="draft_staleness.json")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
 
-    target, draft, tok = builtin()
-    prompts = heldout_prompts(args.prompts, num_lines=4, seed=5)
-    spec = SpecConfig(method="draft_model", num_speculative_tokens=args.k,
-                      acceptance="drafter_invariant")
-    engine = SpecEngine(target, draft, spec, max_batch_size=args.prompts, max_seq_len=256,
-                        tokenizer=tok, prefill_chunk=128, batch_buckets=(2, args.prompts))
-    engine.warmup()
-    prof = profile_engine(engine, context_lengths=(96,), repeats=3, warmup_reps=1,
-                          acceptance_max_tokens=24, temperatures=(1.0,))
-    dyn_spec = SpecConfig(method="draft_model", num_speculative_tokens=args.k,
-                          acceptance="drafter_invariant", dynamic=DynamicConfig())
-    dynamic = lambda: Controller(dyn_spec, prof, max_batch_size=args.prompts,  # noqa: E731
-                                 batch_buckets=engine.batch_buckets)
-    base = nnx.state(target)
-    sampling = lambda seed: SamplingParams(temperature=1.0, max_tokens=args.max_tokens,  # noqa: E731
-                                           stop_token_ids=(EOS,), seed=seed)
+    bench = Bench(args)
+    levels = []
+    for drift in args.levels:
+        bench.engine.set_params(target=drifted(bench.base, drift))
+        levels.append(bench.level(f"drift {drift:g}", drift))
+    log = bench.distill()
+    levels.append(bench.level(f"drift {args.levels[-1]:g} distilled", args.levels[-1]))
 
-    def run(controller, seed):
-        engine.controller = controller
-        engine.stats.reset()
-        t = time.perf_counter()
-        outs = engine.generate(prompts, sampling(seed))
-        wall = time.perf_counter() - t
-        n = sum(len(o.token_ids) for o in outs)
-        m = engine.metrics()
-        return outs, {"seconds": wall, "tokens": n, "tokens_per_s": n / wall,
-                      "mean_accepted_len": m["mean_accepted_len"], "k_hist": m["k_hist"]}
-
-    levels = [float(x) for x in args.levels.split(",")]
-    results, mismatches = [], 0
-    for level in levels:
-        engine.set_params(target=drifted(base, level))
-        _, acc = run(Static(args.k), seed=1)
-        pairs = []
-        for rep in range(args.repeats):
-            order = ("dynamic", "k0") if rep % 2 == 0 else ("k0", "dynamic")
-            got = {}
-            for name in order:
-                outs, m = run(dynamic() if name == "dynamic" else Static(0), seed=100 + rep)
-                got[name] = (outs, m)
-            mismatches += sum(a.token_ids != b.token_ids
-                              for a, b in zip(got["dynamic"][0], got["k0"][0]))
-            pairs.append({"dynamic": got["dynamic"][1], "k0": got["k0"][1],
-                          "ratio": got["dynamic"][1]["tokens_per_s"] / got["k0"][1]["tokens_per_s"]})
-        ratios = [p["ratio"] for p in pairs]
-        row = {"drift": level, "accepted_len_static_k": acc["mean_accepted_len"],
-               "dynamic_over_k0_tokens_per_s": {"median": statistics.median(ratios),
-                                                "min": min(ratios), "max": max(ratios)},
-               "dynamic_k_hist": pairs[-1]["dynamic"]["k_hist"], "pairs": pairs}
-        results.append(row)
-        print(f"drift {level:5.2f}  AL(K={args.k}) {acc['mean_accepted_len']:.2f}  dynamic/K0 "
-              f"tok/s median {row['dynamic_over_k0_tokens_per_s']['median']:.3f} "
-              f"[{min(ratios):.3f}, {max(ratios):.3f}]  dynamic K hist {row['dynamic_k_hist']}",
-              flush=True)
-
-    # distillation at the most stale level, on that level's own rollouts
-    distiller = DraftDistiller(target, draft, learning_rate=1e-3, rows=8, temperature=1.0)
-    log = []
-    for r in range(args.distill_rounds):
-        engine.controller = Static(args.k)
-        outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=args.max_tokens,
-                                                       stop_token_ids=(EOS,), seed=500 + r, n=2))
-        t = time.perf_counter()
-        m = distiller.refresh(engine, outs, steps=args.distill_steps)
-        m["seconds"] = time.perf_counter() - t
-        log.append(m)
-        print(f"distill round {r}: KL {m['loss_before']:.3f} -> {m['loss_after']:.3f} "
-              f"({m['seconds']:.1f}s)", flush=True)
-    _, after = run(Static(args.k), seed=1)
-    summary = {
-        "accepted_len_fresh": results[0]["accepted_len_static_k"],
-        "accepted_len_stale": results[-1]["accepted_len_static_k"],
-        "accepted_len_after_distill": after["mean_accepted_len"],
-        "min_dynamic_over_k0_median": min(r["dynamic_over_k0_tokens_per_s"]["median"] for r in results),
-    }
+    summary = summarize(levels)
     print(json.dumps(summary, indent=1))
-    print(f"completions differing between dynamic and K=0: {mismatches}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "summary": summary, "levels": results, "distill": log,
-                   "mismatches_dynamic_vs_k0": mismatches,
+        json.dump({"args": vars(args), "summary": summary, "levels": levels, "distill": log,
                    "seconds_total": time.perf_counter() - t_start}, f, indent=1)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({time.perf_counter() - t_start:.0f} s)")
     return 0
 
 

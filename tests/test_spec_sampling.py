@@ -110,6 +110,41 @@ def test_drafter_invariant_equals_plain_sampling(small_vocab_pair, method):
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule
 
 
+def test_group_of_eight_prefills_once_and_each_completion_is_plain_sampling(small_vocab_pair):
+    """GRPO's case: SamplingParams(n=8) on one prompt is one prefill program call, and in
+    drafter-invariant mode completion g equals plain sampling of that prompt with seed + g,
+    whatever K did."""
+    target, draft = small_vocab_pair
+    prompt = [1, 5, 2, 2, 7, 1, 2]
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0, max_batch_size=8,
+                        batch_buckets=(8,))
+    expected = [o.token_ids for o in plain.generate(
+        [prompt] * 8, [SamplingParams(temperature=1.0, max_tokens=16, seed=40 + g) for g in range(8)])]
+    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant",
+                         num_speculative_tokens=2, max_batch_size=8, batch_buckets=(8,))
+    engine.controller = FixedK([2, 0, 1, 2])
+    calls = []
+    compiled = engine.programs.prefill
+
+    def counting(n, c):
+        exe = compiled(n, c)
+
+        def run(*args):
+            calls.append(int(np.asarray(args[6]).sum()))  # real prompt tokens in this call
+            return exe(*args)
+        return run
+
+    engine.programs.prefill = counting
+    try:
+        outs = engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=16, seed=40, n=8))
+    finally:
+        engine.programs.prefill = compiled
+    assert calls == [len(prompt)]
+    assert [o.index for o in outs] == list(range(8))
+    assert [o.token_ids for o in outs] == expected
+    assert len({tuple(t) for t in expected}) > 4  # the seeds really differ
+
+
 def test_drafter_invariant_acceptance_vs_rejection(small_vocab_pair):
     """Reports both modes' acceptance (the coupling accepts less: it needs exact
     agreement of two Gumbel-argmaxes rather than min(1, p/q))."""

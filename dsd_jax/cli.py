@@ -493,8 +493,9 @@ def _add_bench(sub) -> None:
 
 
 def _add_demo(sub) -> None:
-    d = sub.add_parser("demo", help="profile + benchmark the built-in pair and write a report",
-                       description="Run the end-to-end demo.")
+    d = sub.add_parser("demo", help="profile + benchmark the built-in pair and EAGLE-3 head and write a report",
+                       description="Run the end-to-end demo: the built-in draft model and EAGLE-3 head "
+                                   "side by side against plain decoding.")
     d.add_argument("--out-dir", default="./dsd_jax_demo", metavar="DIR", help="default ./dsd_jax_demo")
     mode = d.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="quick", action="store_true", default=True,

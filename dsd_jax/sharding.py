@@ -172,13 +172,12 @@ def memory_report(target_cfg, draft_cfg, spec, sizes: Mapping[str, int], max_bat
     """Bytes per device of an engine's params, KV caches and the rest of its state, from
     abstract shapes only (nothing is allocated, so any model and mesh can be sized here).
 
-    target_cfg, draft_cfg: `models.ModelConfig` (draft None without a draft model);
-    spec: `SpecConfig`; sizes: {"data": n, "model": m}.
+    target_cfg, draft_cfg: `models.ModelConfig` (draft None without a draft model; an
+    `Eagle3Config` for an EAGLE-3 head: its params, its one-layer cache as ``kv_cache["draft"]``
+    and the stored target features as ``features``); spec: `SpecConfig`; sizes: {"data": n,
+    "model": m}.
     """
-    from flax import nnx
-
     from dsd_jax import drafters
-    from dsd_jax.models import init_model
     from dsd_jax.state import init_state
 
     sizes = axis_sizes(sizes)
@@ -193,21 +192,38 @@ def memory_report(target_cfg, draft_cfg, spec, sizes: Mapping[str, int], max_bat
     def params_bytes(cfg):
         if cfg is None:
             return 0
-        params = jax.eval_shape(lambda: nnx.state(init_model(cfg)))
+        params = _abstract_params(cfg)
         return per_device_bytes(params, param_specs(params, cfg.num_kv_heads, sizes), sizes)
 
-    draft_kv = getattr(state.drafter, "kv", None)
-    kv = {"target": per_device_bytes(state.target_kv, specs.target_kv, sizes),
-          "draft": 0 if draft_kv is None else per_device_bytes(draft_kv, specs.drafter.kv, sizes)}
+    def drafter_bytes(name):
+        part = getattr(state.drafter, name, None)
+        return 0 if part is None else per_device_bytes(part, getattr(specs.drafter, name), sizes)
+
+    kv = {"target": per_device_bytes(state.target_kv, specs.target_kv, sizes), "draft": drafter_bytes("kv")}
+    features = drafter_bytes("features")
     everything = per_device_bytes(state, specs, sizes)
     report = {
         "mesh": sizes,
         "params": {"target": params_bytes(target_cfg), "draft": params_bytes(draft_cfg)},
         "kv_cache": kv,
-        "state_other": everything - kv["target"] - kv["draft"],
+        "features": features,  # an EAGLE-3 head's stored target features (0 for other methods)
+        "state_other": everything - kv["target"] - kv["draft"] - features,
     }
     report["total"] = sum(report["params"].values()) + everything
     return report
+
+
+def _abstract_params(cfg):
+    """The abstract `nnx.state` of the model `cfg` describes: a Transformer, or an EAGLE-3 head
+    (fc, one decoder layer over [embedding, hidden], reduced-vocabulary LM head; the target's
+    embedding, which it shares, is counted with the target)."""
+    from flax import nnx
+
+    from dsd_jax.models import init_model
+    from dsd_jax.models.eagle3 import Eagle3Config, Eagle3Head
+    if isinstance(cfg, Eagle3Config):
+        return jax.eval_shape(lambda: nnx.state(Eagle3Head(cfg, rngs=nnx.Rngs(0))))
+    return jax.eval_shape(lambda: nnx.state(init_model(cfg)))
 
 
 def make_mesh(data: int = 1, model: int = 1, devices=None) -> Mesh:

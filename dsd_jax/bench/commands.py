@@ -98,46 +98,69 @@ def _mesh(shape):
         raise ArgumentError("--mesh", str(e)) from e
 
 
-def _complete(runner, prompt: str) -> None:
-    """Completes `prompt` greedily with the dynamic controller and prints it with its K use."""
-    engine = runner.spec or runner.vanilla
-    if runner.spec is not None and runner.profile is not None:
-        engine.controller = runner.controller("dynamic")
+# The demo's EAGLE-3 side: the head at fewer K and batch sizes than the draft model (its
+# engine compiles K <= 2 for buckets up to 16 only, keeping the quick demo near its old time).
+DEMO_EAGLE3 = {True: dict(configs=("eagle3-static-1", "eagle3-dynamic"), max_batch=16, max_k=2),
+               False: dict(configs=("eagle3-static-1", "eagle3-static-2", "eagle3-dynamic"), max_batch=None,
+                           max_k=None)}
+
+
+def _complete_with(runner, config: str, prompt: str):
+    """(output, seconds, engine stats) of `prompt` completed greedily by `config`."""
+    engine = runner.engine_for(config)
+    engine.controller = runner.controller(config) or engine.controller
     engine.stats.reset()
     t0 = time.perf_counter()
     out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=96, stop_token_ids=(0,)))[0]
-    dt = time.perf_counter() - t0
+    return out, time.perf_counter() - t0, engine.stats
+
+
+def _complete(runner, prompt: str) -> None:
+    """Completes `prompt` greedily with each method's dynamic controller, prints the draft
+    model's completion and, side by side, every method's time and K use (same tokens: lossless)."""
+    dynamic = [c for c in ("dynamic", "eagle3-dynamic") if c in runner.configs] or ["vanilla"]
+    done = {c: _complete_with(runner, c, prompt) for c in dynamic}
+    out = next(iter(done.values()))[0]
     bar = "-" * 72
     print(f"\n{bar}\nheld-out prompt + completion (greedy, dynamic K; completion after '<<<'):\n{bar}")
     print(prompt + "<<<" + (out.text or ""))
     print(bar)
-    st = engine.stats
-    print(f"{len(out.token_ids)} tokens in {dt:.2f} s; K used per step: {format_hist(st.k_hist)}; "
-          f"mean tokens per step {st.tokens / max(st.row_steps, 1):.2f}\n", flush=True)
+    for c, (o, dt, st) in done.items():
+        same = "" if o.token_ids == out.token_ids else " (DIFFERENT tokens: not lossless)"
+        print(f"{c:>14}: {len(o.token_ids)} tokens in {dt:.2f} s; K used per step: {format_hist(st.k_hist)}; "
+              f"mean tokens per step {st.tokens / max(st.row_steps, 1):.2f}{same}")
+    print(flush=True)
 
 
 def demo(args) -> int:
-    """`dsd-jax demo`: complete a held-out prompt with the built-in pair, then `bench --quick`."""
+    """`dsd-jax demo`: complete a held-out prompt with the built-in pair and the built-in
+    EAGLE-3 head, then `bench --quick` over both."""
     t_start = time.perf_counter()
     quick = bool(getattr(args, "quick", True))
     out_dir = Path(getattr(args, "out_dir", None) or "dsd_jax_demo")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from dsd_jax.models import builtin
-    print("loading the built-in model pair ...", flush=True)
+    from dsd_jax.models import builtin, load_eagle3
+    print("loading the built-in model pair and EAGLE-3 head ...", flush=True)
     target, draft, tokenizer = builtin()
+    head = load_eagle3("builtin")
     prompts = _builtin_prompts(max(_prompts_needed(quick, mode(quick)["batch_sizes"]), DEMO_PROMPT_INDEX) + 1)
     demo_prompt = prompts.pop(DEMO_PROMPT_INDEX)  # not among the benchmark's prompts
     shipped = shipped_profile(quick)
     profile_out = None if shipped else out_dir / "profile.json"
+    e3 = DEMO_EAGLE3[quick]
     rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=shipped, profile_out=profile_out,
-                     runner_hook=lambda runner: _complete(runner, demo_prompt),
+                     configs=list(mode(quick)["configs"]) + list(e3["configs"]), eagle3=head,
+                     eagle3_profile_out=out_dir / "eagle3_profile.json", eagle3_max_batch=e3["max_batch"],
+                     eagle3_max_k=e3["max_k"], runner_hook=lambda runner: _complete(runner, demo_prompt),
                      compilation_cache_dir=str(out_dir / "xla_cache"), log=lambda s: print(s, flush=True))
     json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
     write_json(rows, json_path)
-    write_plot(rows, plot_path, title="dsd-jax demo: built-in pair, " + ("quick" if quick else "full") + " bench")
+    write_plot(rows, plot_path, title="dsd-jax demo: built-in pair and EAGLE-3 head, "
+               + ("quick" if quick else "full") + " bench")
     print()
     print(format_table(rows))
     print(f"\nwrote {json_path} and {plot_path}"
-          + (f"; profile {profile_out}" if profile_out else f"; used the shipped profile {shipped}"))
+          + (f"; profile {profile_out}" if profile_out else f"; used the shipped profile {shipped}")
+          + f"; EAGLE-3 profile {out_dir / 'eagle3_profile.json'}")
     print(f"demo finished in {time.perf_counter() - t_start:.0f} s")
     return 0 if summarize(rows)["lossless"] else 1

@@ -26,7 +26,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
               workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
               compilation_cache_dir: str | None = None, runner_hook: Callable | None = None,
               mesh=None, eagle3=None, eagle3_profile=None, eagle3_profile_out: str | os.PathLike | None = None,
-              eagle3_max_batch: int | None = None, log: Callable[[str], None] | None = print) -> list[dict]:
+              eagle3_max_batch: int | None = None, eagle3_max_k: int | None = None,
+              log: Callable[[str], None] | None = print) -> list[dict]:
     """Runs the benchmark; returns the result rows (see `dsd_jax.bench`).
 
     target, draft: `dsd_jax.models.Transformer`s (draft sharing the target's vocabulary;
@@ -44,6 +45,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     eagle3_profile, eagle3_profile_out: the same for the EAGLE-3 engine (eagle3-dynamic).
     eagle3_max_batch: run the eagle3 configurations only at batch sizes <= this (and in the
         rollout only if it has no more requests); their engine gets only those slots.
+    eagle3_max_k: the largest K of eagle3-dynamic (None: max_k).
     quick: defaults from `QUICK` instead of `FULL` for every argument left None.
     runner_hook: called as ``runner_hook(runner)`` once engines are compiled and the
         profile is ready (the demo completes a prompt there).
@@ -69,7 +71,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                  rollout_prompt_len=rollout_prompt_len, rollout_median_tokens=rollout_median_tokens,
                  rollout_max_tokens=rollout_max_tokens, max_seq_len=max_seq_len, max_k=max_k,
                  batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed,
-                 eagle3_max_batch=eagle3_max_batch)
+                 eagle3_max_batch=eagle3_max_batch, eagle3_max_k=eagle3_max_k)
     s = resolve(quick, given, profiles.max_seq_len_of(profile) if profile else None)
     data = 1 if mesh is None else dict(mesh.shape).get("data", 1)
     round_up = lambda n: -(-n // data) * data  # noqa: E731  (slots split evenly over data shards)
@@ -77,7 +79,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     ids = encode_prompts(prompts, tokenizer, target.config.vocab_size)
     log(_banner(s))
     runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=round_up(s.max_batch),
-                    max_seq_len=s.max_seq_len, max_k=s.max_k, batch_buckets=buckets,
+                    max_seq_len=s.max_seq_len, max_k={m: s.method_max_k(m) for m in methods_of(s.configs)},
+                    batch_buckets=buckets,
                     prefill_chunk=s.prefill_chunk, compilation_cache_dir=compilation_cache_dir, log=log,
                     mesh=mesh, eagle3=_head(eagle3, s.configs),
                     method_max_batch={m: round_up(s.method_max_batch(m)) for m in methods_of(s.configs)})
@@ -165,7 +168,7 @@ def _meta(s: Settings, runner: Runner, lengths, prof_info, n_programs: int, seco
             "rows_per_point": s.rows_per_point, "max_seq_len": s.max_seq_len, "max_k": runner.max_k,
             "batch_buckets": runner.batch_buckets,
             "rollout": rollout_meta(s, lengths) if s.rollout_requests else None,
-            "eagle3_max_batch": s.eagle3_max_batch,
+            "eagle3_max_batch": s.eagle3_max_batch, "max_k_by_method": runner.max_ks,
             "temperature": 0.0, "lossless": lossless, "profile": prof_info.get("draft_model"),
             "profiles": prof_info, "engines": _engines_text(runner),
             "programs_compiled": n_programs, "seconds": {k: round(v, 2) for k, v in seconds.items()}}

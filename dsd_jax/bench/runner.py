@@ -64,7 +64,8 @@ class Runner:
 
     draft: the draft model (configurations without a prefix); eagle3: the EAGLE-3 head
     (`dsd_jax.models.load_eagle3`; the "eagle3-" configurations). Each method present gets one
-    engine; `method_max_batch` ({method: n}) gives a method's engine fewer slots than
+    engine; max_k is the dynamic configurations' largest K (an int, or {method: K});
+    `method_max_batch` ({method: n}) gives a method's engine fewer slots than
     max_batch_size (and only the batch buckets up to them)."""
 
     def __init__(self, target, draft, tokenizer, *, configs, max_batch_size, max_seq_len, max_k,
@@ -73,7 +74,8 @@ class Runner:
         from dsd_jax.engine import SpecEngine
         self.log = log
         self.configs = configs
-        self.max_ks = {m: _engine_max_k([c for c in configs if method_of(c) == m], max_k)
+        k_of = max_k if isinstance(max_k, dict) else {m: max_k for m in methods_of(configs)}
+        self.max_ks = {m: _engine_max_k([c for c in configs if method_of(c) == m], k_of[m])
                        for m in methods_of(configs)}
         self.max_k = max(self.max_ks.values(), default=0)
         common = dict(max_seq_len=max_seq_len, tokenizer=tokenizer, prefill_chunk=prefill_chunk,

@@ -10,7 +10,7 @@ FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
             repeats=3, max_tokens=64, prompt_len=128, rows_per_point=8,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
-            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None, eagle3_max_batch=None,
+            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None, eagle3_max_batch=None, eagle3_max_k=None,
             profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
 # --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 3: 38 programs, still
 # more than half of the demo's time on 2 slow CPU cores (K <= 4 took the demo to 5 minutes).
@@ -19,7 +19,8 @@ QUICK = dict(batch_sizes=(1, 4, 16, 64),
              repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4,
              rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=12, rollout_max_tokens=112,
              max_seq_len=160, max_k=3, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
-             eagle3_max_batch=None, profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
+             eagle3_max_batch=None, eagle3_max_k=None,
+             profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
 
 WORKLOADS = ("sweep", "rollout")
 
@@ -138,6 +139,11 @@ class Settings:
     prefill_chunk: int
     seed: int
     eagle3_max_batch: int | None = None  # eagle3 configurations run at batch sizes <= this only
+    eagle3_max_k: int | None = None  # eagle3-dynamic's largest K (None: max_k)
+
+    def method_max_k(self, method: str) -> int:
+        """The largest K a dynamic configuration of `method` may choose."""
+        return self.eagle3_max_k if method == "eagle3" and self.eagle3_max_k else self.max_k
 
     @property
     def max_batch(self) -> int:
@@ -193,11 +199,13 @@ def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Set
     roll_cap = max(1, min(int(pick["rollout_max_tokens"]), seq - ints["rollout_prompt_len"]))
     chunk = pick["prefill_chunk"] or prefill_chunk_for(max(ints["prompt_len"], ints["rollout_prompt_len"]))
     max_batch = max(batch_sizes + [n_roll])
-    e3 = pick["eagle3_max_batch"]
-    if e3 is not None and int(e3) < 1:
-        raise ValueError(f"eagle3_max_batch must be >= 1 or None, got {e3!r}")
+    e3, e3k = pick["eagle3_max_batch"], pick["eagle3_max_k"]
+    for name, v in (("eagle3_max_batch", e3), ("eagle3_max_k", e3k)):
+        if v is not None and int(v) < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {v!r}")
     return Settings(quick=bool(quick), configs=config_list(pick["configs"]), batch_sizes=batch_sizes,
                     workloads=workloads, rollout_requests=n_roll, rollout_max_tokens=roll_cap, max_seq_len=seq,
                     batch_buckets=_buckets(given.get("batch_buckets"), d["batch_buckets"], batch_sizes, max_batch),
                     prefill_chunk=int(chunk), seed=int(given.get("seed") or 0),
-                    eagle3_max_batch=None if e3 is None else int(e3), **ints)
+                    eagle3_max_batch=None if e3 is None else int(e3),
+                    eagle3_max_k=None if e3k is None else int(e3k), **ints)

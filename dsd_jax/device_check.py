@@ -1,0 +1,737 @@
+"""Validate and time everything on one accelerator: `python benchmarks/device_check.py --out DIR`.
+
+Four sections, each writing into DIR/device_check.json (rewritten after every section, so a
+run cut short keeps what it finished) and DIR/device_check.txt (the report):
+
+- ``kernels``: the Pallas kernels (backend "pallas", not interpret) against their XLA
+  references on the same device, with the cases and tolerances of `tests/test_kernels.py`
+  (attention: max relative error < 1e-5 f32 / 1e-2 bf16, NaN exactly where the reference
+  has it; rejection sampling: identical tokens and counts).
+- ``timings``: each kernel against XLA at the Llama-3.1-8B, Qwen2.5-7B and Qwen3-8B shapes,
+  with the roofline of `kernels/ROOFLINE.md` beside it (bytes, FLOPs, floor time at the
+  device's HBM bandwidth, achieved GB/s and the fraction of the floor).
+- ``e2e``: the engine on the built-in pair and on a synthetic real-shape pair
+  (`models.synthetic`), greedy and sampled, with the XLA backend and the Pallas one: the
+  tokens must be identical.
+- ``profile``: the ITL(B, K) profile of the synthetic pair (`profile_engine`, backend
+  "auto" with its per-kernel fallback), the acceptance given (the vLLM dynamic-SD PR's
+  a_i), and the K schedule the goodput rule derives from it, beside the PR's H100 one.
+
+``--cpu-smoke`` runs the same code on tiny shapes in interpret mode on the CPU (the test
+suite runs it). Everything is in small functions so the tests and other tools can call
+each piece.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import platform as _platform
+import statistics
+import sys
+import time
+import traceback
+import zlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsd_jax import kernels
+from dsd_jax.kernels import attention_pallas, rejection_pallas
+from dsd_jax.kernels.attention_ref import verify_attention_xla
+from dsd_jax.kernels.rejection_ref import rejection_sample_xla
+
+SECTIONS = ("kernels", "timings", "e2e", "profile")
+F32, BF16 = jnp.float32, jnp.bfloat16
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+
+# Acceptance a_i = P(accepted >= i) published with vLLM's dynamic speculative decoding PR,
+# and the K schedule that PR profiled on an H100 (for the report's comparison).
+VLLM_ACCEPTANCE = (0.681, 0.391, 0.204, 0.101, 0.051)
+VLLM_H100_SCHEDULE = "K*=3 up to B~16-64, K*=1 around B~64-128, K*=0 at B=256"
+
+# Peak HBM bandwidth (bytes/s) and dense bf16 FLOP/s by device kind (ROOFLINE.md numbers).
+_HARDWARE = (("H200", 4.8e12, 990e12), ("H100 PCIe", 2.0e12, 756e12), ("H100", 3.35e12, 990e12),
+             ("A100", 2.0e12, 312e12))
+
+# Correctness cases: the GPU cases of tests/test_kernels.py (tests/test_device_check.py keeps
+# them equal). (B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, row kinds)
+ATTN_CASES = [
+    (3, 1, 4, 4, 40, 64, "float32", None, None, ("one", "full", "odd")),
+    (4, 5, 28, 4, 200, 128, "float32", 64, 3, ("odd", "one", "full", "pad")),
+    (3, 9, 16, 2, 77, 128, "bfloat16", 32, 2, ("full", "odd", "neg")),
+    (3, 3, 8, 4, 50, 64, "bfloat16", 16, None, ("pad", "one", "odd")),
+    (2, 2, 32, 8, 129, 64, "float32", 32, 4, ("odd", "full")),
+]
+# (B, K, V, one-hot q, greedy rows, p == q rows, block_v, GPU splits)
+REJ_CASES = [
+    (6, 4, 1000, False, (1,), (2,), 256, 3),
+    (6, 3, 700, True, (0, 4), (), 128, 2),
+    (3, 8, 520, False, (), (1,), 128, None),
+    (2, 1, 151936, False, (1,), (), None, None),
+]
+# name: (Hq, Hkv, head_dim, vocab), as in tests/test_kernels.py
+TIMING_MODELS = {
+    "llama-3.1-8b": (32, 8, 128, 128256),
+    "qwen2.5-7b": (28, 4, 128, 152064),
+    "qwen3-8b": (32, 8, 128, 151936),
+}
+
+
+@dataclasses.dataclass
+class Settings:
+    """What a run covers; `gpu()` is the real run, `cpu_smoke()` the tiny interpret one."""
+
+    backend: str = "pallas"  # the Pallas backend checked against "xla"
+    attn_cases: Sequence = tuple(ATTN_CASES)
+    rej_cases: Sequence = tuple(REJ_CASES)
+    timing_models: dict = dataclasses.field(default_factory=lambda: dict(TIMING_MODELS))
+    # (B, T, live L) per model; the first model gets `attn_points`, the others `attn_points_short`
+    attn_points: Sequence = ((1, 5, 2048), (8, 1, 2048), (8, 5, 2048), (8, 5, 512), (32, 5, 4096),
+                             (64, 5, 2048))
+    attn_points_short: Sequence = ((1, 5, 2048), (8, 5, 2048), (64, 5, 2048))
+    # (B, K, one-hot q)
+    rej_points: Sequence = ((1, 4, False), (8, 4, False), (8, 4, True), (64, 4, False), (64, 4, True))
+    rej_points_short: Sequence = ((1, 4, False), (8, 4, False), (64, 4, False))
+    timing_reps: int = 7
+    chain: int = 10  # kernel calls per timed program (one dispatch amortised over them)
+    dtype: str = "bfloat16"  # timings and the synthetic pairs
+    builtin: bool = True  # e2e on the built-in pair too
+    e2e_pair: tuple = ("llama-3.1-8b", "llama-3.2-1b")
+    e2e_batch: int = 4
+    e2e_prompt_len: int = 32
+    e2e_max_tokens: int = 32
+    e2e_k: int = 3
+    profile_pair: tuple = ("llama-3.1-8b", "llama-3.2-1b")
+    profile_buckets: Sequence = (1, 4, 16, 32, 64, 128, 256)
+    profile_contexts: Sequence = (128, 512)
+    profile_max_k: int = 4
+    profile_max_seq_len: int | None = None  # None: the longest context + 64
+    profile_repeats: int = 5
+    profile_warmup_reps: int = 2
+    acceptance: Sequence = VLLM_ACCEPTANCE
+
+    @classmethod
+    def gpu(cls, **kw) -> "Settings":
+        return cls(**kw)
+
+    @classmethod
+    def cpu_smoke(cls, **kw) -> "Settings":
+        base = dict(
+            backend="interpret", attn_cases=(ATTN_CASES[0], ATTN_CASES[2]),
+            rej_cases=(REJ_CASES[1],), timing_models={"tiny-llama": (4, 2, 16, 512)},
+            attn_points=((2, 3, 40),), attn_points_short=(), rej_points=((2, 2, False),),
+            rej_points_short=(), timing_reps=2, chain=2, builtin=False,
+            e2e_pair=("tiny-llama", "tiny-llama-draft"), e2e_batch=2, e2e_prompt_len=8,
+            e2e_max_tokens=6, e2e_k=1, profile_pair=("tiny-llama", "tiny-llama-draft"),
+            # the e2e XLA engine's shapes: its step program is the profile's (a compilation
+            # cache, as the test suite has, compiles it once)
+            profile_buckets=(2,), profile_contexts=(16,), profile_max_k=1, profile_max_seq_len=22,
+            profile_repeats=1, profile_warmup_reps=0)
+        return cls(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- helpers
+
+def device_info() -> dict:
+    dev = jax.devices()[0]
+    info = {"device_kind": dev.device_kind, "platform": dev.platform, "num_devices": jax.device_count(),
+            "jax": jax.__version__, "python": _platform.python_version()}
+    try:
+        import flax
+        info["flax"] = flax.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    peak = hardware_peaks(dev.device_kind)
+    if peak:
+        info["hbm_bytes_per_s"], info["bf16_flops_per_s"] = peak
+    return info
+
+
+def hardware_peaks(device_kind: str) -> tuple[float, float] | None:
+    """(HBM bytes/s, dense bf16 FLOP/s) of a known device kind, else None."""
+    for name, bw, flops in _HARDWARE:
+        if name.lower() in device_kind.lower():
+            return bw, flops
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _guard(fn: Callable, *args, **kw) -> dict:
+    """fn(...) as a dict, or {"error": first line, "traceback": ...} when it raises."""
+    try:
+        return fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001  (a device check reports, it does not stop)
+        return {"error": _first_line(e), "traceback": traceback.format_exc(limit=8)}
+
+
+def time_chain(step: Callable, x, consts: Sequence, reps: int, chain: int) -> float:
+    """Seconds per call of `step(x, *consts) -> x'` (x' like x): a jitted chain of `chain`
+    dependent calls, the median of `reps` timed dispatches divided by `chain` (one dispatch's
+    overhead is spread over the chain; each call waits on the one before)."""
+    def chained(x, *consts):
+        for _ in range(chain):
+            x = step(x, *consts)
+        return x
+
+    f = jax.jit(chained)
+    jax.block_until_ready(f(x, *consts))  # compile + warm
+    jax.block_until_ready(f(x, *consts))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(x, *consts))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / chain
+
+
+# --------------------------------------------------------------------------- kernels: correctness
+
+def _positions(rng, B, T, S, kinds):
+    """Query positions per row kind (as tests/test_kernels.py)."""
+    rows = []
+    for b in range(B):
+        kind = kinds[b % len(kinds)]
+        if kind == "neg":
+            rows.append(np.full(T, -1))
+            continue
+        if kind == "one":
+            start = 0
+        elif kind == "full":
+            start = S - T
+        else:
+            start = min(int(rng.integers(0, S - T + 1)) | 1, S - T)
+        pos = start + np.arange(T)
+        if kind == "pad" and T > 1:
+            pos[T // 2 + 1:] = 0
+        rows.append(pos)
+    return jnp.asarray(np.stack(rows), jnp.int32)
+
+
+def _cache_rows(B, N):
+    rows = (N - 1 - 2 * np.arange(B)) % N
+    if B > 2:
+        rows[-1] = rows[0]
+    return jnp.asarray(rows, jnp.int32)
+
+
+def attention_case(case, backend: str) -> dict:
+    """One attention case: the Pallas kernel against the XLA reference on this device."""
+    B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, kinds = case
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    N = B + 2
+    dt = jnp.dtype(dtype)
+    q = jnp.asarray(rng.standard_normal((B, T, Hq, D)), dt)
+    k = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dt)
+    v = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dt)
+    pos, rows = _positions(rng, B, T, S, kinds), _cache_rows(B, N)
+    ref = np.asarray(jax.jit(verify_attention_xla)(q, k, v, pos, rows), np.float32)
+    fn = functools.partial(attention_pallas.verify_attention, interpret=backend == "interpret",
+                           platform="gpu" if backend == "interpret" else None, block_k=block_k,
+                           num_splits=num_splits)
+    out = np.asarray(jax.jit(fn)(q, k, v, pos, rows), np.float32)
+    nan_ok = bool(np.array_equal(np.isnan(out), np.isnan(ref)))
+    ok_mask = ~np.isnan(ref)
+    err = float(np.max(np.abs(out[ok_mask] - ref[ok_mask])) / np.max(np.abs(ref[ok_mask])))
+    tol = TOL[dtype]
+    return {"case": f"B{B}-T{T}-Hq{Hq}-Hkv{Hkv}-S{S}-D{D}-{dtype}", "rel_err": err, "tol": tol,
+            "nan_match": nan_ok, "ok": nan_ok and err < tol}
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def rejection_inputs(seed, B, K, V, *, one_hot_q=False, greedy_rows=(), equal_rows=()):
+    """As tests/test_kernels.py: p close to q, drafts from q, some greedy rows and p == q rows."""
+    rng = np.random.default_rng(seed)
+    q = _softmax(2.0 * rng.standard_normal((B, K, V)))
+    p = _softmax(np.log(np.concatenate([q, _softmax(rng.standard_normal((B, 1, V)))], 1))
+                 + 0.7 * rng.standard_normal((B, K + 1, V)))
+    d = np.array([[rng.choice(V, p=q[b, i] / q[b, i].sum()) for i in range(K)]
+                  for b in range(B)], np.int32).reshape(B, K)
+    for b in equal_rows:
+        p[b, :K] = q[b]
+    for b in greedy_rows:
+        top = p[b].argmax(-1)
+        p[b] = 0.0
+        p[b, np.arange(K + 1), top] = 1.0
+        d[b] = np.where(rng.random(K) < 0.7, top[:K], d[b])
+    u = rng.random((B, K)).astype(np.float32)
+    g = rng.gumbel(size=(B, K + 1, V)).astype(np.float32)
+    return (jnp.asarray(p), None if one_hot_q else jnp.asarray(q), jnp.asarray(d),
+            jnp.asarray(u), jnp.asarray(g))
+
+
+def rejection_case(case, backend: str) -> dict:
+    """One rejection-sampling case: Pallas tokens and counts equal to the XLA reference's."""
+    B, K, V, one_hot_q, greedy, equal, block_v, splits = case
+    args = rejection_inputs(B * 1000 + K * 10 + V, B, K, V, one_hot_q=one_hot_q,
+                            greedy_rows=greedy, equal_rows=equal)
+    n_ref, t_ref = jax.jit(rejection_sample_xla)(*args)
+    fn = functools.partial(rejection_pallas.rejection_sample, interpret=backend == "interpret",
+                           platform="gpu" if backend == "interpret" else None, block_v=block_v,
+                           num_splits=splits)
+    n, t = jax.jit(fn)(*args)
+    same = bool(np.array_equal(np.asarray(n), np.asarray(n_ref))
+                and np.array_equal(np.asarray(t), np.asarray(t_ref)))
+    return {"case": f"B{B}-K{K}-V{V}{'-onehotq' if one_hot_q else ''}", "tokens_identical": same,
+            "ok": same}
+
+
+def check_kernels(s: Settings) -> dict:
+    attn = [_guard(attention_case, c, s.backend) for c in s.attn_cases]
+    rej = [_guard(rejection_case, c, s.backend) for c in s.rej_cases]
+    rows = attn + rej
+    return {"backend": s.backend, "attention": attn, "rejection": rej,
+            "passed": sum(bool(r.get("ok")) for r in rows), "total": len(rows)}
+
+
+# --------------------------------------------------------------------------- kernels: timings
+
+def attention_roofline(B, T, Hq, Hkv, L, D, itemsize=2, splits=1, r_pad=None) -> dict:
+    """ROOFLINE.md §1 byte and FLOP counts of one verify-attention call."""
+    kv = B * Hkv * L * D * 2 * itemsize
+    qo = B * T * Hq * D * 2 * itemsize
+    r_pad = r_pad or T * (Hq // Hkv)
+    partials = 0 if splits == 1 else 2 * B * Hkv * splits * r_pad * (D + 2) * 4
+    return {"kv_bytes": kv, "qo_bytes": 2 * qo, "partial_bytes": partials,
+            "ideal_bytes": kv + qo, "bytes": kv + 2 * qo + partials,
+            "flops": 4 * B * T * Hq * L * D}
+
+
+def rejection_roofline(B, K, V, one_hot_q) -> dict:
+    """ROOFLINE.md §2: p, q (dense only) and the noise, each read once in f32."""
+    byt = 4 * V * B * ((K + 1) + (0 if one_hot_q else K) + (K + 1))
+    return {"bytes": byt, "ideal_bytes": byt, "logs": B * (2 * K + 1) * V}
+
+
+def _with_floor(row: dict, seconds: float, bw: float | None) -> dict:
+    row = dict(row)
+    row["us"] = seconds * 1e6
+    row["achieved_GBps"] = row["ideal_bytes"] / seconds / 1e9
+    if bw:
+        row["floor_us"] = row["ideal_bytes"] / bw * 1e6
+        row["fraction_of_floor"] = row["floor_us"] / row["us"]
+    return row
+
+
+def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
+    Hq, Hkv, D, _ = shape
+    B, T, L = point
+    S = max(2048, L) + 9
+    dt = jnp.dtype(s.dtype)
+    keys = jax.random.split(jax.random.PRNGKey(B * 7 + T * 131 + L), 3)
+    q = jax.random.normal(keys[0], (B, T, Hq, D), dt)
+    kc = jax.random.normal(keys[1], (B, Hkv, S, D), dt)
+    vc = jax.random.normal(keys[2], (B, Hkv, S, D), dt)
+    pos = jnp.broadcast_to(jnp.arange(L - T, L, dtype=jnp.int32), (B, T))
+    rows = jnp.arange(B, dtype=jnp.int32)
+    out = {"model": model, "B": B, "T": T, "L": L, "S": S}
+    if jax.default_backend() == "gpu":
+        r_pad, block_k, splits, _ = attention_pallas.gpu_config(B, T, Hq, Hkv, S, D)
+        out.update(splits=splits, r_pad=r_pad, block_k=block_k)
+    else:
+        r_pad, splits = None, 1
+    roof = attention_roofline(B, T, Hq, Hkv, L, D, dt.itemsize, splits, r_pad)
+    tiny = jnp.asarray(1e-30, dt)  # keeps each call dependent on the last, values unchanged
+
+    def step(backend):
+        def f(q, kc, vc, pos, rows, tiny):
+            o = kernels.verify_attention(q, kc, vc, pos, rows, backend=backend)
+            return (q + tiny * o).astype(q.dtype)
+        return f
+
+    for backend in ("xla", s.backend):
+        res = _guard(lambda b=backend: {"t": time_chain(step(b), q, (kc, vc, pos, rows, tiny),
+                                                       s.timing_reps, s.chain)})
+        out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
+    if "us" in out["xla"] and "us" in out[s.backend]:
+        out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
+    del q, kc, vc
+    gc.collect()
+    return out
+
+
+def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
+    V = shape[3]
+    B, K, one_hot_q = point
+    keys = jax.random.split(jax.random.PRNGKey(B * 13 + K), 5)
+    p = jax.nn.softmax(jax.random.normal(keys[0], (B, K + 1, V)), -1)
+    q = None if one_hot_q else jax.nn.softmax(jax.random.normal(keys[1], (B, K, V)), -1)
+    d = jax.random.randint(keys[2], (B, K), 0, V, jnp.int32)
+    u = jax.random.uniform(keys[3], (B, K))
+    g = jax.random.gumbel(keys[4], (B, K + 1, V))
+    roof = rejection_roofline(B, K, V, one_hot_q)
+    out = {"model": model, "B": B, "K": K, "V": V, "q": "one-hot" if one_hot_q else "dense"}
+    tiny = jnp.float32(1e-30)
+
+    def step(backend):
+        def f(u, p, q, d, g, tiny):
+            n, t = kernels.rejection_sample(p, q, d, u, g, backend=backend)
+            return u + tiny * (n[:, None] + t[:, :K]).astype(u.dtype)
+        return f
+
+    for backend in ("xla", s.backend):
+        res = _guard(lambda b=backend: {"t": time_chain(step(b), u, (p, q, d, g, tiny),
+                                                       s.timing_reps, s.chain)})
+        out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
+    if "us" in out["xla"] and "us" in out[s.backend]:
+        out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
+    del p, q, g
+    gc.collect()
+    return out
+
+
+def time_kernels(s: Settings) -> dict:
+    info = device_info()
+    bw = info.get("hbm_bytes_per_s")
+    attn, rej = [], []
+    for i, (model, shape) in enumerate(s.timing_models.items()):
+        for point in (s.attn_points if i == 0 else s.attn_points_short):
+            attn.append(_guard(time_attention, model, shape, point, s, bw))
+        for point in (s.rej_points if i == 0 else s.rej_points_short):
+            rej.append(_guard(time_rejection, model, shape, point, s, bw))
+    return {"backend": s.backend, "dtype": s.dtype, "hbm_bytes_per_s": bw, "chain": s.chain,
+            "reps": s.timing_reps, "attention": attn, "rejection": rej}
+
+
+# --------------------------------------------------------------------------- end to end
+
+def _random_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, size=length - i % 3).tolist() for i in range(n)]
+
+
+def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: int,
+                   tokenizer=None) -> dict:
+    """Greedy and sampled generation with each backend; tokens compared with the first's."""
+    import dsd_jax as dsd
+    out: dict[str, Any] = {"prompts": len(prompts), "max_tokens": s.e2e_max_tokens, "k": s.e2e_k}
+    tokens: dict[str, dict] = {}
+    for backend in backends:
+        engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.e2e_k),
+                                max_batch_size=len(prompts), max_seq_len=max_seq_len,
+                                batch_buckets=(len(prompts),), prefill_chunk=64,
+                                tokenizer=tokenizer, backend=backend)
+        runs = {}
+        for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+            params = [dsd.SamplingParams(temperature=temp, max_tokens=s.e2e_max_tokens, seed=i)
+                      for i in range(len(prompts))]
+            t0 = time.perf_counter()
+            first = engine.generate(prompts, params)  # compiles what it needs
+            t1 = time.perf_counter()
+            again = engine.generate(prompts, params)
+            t2 = time.perf_counter()
+            runs[name] = [o.token_ids for o in again]
+            out.setdefault(backend, {})[name] = {
+                "first_call_s": round(t1 - t0, 3), "second_call_s": round(t2 - t1, 3),
+                "tokens": sum(len(o.token_ids) for o in again),
+                "deterministic": [o.token_ids for o in first] == runs[name]}
+        out[backend]["kernel_backends"] = engine.kernel_backends
+        out[backend]["mean_accepted_len"] = _mean_accepted(engine)
+        tokens[backend] = runs
+        del engine
+        gc.collect()
+    ref = tokens[backends[0]]
+    for backend in backends[1:]:
+        for name in ref:
+            a, b = ref[name], tokens[backend][name]
+            out.setdefault("identical", {})[f"{backend}/{name}"] = a == b
+            if a != b:
+                out.setdefault("first_divergence", {})[f"{backend}/{name}"] = [
+                    next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), min(len(r), len(t)))
+                    if r != t else None for r, t in zip(a, b)]
+    out["tokens_identical"] = all(out.get("identical", {}).values())
+    return out
+
+
+def _mean_accepted(engine) -> float | None:
+    try:
+        m = engine.metrics()
+        return m.get("mean_accepted_len")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def e2e_builtin(s: Settings) -> dict:
+    from dsd_jax import models
+    target, draft, tok = models.builtin(dtype="float32")
+    prompts = [tok.encode(p).ids[-48:] for p in models.heldout_prompts(s.e2e_batch)]
+    res = _generate_both(target, draft, prompts, s, ("xla", s.backend), 48 + s.e2e_max_tokens + 8, tok)
+    return {"pair": "builtin (float32)", **res}
+
+
+def e2e_synthetic(s: Settings) -> dict:
+    from dsd_jax.models import synthetic
+    t_name, d_name = s.e2e_pair
+    target = synthetic(t_name, dtype=s.dtype, seed=0)
+    draft = synthetic(d_name, dtype=s.dtype, seed=1)
+    prompts = _random_prompts(target.config.vocab_size, s.e2e_batch, s.e2e_prompt_len)
+    res = _generate_both(target, draft, prompts, s, ("xla", s.backend),
+                         s.e2e_prompt_len + s.e2e_max_tokens + 8)
+    del target, draft
+    gc.collect()
+    return {"pair": f"{t_name} + {d_name} ({s.dtype}, random weights)", **res}
+
+
+def end_to_end(s: Settings) -> dict:
+    out = {}
+    if s.builtin:
+        out["builtin"] = _guard(e2e_builtin, s)
+    out["synthetic"] = _guard(e2e_synthetic, s)
+    out["tokens_identical"] = all(r.get("tokens_identical") is True for r in out.values())
+    return out
+
+
+# --------------------------------------------------------------------------- profile
+
+@contextlib.contextmanager
+def _given_acceptance(acceptance: Sequence[float]):
+    """Makes `profile_engine` record `acceptance` instead of measuring it (random weights
+    accept nothing meaningful): its acceptance runs are skipped."""
+    from dsd_jax import profiler
+    real = profiler._measure_acceptance
+    profiler._measure_acceptance = lambda engine, prompts, t, n: (list(acceptance), 0)
+    try:
+        yield
+    finally:
+        profiler._measure_acceptance = real
+
+
+def profile_with_acceptance(engine, acceptance: Sequence[float], **kw):
+    """`profiler.profile_engine(engine, **kw)` with the acceptance given, not measured: the
+    latency table is measured on this device, a_1..a_max_k are `acceptance` (at least
+    max_k values; extra ones are dropped). Returns the `Profile`."""
+    from dsd_jax.profiler import profile_engine
+    acc = [float(a) for a in acceptance]
+    if len(acc) < engine.max_k:
+        raise ValueError(f"need at least max_k={engine.max_k} acceptance values, got {len(acc)}")
+    acc = acc[:engine.max_k]
+    with _given_acceptance(acc):
+        prof = profile_engine(engine, prompts=[[1]], temperatures=(0.0,), **kw)
+    prof.meta["acceptance_source"] = "given"
+    prof.meta.pop("acceptance_rows_observed", None)
+    return prof
+
+
+def k_schedule(profile, acceptance: Sequence[float], context_len: float | None = None,
+               batch_sizes: Sequence[int] | None = None) -> list[dict]:
+    """argmax_K AL(K) / ITL(B, K) per batch size (the goodput rule, no margin), with
+    AL(K) = 1 + a_1 + ... + a_K over the profile's Ks."""
+    acc = list(acceptance)[:profile.max_k]
+    acc += [0.0] * (profile.max_k - len(acc))
+    al = np.concatenate([[1.0], 1.0 + np.cumsum(acc)])
+    rows = []
+    for b in batch_sizes or profile.batch_sizes:
+        itl = np.array([profile.itl_ms(b, k, context_len) for k in profile.ks])
+        good = al[np.asarray(profile.ks)] / itl
+        best = int(profile.ks[int(np.argmax(good))])
+        rows.append({"B": int(b), "best_k": best, "itl_ms": itl.round(4).tolist(),
+                     "goodput_tok_per_ms_row": good.round(4).tolist(),
+                     "speedup_vs_k0": float(good.max() / good[0])})
+    return rows
+
+
+def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
+    """[[start_bs, end_bs, K], ...] (vLLM's per-batch-size format) from `k_schedule` rows."""
+    out: list[list[int]] = []
+    for r in rows:
+        if out and out[-1][2] == r["best_k"]:
+            out[-1][1] = r["B"]
+        else:
+            out.append([r["B"], r["B"], r["best_k"]])
+    return out
+
+
+def profile_pair(s: Settings, out_dir: str | None = None) -> dict:
+    import dsd_jax as dsd
+    from dsd_jax.models import synthetic
+    from dsd_jax.profiler import format_profile
+    t_name, d_name = s.profile_pair
+    target = synthetic(t_name, dtype=s.dtype, seed=0)
+    draft = synthetic(d_name, dtype=s.dtype, seed=1)
+    buckets = tuple(s.profile_buckets)
+    engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.profile_max_k),
+                            max_batch_size=buckets[-1],
+                            max_seq_len=s.profile_max_seq_len or max(s.profile_contexts) + 64,
+                            batch_buckets=buckets, backend="auto")
+    del target, draft
+    t0 = time.perf_counter()
+    prof = profile_with_acceptance(engine, s.acceptance, context_lengths=s.profile_contexts,
+                                   repeats=s.profile_repeats, warmup_reps=s.profile_warmup_reps)
+    prof.meta["synthetic"] = {"target": t_name, "draft": d_name, "dtype": s.dtype}
+    path = None
+    if out_dir:
+        path = os.path.join(out_dir, "profile.json")
+        prof.save(path)
+    schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
+    res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
+           "seconds": round(time.perf_counter() - t0, 1), "profile_path": path,
+           "batch_sizes": list(prof.batch_sizes), "ks": list(prof.ks),
+           "context_lengths": list(prof.context_lengths), "latency_ms": prof.latency_ms,
+           "latency_ms_raw": prof.meta.get("latency_ms_raw"), "acceptance": list(prof.acceptance),
+           "k_schedule": schedules,
+           "k_schedule_ranges": {c: schedule_ranges(r) for c, r in schedules.items()},
+           "vllm_h100_schedule": VLLM_H100_SCHEDULE, "table": format_profile(prof)}
+    del engine
+    gc.collect()
+    return res
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def format_report(results: dict) -> str:
+    info = results.get("device", {})
+    lines = [f"device_check: {info.get('device_kind')} ({info.get('platform')}), jax {info.get('jax')}, "
+             f"mode {results.get('mode')}", ""]
+    k = results.get("kernels")
+    if k:
+        lines.append(f"## Kernels on the device ({k.get('backend')} vs xla): {k.get('passed')}/{k.get('total')} passed")
+        for r in k.get("attention", []):
+            lines.append(f"  attention {r.get('case', '?')}: " + (
+                f"rel err {r['rel_err']:.2e} (tol {r['tol']:.0e}), NaN match {r['nan_match']} -> "
+                f"{'OK' if r['ok'] else 'FAIL'}" if "rel_err" in r else f"ERROR {r.get('error')}"))
+        for r in k.get("rejection", []):
+            lines.append(f"  rejection {r.get('case', '?')}: " + (
+                f"tokens identical {r['tokens_identical']} -> {'OK' if r['ok'] else 'FAIL'}"
+                if "ok" in r else f"ERROR {r.get('error')}"))
+        lines.append("")
+    t = results.get("timings")
+    if t:
+        be = t.get("backend")
+        lines.append(f"## Kernel timings ({t.get('dtype')}; us per call, chain of {t.get('chain')}; "
+                     f"floor = ideal bytes / {_fmt((t.get('hbm_bytes_per_s') or 0) / 1e12, '.2f')} TB/s)")
+        lines.append(f"  attention  model          B   T     L |  xla us  {be} us | floor us | "
+                     f"{be} GB/s  frac | xla frac | speedup")
+        for r in t.get("attention", []):
+            if "error" in r:
+                lines.append(f"  attention ERROR {r['error']}")
+                continue
+            x, p = r.get("xla", {}), r.get(be, {})
+            lines.append(f"  attention  {r['model']:<12} {r['B']:>3} {r['T']:>3} {r['L']:>5} | "
+                         f"{_fmt(x.get('us')):>7} {_fmt(p.get('us')):>9} | {_fmt(p.get('floor_us', x.get('floor_us'))):>8} | "
+                         f"{_fmt(p.get('achieved_GBps'), '.0f'):>7} {_fmt(p.get('fraction_of_floor'), '.2f'):>5} | "
+                         f"{_fmt(x.get('fraction_of_floor'), '.2f'):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
+                         + (f"  [{be}: {p['error']}]" if "error" in p else "")
+                         + (f"  [xla: {x['error']}]" if "error" in x else ""))
+        lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us | floor us | "
+                     f"{be} GB/s  frac | xla frac | speedup")
+        for r in t.get("rejection", []):
+            if "error" in r:
+                lines.append(f"  rejection ERROR {r['error']}")
+                continue
+            x, p = r.get("xla", {}), r.get(be, {})
+            lines.append(f"  rejection  {r['model']:<12} {r['B']:>3} {r['K']:>3}  {r['q']:<7} | "
+                         f"{_fmt(x.get('us')):>7} {_fmt(p.get('us')):>9} | {_fmt(p.get('floor_us', x.get('floor_us'))):>8} | "
+                         f"{_fmt(p.get('achieved_GBps'), '.0f'):>7} {_fmt(p.get('fraction_of_floor'), '.2f'):>5} | "
+                         f"{_fmt(x.get('fraction_of_floor'), '.2f'):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
+                         + (f"  [{be}: {p['error']}]" if "error" in p else "")
+                         + (f"  [xla: {x['error']}]" if "error" in x else ""))
+        lines.append("")
+    e = results.get("e2e")
+    if e:
+        lines.append(f"## End to end: tokens identical across backends: {e.get('tokens_identical')}")
+        for key in ("builtin", "synthetic"):
+            r = e.get(key)
+            if not r:
+                continue
+            if "error" in r:
+                lines.append(f"  {key}: ERROR {r['error']}")
+                continue
+            lines.append(f"  {r['pair']}: K={r['k']}, {r['prompts']} prompts x {r['max_tokens']} tokens; "
+                         f"identical {r.get('identical')}")
+            for be, v in r.items():
+                if isinstance(v, dict) and "kernel_backends" in v:
+                    lines.append(f"    {be}: kernels {v['kernel_backends']}; greedy "
+                                 f"{v['greedy']['second_call_s']} s, sampled {v['sampled']['second_call_s']} s "
+                                 f"(first calls {v['greedy']['first_call_s']} / {v['sampled']['first_call_s']} s)")
+            if r.get("first_divergence"):
+                lines.append(f"    first divergence per prompt: {r['first_divergence']}")
+        lines.append("")
+    p = results.get("profile")
+    if p:
+        if "error" in p:
+            lines.append(f"## ITL(B, K) profile: ERROR {p['error']}")
+        else:
+            lines.append(f"## ITL(B, K) profile of {p['pair']} (kernels {p['kernel_backends']}, "
+                         f"{p['seconds']} s)")
+            lines.append(p["table"])
+            lines.append(f"K schedule from the goodput rule with a_i = {list(p['acceptance'])}:")
+            for c, ranges in p["k_schedule_ranges"].items():
+                lines.append(f"  context {c}: [start_bs, end_bs, K] = {ranges}")
+            lines.append(f"vLLM PR, profiled on an H100: {p['vllm_h100_schedule']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "device_check.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "device_check.txt"), "w") as f:
+        f.write(format_report(results))
+
+
+def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mode: str = "gpu",
+        log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> dict:
+    """Runs `sections` in order, rewriting the JSON and text report after each."""
+    bad = [x for x in sections if x not in SECTIONS]
+    if bad:
+        raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")
+    results: dict[str, Any] = {"mode": mode, "device": device_info(),
+                               "settings": dataclasses.asdict(settings), "seconds": {}}
+    steps = {"kernels": check_kernels, "timings": time_kernels, "e2e": end_to_end,
+             "profile": lambda s: profile_pair(s, out_dir)}
+    for name in sections:
+        log(f"device_check: {name} ...")
+        t0 = time.perf_counter()
+        results[name] = _guard(steps[name], settings)
+        results["seconds"][name] = round(time.perf_counter() - t0, 1)
+        log(f"device_check: {name} done in {results['seconds'][name]} s"
+            + (f" (ERROR {results[name]['error']})" if "error" in results[name] else ""))
+        write_results(results, out_dir)
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="device_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for device_check.{json,txt}, profile.json")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, interpret mode, on the CPU")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--profile-buckets", metavar="B,B,...", help="batch buckets of the ITL profile")
+    p.add_argument("--profile-contexts", metavar="N,N,...", help="context lengths of the ITL profile")
+    p.add_argument("--no-builtin", action="store_true", help="skip the built-in pair in e2e")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    kw: dict[str, Any] = {}
+    if args.profile_buckets:
+        kw["profile_buckets"] = tuple(int(x) for x in args.profile_buckets.split(","))
+    if args.profile_contexts:
+        kw["profile_contexts"] = tuple(int(x) for x in args.profile_contexts.split(","))
+    if args.no_builtin:
+        kw["builtin"] = False
+    settings = Settings.cpu_smoke(**kw) if args.cpu_smoke else Settings.gpu(**kw)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    results = run(args.out, settings, sections, mode="cpu-smoke" if args.cpu_smoke else "device")
+    print(format_report(results))
+    return 0

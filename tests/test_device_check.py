@@ -1,0 +1,90 @@
+"""benchmarks/device_check.py: the CPU smoke run end to end (interpret mode, tiny shapes),
+its cases kept equal to tests/test_kernels.py, the roofline arithmetic and the K schedule."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dsd_jax import device_check as dc
+from dsd_jax.profile import Profile
+
+
+def test_cpu_smoke_end_to_end(tmp_path):
+    out = tmp_path / "dc"
+    assert dc.main(["--cpu-smoke", "--out", str(out)]) == 0
+    res = json.loads((out / "device_check.json").read_text())
+    assert res["mode"] == "cpu-smoke" and set(dc.SECTIONS) <= set(res)
+    k = res["kernels"]
+    assert k["backend"] == "interpret" and k["passed"] == k["total"] > 0
+    for row in res["timings"]["attention"] + res["timings"]["rejection"]:
+        assert row["xla"]["us"] > 0 and row["interpret"]["us"] > 0, row
+    e2e = res["e2e"]
+    assert e2e["tokens_identical"] is True, e2e
+    assert e2e["synthetic"]["interpret"]["kernel_backends"] == {"attention": "interpret",
+                                                                "rejection": "interpret"}
+    prof = res["profile"]
+    assert "error" not in prof, prof
+    assert prof["acceptance"] == list(dc.VLLM_ACCEPTANCE[:1])
+    assert prof["k_schedule_ranges"]["16"][0][:2] == [2, 2]
+    loaded = Profile.load(prof["profile_path"])
+    assert loaded.meta["acceptance_source"] == "given" and loaded.acceptance == [0.681]
+    report = (out / "device_check.txt").read_text()
+    for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
+                    "## ITL(B, K) profile", "vLLM PR, profiled on an H100"):
+        assert heading in report
+
+
+def test_cases_are_the_cpu_tests():
+    import test_kernels as tk
+    gpu_attn = [c[1:] for c in tk.ATTN_CASES if c[0] == "gpu"]
+    assert [(*c[:6], np.dtype(c[6]).name, *c[7:]) for c in gpu_attn] == [tuple(c) for c in dc.ATTN_CASES]
+    assert [tuple(c) for c in tk.REJ_CASES] == [tuple(c) for c in dc.REJ_CASES]
+    assert {n: tuple(v) for n, v in tk.MODELS.items()} == dc.TIMING_MODELS
+    assert {np.dtype(k).name: v for k, v in tk.TOL.items()} == dc.TOL
+
+
+def test_roofline_matches_roofline_md():
+    # ROOFLINE.md §1, B 8, T 5, L 2048: KV 67.1 MB, q/o + pack 1.31 MB, partials 6.39 MB, 74.8 MB
+    r = dc.attention_roofline(8, 5, 32, 8, 2048, 128, itemsize=2, splits=3, r_pad=32)
+    assert r["kv_bytes"] == 67_108_864 and r["qo_bytes"] == 1_310_720
+    assert r["partial_bytes"] == 6_389_760 and round(r["bytes"] / 1e6, 1) == 74.8
+    assert r["flops"] == 4 * 8 * 5 * 32 * 2048 * 128
+    # §2, B 8, K 4: dense 57.5 MB, one-hot 41.0 MB
+    assert round(dc.rejection_roofline(8, 4, 128256, False)["bytes"] / 1e6, 1) == 57.5
+    assert round(dc.rejection_roofline(8, 4, 128256, True)["bytes"] / 1e6, 1) == 41.0
+    assert dc.hardware_peaks("NVIDIA H100 80GB HBM3") == (3.35e12, 990e12)
+    assert dc.hardware_peaks("NVIDIA H100 PCIe")[0] == 2.0e12
+    assert dc.hardware_peaks("cpu") is None
+
+
+def _profile(latency_ms):
+    return Profile(device_kind="test", platform="cpu", jax_version="0", method="draft_model",
+                   fingerprints={}, batch_sizes=[1, 16, 64, 256], ks=[0, 1, 2, 3],
+                   context_lengths=[512], latency_ms=[latency_ms], acceptance=[0.7, 0.4, 0.2])
+
+
+def test_k_schedule_from_goodput():
+    # step time grows with K much faster at large B: the best K falls from 3 to 0
+    lat = [[10, 11, 12, 13], [12, 13, 14, 15], [20, 30, 40, 50], [40, 70, 100, 130]]
+    rows = dc.k_schedule(_profile(lat), dc.VLLM_ACCEPTANCE)
+    assert [r["best_k"] for r in rows] == [3, 3, 1, 0]
+    al = 1 + np.cumsum([0, 0.681, 0.391, 0.204])
+    assert rows[2]["goodput_tok_per_ms_row"] == pytest.approx(list(al / np.array(lat[2])), abs=1e-4)
+    assert dc.schedule_ranges(rows) == [[1, 16, 3], [64, 64, 1], [256, 256, 0]]
+
+
+def test_given_acceptance_needs_max_k_values():
+    class E:
+        max_k = 3
+    with pytest.raises(ValueError, match="at least max_k=3"):
+        dc.profile_with_acceptance(E(), [0.5, 0.2])
+
+
+def test_script_is_a_thin_wrapper():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "benchmarks", "device_check.py")).read()
+    assert "from dsd_jax.device_check import main" in text

@@ -1,6 +1,7 @@
 """The `dsd-jax` command line: `profile`, `generate`, `bench`, `demo`.
 
     dsd-jax profile --target T --draft D --context-lengths 128,512 --out profile.json
+    dsd-jax profile --synthetic llama-3.1-8b --draft-synthetic llama-3.2-1b --acceptance 0.68,0.39,0.2,0.1
     dsd-jax generate --prompts prompts.txt --profile profile.json --temperature 0 > out.jsonl
     dsd-jax bench --quick --json bench.json
     dsd-jax demo --out-dir ./dsd_jax_demo
@@ -225,22 +226,57 @@ def _acceptance_prompts(cmd: str, args, tokenizer, source: str, spec) -> list[li
     return loading.encode_prompts(texts, tokenizer, flag="--prompts")
 
 
+def _synthetic_models(cmd: str, args):
+    """--synthetic / --draft-synthetic: real shapes, random weights (`models.synthetic`)."""
+    from dsd_jax.models.synthetic import SYNTHETIC_CONFIGS, synthetic
+    if args.target or args.hf_target or args.draft or args.hf_draft:
+        _fail(cmd, "--synthetic", "give synthetic models or checkpoints (--target/--hf-target), not both")
+    for flag, name in (("--synthetic", args.synthetic), ("--draft-synthetic", args.draft_synthetic)):
+        if name is not None and name.lower() not in SYNTHETIC_CONFIGS:
+            _fail(cmd, flag, f"unknown model {name!r}; known: {', '.join(SYNTHETIC_CONFIGS)}")
+    if args.synthetic is None:
+        _fail(cmd, "--draft-synthetic", "needs --synthetic TARGET")
+    vocab = {n: SYNTHETIC_CONFIGS[n.lower()]["vocab_size"] for n in (args.synthetic, args.draft_synthetic) if n}
+    if args.draft_synthetic and vocab[args.draft_synthetic] != vocab[args.synthetic]:
+        _fail(cmd, "--draft-synthetic", f"vocabulary {vocab[args.draft_synthetic]} differs from the "
+              f"target's {vocab[args.synthetic]}; pick a draft of the same family")
+    dtype = args.dtype or "bfloat16"
+    target = synthetic(args.synthetic, dtype=dtype, seed=0)
+    draft = None if args.draft_synthetic is None else synthetic(args.draft_synthetic, dtype=dtype, seed=1)
+    return target, draft, None, "synthetic"
+
+
 def cmd_profile(args) -> int:
     cmd = "profile"
     loading.output_file("--out", args.out)
     if args.prompts:
         loading.existing_file("--prompts", args.prompts)
-    target, draft, tokenizer, source = loading.load_models(args)
+    if args.synthetic or args.draft_synthetic:
+        target, draft, tokenizer, source = _synthetic_models(cmd, args)
+    else:
+        args.dtype = args.dtype or "float32"
+        target, draft, tokenizer, source = loading.load_models(args)
     spec = _load_spec(cmd, args, draft is not None)
     if spec.dynamic is not None:
         spec = spec.replace(dynamic=None)  # profiling runs fixed Ks; no profile needed yet
     ctx = _context_lengths(cmd, args)
-    prompts = _acceptance_prompts(cmd, args, tokenizer, source, spec)
+    if args.acceptance is not None:
+        if any(not 0.0 <= a <= 1.0 for a in args.acceptance):
+            _fail(cmd, "--acceptance", f"values must be probabilities in [0, 1], got {args.acceptance}")
+        if len(args.acceptance) < spec.max_k:
+            _fail(cmd, "--acceptance", f"give a_1..a_K for every K up to {spec.max_k} "
+                  f"(num_speculative_tokens), got {len(args.acceptance)} values")
+        prompts = None
+    else:
+        if source == "synthetic" and spec.max_k > 0:
+            print("dsd-jax profile: note: random weights accept nothing meaningful; pass --acceptance "
+                  "a1,a2,... (e.g. a published per-position curve)", file=sys.stderr)
+        prompts = _acceptance_prompts(cmd, args, tokenizer, source, spec)
 
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec)
     from dsd_jax.profiler import format_profile, profile_engine
     n_cells = len(ctx) * len(engine.batch_buckets) * (engine.max_k + 1)
-    total = n_cells + (len(args.temperatures) if engine.max_k > 0 else 0)
+    total = n_cells + (len(args.temperatures) if engine.max_k > 0 and args.acceptance is None else 0)
     bar = _progress_bar(args, total, "profile (B, K, context) cells", "cell")
 
     def progress(done, total_):
@@ -249,16 +285,25 @@ def cmd_profile(args) -> int:
             bar.set_description("profile acceptance runs")
 
     try:
-        prof = profile_engine(engine, context_lengths=ctx, repeats=args.repeats,
-                              warmup_reps=args.warmup_reps, prompts=prompts,
-                              acceptance_max_tokens=args.acceptance_max_tokens,
-                              temperatures=args.temperatures, progress=progress,
-                              seed=args.seed or 0)
+        if args.acceptance is not None:  # latency measured here, acceptance as given
+            from dsd_jax.device_check import profile_with_acceptance
+            prof = profile_with_acceptance(engine, args.acceptance, context_lengths=ctx,
+                                           repeats=args.repeats, warmup_reps=args.warmup_reps,
+                                           progress=progress, seed=args.seed or 0)
+        else:
+            prof = profile_engine(engine, context_lengths=ctx, repeats=args.repeats,
+                                  warmup_reps=args.warmup_reps, prompts=prompts,
+                                  acceptance_max_tokens=args.acceptance_max_tokens,
+                                  temperatures=args.temperatures, progress=progress,
+                                  seed=args.seed or 0)
     except ValueError as e:
         _fail(cmd, None, str(e))
     finally:
         bar.close()
     prof.meta["model_source"] = source
+    if source == "synthetic":
+        prof.meta["synthetic"] = {"target": args.synthetic, "draft": args.draft_synthetic,
+                                  "dtype": target.config.dtype}
     prof.save(args.out)
     print(format_profile(prof))
     secs = prof.meta.get("profiler_seconds", {})
@@ -433,8 +478,14 @@ def _add_profile(sub) -> None:
                    help="tokens generated per prompt in the acceptance runs (default 64)")
     p.add_argument("--temperatures", type=_float_list, default=[0.0], metavar="T,T,...",
                    help="acceptance run temperatures; the first is the profile's default (default 0)")
+    p.add_argument("--synthetic", metavar="NAME", help="target: a real config with random weights "
+                   "(dsd_jax.models.synthetic, e.g. llama-3.1-8b, qwen3-8b); default dtype bfloat16")
+    p.add_argument("--draft-synthetic", metavar="NAME", help="draft: likewise (e.g. llama-3.2-1b, qwen3-0.6b)")
+    p.add_argument("--acceptance", type=_float_list, metavar="A1,A2,...",
+                   help="per-position acceptance a_i = P(accepted >= i) to record instead of measuring "
+                        "it (e.g. a published curve; needed with random weights); at least K values")
     p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
-    p.set_defaults(func=cmd_profile)
+    p.set_defaults(func=cmd_profile, dtype=None)  # float32, or bfloat16 for --synthetic
 
 
 def _add_generate(sub) -> None:

@@ -63,3 +63,30 @@ def test_overrides_and_errors():
     assert synthetic_config("Qwen3-8B", dtype="float32").dtype == "float32"
     with pytest.raises(ValueError, match="unknown synthetic model"):
         synthetic_config("gpt-2")
+
+
+def test_cli_profile_synthetic_with_given_acceptance(tmp_path, capsys):
+    import json
+
+    from dsd_jax.cli import main
+    out = tmp_path / "p.json"
+    base = ["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "tiny-llama-draft",
+            "--speculative-config", '{"num_speculative_tokens": 1}', "--max-batch-size", "1",
+            "--max-seq-len", "24", "--context-lengths", "16", "--repeats", "1", "--warmup-reps", "0",
+            "--no-progress", "--out", str(out)]
+    assert main(base + ["--acceptance", "0.681,0.391"]) == 0
+    prof = json.loads(out.read_text())
+    assert prof["acceptance"] == [0.681] and prof["ks"] == [0, 1] and prof["batch_sizes"] == [1]
+    assert prof["meta"]["acceptance_source"] == "given"
+    assert prof["meta"]["synthetic"] == {"target": "tiny-llama", "draft": "tiny-llama-draft",
+                                         "dtype": "bfloat16"}
+    assert "0.681" in capsys.readouterr().out
+    two = list(base)
+    two[6] = '{"num_speculative_tokens": 2}'
+    with pytest.raises(SystemExit, match="--acceptance: give a_1..a_K for every K up to 2"):
+        main(two + ["--acceptance", "0.5"])
+    with pytest.raises(SystemExit, match="--synthetic: unknown model 'gpt-2'"):
+        main(["profile", "--synthetic", "gpt-2", "--out", str(out)])
+    with pytest.raises(SystemExit, match="--draft-synthetic: vocabulary"):
+        main(["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "qwen3-0.6b",
+              "--out", str(out)])

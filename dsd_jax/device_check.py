@@ -111,10 +111,11 @@ class Settings:
     e2e_max_tokens: int = 32
     e2e_k: int = 3
     profile_pair: tuple = ("llama-3.1-8b", "llama-3.2-1b")
-    profile_buckets: Sequence = (1, 4, 16, 32, 64, 128, 256)
+    profile_buckets: Sequence = (1, 16, 32, 64, 128, 256)
     profile_contexts: Sequence = (128, 512)
     profile_max_k: int = 4
     profile_max_seq_len: int | None = None  # None: the longest context + 64
+    compile_threads: int = 8  # step programs compiled in parallel before the profile
     profile_repeats: int = 5
     profile_warmup_reps: int = 2
     acceptance: Sequence = VLLM_ACCEPTANCE
@@ -237,7 +238,8 @@ def attention_case(case, backend: str) -> dict:
     k = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dt)
     v = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dt)
     pos, rows = _positions(rng, B, T, S, kinds), _cache_rows(B, N)
-    ref = np.asarray(jax.jit(verify_attention_xla)(q, k, v, pos, rows), np.float32)
+    with jax.default_matmul_precision("highest"):  # GPU XLA would use TF32 for f32 dots
+        ref = np.asarray(jax.jit(verify_attention_xla)(q, k, v, pos, rows), np.float32)
     fn = functools.partial(attention_pallas.verify_attention, interpret=backend == "interpret",
                            platform="gpu" if backend == "interpret" else None, block_k=block_k,
                            num_splits=num_splits)
@@ -456,6 +458,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
                     next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), min(len(r), len(t)))
                     if r != t else None for r, t in zip(a, b)]
     out["tokens_identical"] = all(out.get("identical", {}).values())
+    out["tokens"] = tokens
     return out
 
 
@@ -467,12 +470,39 @@ def _mean_accepted(engine) -> float | None:
         return None
 
 
+def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
+    """At the first greedy divergence, the target's top-2 logit gap (XLA, full forward): a
+    gap within bf16 rounding means a near-tie, not a kernel bug."""
+    from flax import nnx
+
+    from dsd_jax import models
+    i = next(j for j, d in enumerate(div) if d is not None)
+    seq = list(prompts[i]) + res["tokens"]["xla"]["greedy"][i][:div[i]]
+    n = len(seq)
+    graph, params = nnx.split(target)
+    cfg = target.config
+
+    @jax.jit
+    def last_logits(params, tokens):
+        pos = jnp.arange(n, dtype=jnp.int32)[None]
+        logits, _ = models.forward(graph, params, tokens[None], pos,
+                                   models.init_kv_cache(cfg, 1, n), attn_backend="xla")
+        return logits[0, -1]
+
+    top = np.sort(np.asarray(last_logits(params, jnp.asarray(seq, jnp.int32)), np.float64))[-2:]
+    return {"request": i, "position": div[i], "top2_gap": float(top[1] - top[0]),
+            "top1_logit": float(top[1])}
+
+
 def e2e_builtin(s: Settings) -> dict:
     from dsd_jax import models
     target, draft, tok = models.builtin(dtype="float32")
     prompts = [tok.encode(p).ids[-48:] for p in models.heldout_prompts(s.e2e_batch)]
-    res = _generate_both(target, draft, prompts, s, ("xla", s.backend), 48 + s.e2e_max_tokens + 8, tok)
-    return {"pair": "builtin (float32)", **res}
+    # both backends exact float32 (XLA on a GPU would run f32 dots in TF32, the kernel does not)
+    with jax.default_matmul_precision("highest"):
+        res = _generate_both(target, draft, prompts, s, ("xla", s.backend),
+                             48 + s.e2e_max_tokens + 8, tok)
+    return {"pair": "builtin (float32, matmul precision highest)", **res}
 
 
 def e2e_synthetic(s: Settings) -> dict:
@@ -483,6 +513,9 @@ def e2e_synthetic(s: Settings) -> dict:
     prompts = _random_prompts(target.config.vocab_size, s.e2e_batch, s.e2e_prompt_len)
     res = _generate_both(target, draft, prompts, s, ("xla", s.backend),
                          s.e2e_prompt_len + s.e2e_max_tokens + 8)
+    div = (res.get("first_divergence") or {}).get(f"{s.backend}/greedy")
+    if div:
+        res["greedy_divergence_top2_gap"] = _guard(_divergence_gap, target, prompts, res, div, s)
     del target, draft
     gc.collect()
     return {"pair": f"{t_name} + {d_name} ({s.dtype}, random weights)", **res}
@@ -546,6 +579,21 @@ def k_schedule(profile, acceptance: Sequence[float], context_len: float | None =
     return rows
 
 
+def controller_schedule(profile, context_len: float | None = None) -> list[dict]:
+    """The K the engine's goodput controller (`dsd_jax.controller.Controller`, default
+    `DynamicConfig`: margin, hysteresis) picks first at each profiled batch size, starting
+    from K = 0, with the profile's acceptance as its prior."""
+    from dsd_jax.config import DynamicConfig, SpecConfig
+    from dsd_jax.controller import Controller
+    spec = SpecConfig(num_speculative_tokens=profile.max_k, dynamic=DynamicConfig())
+    rows = []
+    for b in profile.batch_sizes:
+        ctl = Controller(spec, profile, max_batch_size=max(profile.batch_sizes),
+                         batch_buckets=profile.batch_sizes)
+        rows.append({"B": int(b), "best_k": int(ctl.choose_k(int(b), context_len))})
+    return rows
+
+
 def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
     """[[start_bs, end_bs, K], ...] (vLLM's per-batch-size format) from `k_schedule` rows."""
     out: list[list[int]] = []
@@ -555,6 +603,28 @@ def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
         else:
             out.append([r["B"], r["B"], r["best_k"]])
     return out
+
+
+def precompile_steps(engine, ks, buckets, threads: int = 8) -> str:
+    """Compiles the (K, B) step programs ahead of `profile_engine`, `threads` at a time
+    (XLA compiles release the GIL). The largest-K program of the first bucket compiles
+    first, alone: it holds both kernels, so a Pallas fallback happens before the threads
+    start. Anything that fails here is left for `profile_engine` to compile (and report)."""
+    from concurrent.futures import ThreadPoolExecutor
+    ks, buckets = list(ks), list(buckets)
+    programs = engine.programs
+    fallback = programs._fallback
+    try:
+        programs.step(ks[-1], buckets[0])
+        jobs = [(k, b) for b in buckets for k in ks if (k, b) != (ks[-1], buckets[0])]
+        programs._fallback = False  # no kernel switch while threads compile
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            list(pool.map(lambda kb: programs.step(*kb), jobs))
+        return f"{len(jobs) + 1} programs, {threads} threads"
+    except Exception as e:  # noqa: BLE001
+        return f"incomplete ({_first_line(e)}); the rest compiled one by one"
+    finally:
+        programs._fallback = fallback
 
 
 def profile_pair(s: Settings, out_dir: str | None = None) -> dict:
@@ -571,6 +641,8 @@ def profile_pair(s: Settings, out_dir: str | None = None) -> dict:
                             batch_buckets=buckets, backend="auto")
     del target, draft
     t0 = time.perf_counter()
+    compiled = precompile_steps(engine, range(s.profile_max_k + 1), buckets, s.compile_threads)
+    t_compile = time.perf_counter() - t0
     prof = profile_with_acceptance(engine, s.acceptance, context_lengths=s.profile_contexts,
                                    repeats=s.profile_repeats, warmup_reps=s.profile_warmup_reps)
     prof.meta["synthetic"] = {"target": t_name, "draft": d_name, "dtype": s.dtype}
@@ -580,12 +652,15 @@ def profile_pair(s: Settings, out_dir: str | None = None) -> dict:
         prof.save(path)
     schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
     res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
-           "seconds": round(time.perf_counter() - t0, 1), "profile_path": path,
+           "seconds": round(time.perf_counter() - t0, 1), "compile_seconds": round(t_compile, 1),
+           "precompiled": compiled, "profile_path": path,
            "batch_sizes": list(prof.batch_sizes), "ks": list(prof.ks),
            "context_lengths": list(prof.context_lengths), "latency_ms": prof.latency_ms,
            "latency_ms_raw": prof.meta.get("latency_ms_raw"), "acceptance": list(prof.acceptance),
            "k_schedule": schedules,
            "k_schedule_ranges": {c: schedule_ranges(r) for c, r in schedules.items()},
+           "controller_schedule_ranges": {
+               str(c): schedule_ranges(controller_schedule(prof, c)) for c in prof.context_lengths},
            "vllm_h100_schedule": VLLM_H100_SCHEDULE, "table": format_profile(prof)}
     del engine
     gc.collect()
@@ -602,6 +677,13 @@ def format_report(results: dict) -> str:
     info = results.get("device", {})
     lines = [f"device_check: {info.get('device_kind')} ({info.get('platform')}), jax {info.get('jax')}, "
              f"mode {results.get('mode')}", ""]
+    failed = {n: results[n]["error"] for n in SECTIONS
+              if isinstance(results.get(n), dict) and "error" in results[n]}
+    for name, err in failed.items():
+        lines.append(f"## {name}: ERROR {err}")
+    if failed:
+        lines.append("")
+    results = {n: v for n, v in results.items() if n not in failed}
     k = results.get("kernels")
     if k:
         lines.append(f"## Kernels on the device ({k.get('backend')} vs xla): {k.get('passed')}/{k.get('total')} passed")
@@ -665,19 +747,22 @@ def format_report(results: dict) -> str:
                                  f"(first calls {v['greedy']['first_call_s']} / {v['sampled']['first_call_s']} s)")
             if r.get("first_divergence"):
                 lines.append(f"    first divergence per prompt: {r['first_divergence']}")
+            if r.get("greedy_divergence_top2_gap"):
+                lines.append(f"    target's top-2 logit gap at the first greedy divergence: "
+                             f"{r['greedy_divergence_top2_gap']}")
         lines.append("")
     p = results.get("profile")
     if p:
-        if "error" in p:
-            lines.append(f"## ITL(B, K) profile: ERROR {p['error']}")
-        else:
-            lines.append(f"## ITL(B, K) profile of {p['pair']} (kernels {p['kernel_backends']}, "
-                         f"{p['seconds']} s)")
-            lines.append(p["table"])
-            lines.append(f"K schedule from the goodput rule with a_i = {list(p['acceptance'])}:")
-            for c, ranges in p["k_schedule_ranges"].items():
-                lines.append(f"  context {c}: [start_bs, end_bs, K] = {ranges}")
-            lines.append(f"vLLM PR, profiled on an H100: {p['vllm_h100_schedule']}")
+        lines.append(f"## ITL(B, K) profile of {p['pair']} (kernels {p['kernel_backends']}, "
+                     f"{p['seconds']} s, of which compiling {p.get('compile_seconds')} s: "
+                     f"{p.get('precompiled')})")
+        lines.append(p["table"])
+        lines.append(f"K schedule from the goodput rule with a_i = {list(p['acceptance'])}:")
+        for c, ranges in p["k_schedule_ranges"].items():
+            lines.append(f"  context {c}: [start_bs, end_bs, K] = {ranges} (argmax AL/ITL); the "
+                         f"controller, from K=0 with its margin: "
+                         f"{p.get('controller_schedule_ranges', {}).get(c)}")
+        lines.append(f"vLLM PR, profiled on an H100: {p['vllm_h100_schedule']}")
     return "\n".join(lines) + "\n"
 
 
@@ -690,8 +775,10 @@ def write_results(results: dict, out_dir: str) -> None:
 
 
 def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mode: str = "gpu",
-        log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> dict:
-    """Runs `sections` in order, rewriting the JSON and text report after each."""
+        log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+        time_budget_s: float | None = None) -> dict:
+    """Runs `sections` in order, rewriting the JSON and text report after each; a section
+    that would start after `time_budget_s` seconds is skipped (and says so)."""
     bad = [x for x in sections if x not in SECTIONS]
     if bad:
         raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")
@@ -699,7 +786,15 @@ def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mo
                                "settings": dataclasses.asdict(settings), "seconds": {}}
     steps = {"kernels": check_kernels, "timings": time_kernels, "e2e": end_to_end,
              "profile": lambda s: profile_pair(s, out_dir)}
+    start = time.perf_counter()
     for name in sections:
+        used = time.perf_counter() - start
+        if time_budget_s is not None and used > time_budget_s:
+            results[name] = {"error": f"skipped: {used:.0f} s of the {time_budget_s:.0f} s budget "
+                                      f"used; run --sections {name} separately"}
+            log(f"device_check: {name} skipped (time budget)")
+            write_results(results, out_dir)
+            continue
         log(f"device_check: {name} ...")
         t0 = time.perf_counter()
         results[name] = _guard(steps[name], settings)
@@ -718,6 +813,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-buckets", metavar="B,B,...", help="batch buckets of the ITL profile")
     p.add_argument("--profile-contexts", metavar="N,N,...", help="context lengths of the ITL profile")
     p.add_argument("--no-builtin", action="store_true", help="skip the built-in pair in e2e")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="skip the sections that would start after this many seconds")
     return p
 
 
@@ -732,6 +829,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kw["builtin"] = False
     settings = Settings.cpu_smoke(**kw) if args.cpu_smoke else Settings.gpu(**kw)
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
-    results = run(args.out, settings, sections, mode="cpu-smoke" if args.cpu_smoke else "device")
+    results = run(args.out, settings, sections, mode="cpu-smoke" if args.cpu_smoke else "device",
+                  time_budget_s=args.time_budget)
     print(format_report(results))
     return 0

@@ -75,6 +75,10 @@ def test_k_schedule_from_goodput():
     al = 1 + np.cumsum([0, 0.681, 0.391, 0.204])
     assert rows[2]["goodput_tok_per_ms_row"] == pytest.approx(list(al / np.array(lat[2])), abs=1e-4)
     assert dc.schedule_ranges(rows) == [[1, 16, 3], [64, 64, 1], [256, 256, 0]]
+    # the engine's controller, with the same acceptance as its prior, agrees here
+    prof = _profile(lat)
+    prof.acceptance = list(dc.VLLM_ACCEPTANCE[:3])
+    assert [r["best_k"] for r in dc.controller_schedule(prof)] == [3, 3, 1, 0]
 
 
 def test_given_acceptance_needs_max_k_values():
@@ -88,3 +92,19 @@ def test_script_is_a_thin_wrapper():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     text = open(os.path.join(root, "benchmarks", "device_check.py")).read()
     assert "from dsd_jax.device_check import main" in text
+
+
+def test_divergence_gap_on_a_tiny_model():
+    from dsd_jax.models import synthetic
+    model = synthetic("tiny-llama", dtype="float32")
+    prompts = [[5, 6, 7], [1, 2, 3, 4]]
+    res = {"tokens": {"xla": {"greedy": [[9, 9], [8, 7, 6]]}}}
+    gap = dc._divergence_gap(model, prompts, res, [None, 2], dc.Settings.cpu_smoke())
+    assert gap["request"] == 1 and gap["position"] == 2 and gap["top2_gap"] >= 0.0
+
+
+def test_time_budget_skips_sections(tmp_path):
+    res = dc.run(str(tmp_path), dc.Settings.cpu_smoke(), sections=("kernels", "timings"),
+                 mode="cpu-smoke", log=lambda m: None, time_budget_s=-1.0)
+    assert res["kernels"]["error"].startswith("skipped") and res["timings"]["error"].startswith("skipped")
+    assert "## kernels: ERROR skipped" in (tmp_path / "device_check.txt").read_text()

@@ -181,19 +181,20 @@ def _guard(fn: Callable, *args, **kw) -> dict:
 def time_chain(step: Callable, x, consts: Sequence, reps: int, chain: int) -> float:
     """Seconds per call of `step(x, *consts) -> x'` (x' like x): a jitted chain of `chain`
     dependent calls, the median of `reps` timed dispatches divided by `chain` (one dispatch's
-    overhead is spread over the chain; each call waits on the one before)."""
+    overhead is spread over the chain; each call waits on the one before). `x` is donated
+    and threaded from dispatch to dispatch (a KV cache in it is updated in place)."""
     def chained(x, *consts):
         for _ in range(chain):
             x = step(x, *consts)
         return x
 
-    f = jax.jit(chained)
-    jax.block_until_ready(f(x, *consts))  # compile + warm
-    jax.block_until_ready(f(x, *consts))
+    f = jax.jit(chained, donate_argnums=0)
+    x = jax.block_until_ready(f(x, *consts))  # compile + warm
+    x = jax.block_until_ready(f(x, *consts))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        jax.block_until_ready(f(x, *consts))
+        x = jax.block_until_ready(f(x, *consts))
         times.append(time.perf_counter() - t0)
     return statistics.median(times) / chain
 
@@ -332,14 +333,19 @@ def _with_floor(row: dict, seconds: float, bw: float | None) -> dict:
 
 
 def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
+    """One (B, T, L) point: the Pallas kernel alone (`verify_attention`, what the roofline
+    counts) and the engine's two paths, `attend_and_write` with Pallas (scatter the T new
+    entries, then the kernel) and with XLA (its blocked loop), all against the same floor."""
     Hq, Hkv, D, _ = shape
     B, T, L = point
     S = max(2048, L) + 9
     dt = jnp.dtype(s.dtype)
-    keys = jax.random.split(jax.random.PRNGKey(B * 7 + T * 131 + L), 3)
+    keys = jax.random.split(jax.random.PRNGKey(B * 7 + T * 131 + L), 5)
     q = jax.random.normal(keys[0], (B, T, Hq, D), dt)
     kc = jax.random.normal(keys[1], (B, Hkv, S, D), dt)
     vc = jax.random.normal(keys[2], (B, Hkv, S, D), dt)
+    k_new = jax.random.normal(keys[3], (B, T, Hkv, D), dt)
+    v_new = jax.random.normal(keys[4], (B, T, Hkv, D), dt)
     pos = jnp.broadcast_to(jnp.arange(L - T, L, dtype=jnp.int32), (B, T))
     rows = jnp.arange(B, dtype=jnp.int32)
     out = {"model": model, "B": B, "T": T, "L": L, "S": S}
@@ -351,16 +357,29 @@ def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
     roof = attention_roofline(B, T, Hq, Hkv, L, D, dt.itemsize, splits, r_pad)
     tiny = jnp.asarray(1e-30, dt)  # keeps each call dependent on the last, values unchanged
 
-    def step(backend):
-        def f(q, kc, vc, pos, rows, tiny):
-            o = kernels.verify_attention(q, kc, vc, pos, rows, backend=backend)
-            return (q + tiny * o).astype(q.dtype)
+    def kernel_only(q, kc, vc, pos, rows, tiny):
+        o = kernels.verify_attention(q, kc, vc, pos, rows, backend=s.backend)
+        return (q + tiny * o).astype(q.dtype)
+
+    def engine_path(backend):
+        def f(x, k_new, v_new, pos, rows, tiny):
+            q, kc, vc = x
+            o, kc, vc = kernels.attend_and_write(q, k_new, v_new, pos, kc, vc, rows, backend=backend)
+            return (q + tiny * o).astype(q.dtype), kc, vc
         return f
 
-    for backend in ("xla", s.backend):
-        res = _guard(lambda b=backend: {"t": time_chain(step(b), q, (kc, vc, pos, rows, tiny),
-                                                       s.timing_reps, s.chain)})
-        out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
+    variants = {
+        "kernel": lambda: time_chain(kernel_only, jnp.copy(q), (kc, vc, pos, rows, tiny),
+                                     s.timing_reps, s.chain),
+        s.backend: lambda: time_chain(engine_path(s.backend), (jnp.copy(q), jnp.copy(kc), jnp.copy(vc)),
+                                      (k_new, v_new, pos, rows, tiny), s.timing_reps, s.chain),
+        "xla": lambda: time_chain(engine_path("xla"), (jnp.copy(q), jnp.copy(kc), jnp.copy(vc)),
+                                  (k_new, v_new, pos, rows, tiny), s.timing_reps, s.chain),
+    }
+    for name, fn in variants.items():
+        res = _guard(lambda fn=fn: {"t": fn()})
+        out[name] = _with_floor(roof, res["t"], bw) if "t" in res else res
+        gc.collect()
     if "us" in out["xla"] and "us" in out[s.backend]:
         out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
     del q, kc, vc
@@ -388,7 +407,7 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
         return f
 
     for backend in ("xla", s.backend):
-        res = _guard(lambda b=backend: {"t": time_chain(step(b), u, (p, q, d, g, tiny),
+        res = _guard(lambda b=backend: {"t": time_chain(step(b), jnp.copy(u), (p, q, d, g, tiny),
                                                        s.timing_reps, s.chain)})
         out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
     if "us" in out["xla"] and "us" in out[s.backend]:
@@ -699,21 +718,27 @@ def format_report(results: dict) -> str:
     t = results.get("timings")
     if t:
         be = t.get("backend")
+        bw = t.get("hbm_bytes_per_s")
         lines.append(f"## Kernel timings ({t.get('dtype')}; us per call, chain of {t.get('chain')}; "
-                     f"floor = ideal bytes / {_fmt((t.get('hbm_bytes_per_s') or 0) / 1e12, '.2f')} TB/s)")
-        lines.append(f"  attention  model          B   T     L |  xla us  {be} us | floor us | "
-                     f"{be} GB/s  frac | xla frac | speedup")
+                     + (f"floor = ideal bytes / {bw / 1e12:.2f} TB/s)" if bw else
+                        "no floor: HBM bandwidth of this device unknown)"))
+        lines.append("  attention: kernel = verify_attention alone; xla and " + be + " = the engine's "
+                     "attend_and_write (scatter + attention); frac = floor / time")
+        lines.append(f"  attention  model          B   T     L | kernel us  GB/s  frac | {be} us  frac | "
+                     f"xla us  frac | floor us | xla/{be}")
         for r in t.get("attention", []):
             if "error" in r:
                 lines.append(f"  attention ERROR {r['error']}")
                 continue
-            x, p = r.get("xla", {}), r.get(be, {})
+            x, p, kk = r.get("xla", {}), r.get(be, {}), r.get("kernel", {})
             lines.append(f"  attention  {r['model']:<12} {r['B']:>3} {r['T']:>3} {r['L']:>5} | "
-                         f"{_fmt(x.get('us')):>7} {_fmt(p.get('us')):>9} | {_fmt(p.get('floor_us', x.get('floor_us'))):>8} | "
-                         f"{_fmt(p.get('achieved_GBps'), '.0f'):>7} {_fmt(p.get('fraction_of_floor'), '.2f'):>5} | "
-                         f"{_fmt(x.get('fraction_of_floor'), '.2f'):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
-                         + (f"  [{be}: {p['error']}]" if "error" in p else "")
-                         + (f"  [xla: {x['error']}]" if "error" in x else ""))
+                         f"{_fmt(kk.get('us')):>9} {_fmt(kk.get('achieved_GBps'), '.0f'):>5} "
+                         f"{_fmt(kk.get('fraction_of_floor'), '.2f'):>5} | {_fmt(p.get('us')):>6} "
+                         f"{_fmt(p.get('fraction_of_floor'), '.2f'):>5} | {_fmt(x.get('us')):>6} "
+                         f"{_fmt(x.get('fraction_of_floor'), '.2f'):>5} | "
+                         f"{_fmt(kk.get('floor_us', x.get('floor_us'))):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
+                         + "".join(f"  [{n}: {v['error']}]" for n, v in (("kernel", kk), (be, p), ("xla", x))
+                                   if "error" in v))
         lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us | floor us | "
                      f"{be} GB/s  frac | xla frac | speedup")
         for r in t.get("rejection", []):

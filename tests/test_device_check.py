@@ -22,6 +22,7 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert k["backend"] == "interpret" and k["passed"] == k["total"] > 0
     for row in res["timings"]["attention"] + res["timings"]["rejection"]:
         assert row["xla"]["us"] > 0 and row["interpret"]["us"] > 0, row
+    assert res["timings"]["attention"][0]["kernel"]["us"] > 0
     e2e = res["e2e"]
     assert e2e["tokens_identical"] is True, e2e
     assert e2e["synthetic"]["interpret"]["kernel_backends"] == {"attention": "interpret",

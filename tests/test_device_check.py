@@ -109,3 +109,16 @@ def test_time_budget_skips_sections(tmp_path):
                  mode="cpu-smoke", log=lambda m: None, time_budget_s=-1.0)
     assert res["kernels"]["error"].startswith("skipped") and res["timings"]["error"].startswith("skipped")
     assert "## kernels: ERROR skipped" in (tmp_path / "device_check.txt").read_text()
+
+
+def test_precompile_steps_in_threads():
+    import dsd_jax as dsd
+    from dsd_jax.models import synthetic
+    target, draft = synthetic("tiny-llama", seed=0), synthetic("tiny-llama-draft", seed=1)
+    engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=1), max_batch_size=2,
+                            max_seq_len=22, batch_buckets=(1, 2))
+    # K = 0 only (no draft in the programs: quick to compile); the second bucket in a thread
+    assert dc.precompile_steps(engine, range(1), (1, 2), threads=2) == "2 programs, 2 threads"
+    assert sorted(k for k in engine.programs._compiled if k[0] == "step") == [
+        ("step", 0, 1), ("step", 0, 2)]
+    assert engine.programs._fallback is False  # restored (CPU: no fallback)

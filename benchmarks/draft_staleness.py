@@ -40,6 +40,7 @@ from dsd_jax.config import DynamicConfig
 from dsd_jax.controller import Controller
 from dsd_jax.distill import DraftDistiller
 from dsd_jax.models import builtin, heldout_prompts
+from dsd_jax.profile import Profile
 from dsd_jax.profiler import profile_engine
 from suffix_rollout import Static  # noqa: E402  (a fixed-K controller; same folder)
 
@@ -74,8 +75,15 @@ class Bench:
                                  prefill_chunk=128, batch_buckets=tuple(sorted(set(args.batches))))
         self.engine.warmup()
         self.base = nnx.state(target)
-        profile = profile_engine(self.engine, context_lengths=(96,), repeats=5, warmup_reps=1,
-                                 acceptance_max_tokens=24, temperatures=tuple(args.temperatures))
+        if args.profile:
+            profile = Profile.load(args.profile)
+        else:
+            profile = profile_engine(self.engine, context_lengths=(96,), repeats=7, warmup_reps=2,
+                                     acceptance_max_tokens=24, temperatures=tuple(args.temperatures))
+            profile.save(os.path.splitext(args.out)[0] + ".profile.json")
+        for b in args.batches:  # the latencies every dynamic choice rests on
+            print(f"profile ITL ms at B={b}: " + ", ".join(
+                f"K{k} {profile.itl_ms(b, k):.1f}" for k in range(args.k + 1)), flush=True)
         spec = SpecConfig(method="draft_model", num_speculative_tokens=args.k,
                           acceptance="drafter_invariant", dynamic=DynamicConfig())
         # one controller per (temperature, batch), living through every level
@@ -180,6 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--distill-steps", type=int, default=24)
     ap.add_argument("--distill-rounds", type=int, default=2, help="rollout + distill rounds at the last level")
+    ap.add_argument("--profile", help="a saved profile of this engine (default: profile it now and "
+                    "save it beside --out)")
     ap.add_argument("--out", default="draft_staleness.json")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()

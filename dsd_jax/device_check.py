@@ -838,6 +838,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-buckets", metavar="B,B,...", help="batch buckets of the ITL profile")
     p.add_argument("--profile-contexts", metavar="N,N,...", help="context lengths of the ITL profile")
     p.add_argument("--no-builtin", action="store_true", help="skip the built-in pair in e2e")
+    p.add_argument("--e2e-pair", metavar="TARGET,DRAFT", help="synthetic pair of the e2e section "
+                   "(default llama-3.1-8b,llama-3.2-1b)")
+    p.add_argument("--profile-pair", metavar="TARGET,DRAFT", help="synthetic pair of the profile "
+                   "(default llama-3.1-8b,llama-3.2-1b; e.g. qwen3-8b,qwen3-0.6b)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="skip the sections that would start after this many seconds")
     return p
@@ -852,6 +856,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         kw["profile_contexts"] = tuple(int(x) for x in args.profile_contexts.split(","))
     if args.no_builtin:
         kw["builtin"] = False
+    for flag, key in (("e2e_pair", "e2e_pair"), ("profile_pair", "profile_pair")):
+        value = getattr(args, flag)
+        if value:
+            pair = tuple(x.strip() for x in value.split(","))
+            if len(pair) != 2:
+                raise SystemExit(f"device_check: --{flag.replace('_', '-')} needs TARGET,DRAFT, got {value!r}")
+            kw[key] = pair
     settings = Settings.cpu_smoke(**kw) if args.cpu_smoke else Settings.gpu(**kw)
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     results = run(args.out, settings, sections, mode="cpu-smoke" if args.cpu_smoke else "device",

@@ -105,9 +105,15 @@ def test_divergence_gap_on_a_tiny_model():
 
 
 def test_time_budget_skips_sections(tmp_path):
-    res = dc.run(str(tmp_path), dc.Settings.cpu_smoke(), sections=("kernels", "timings"),
-                 mode="cpu-smoke", log=lambda m: None, time_budget_s=-1.0)
+    assert dc.main(["--cpu-smoke", "--out", str(tmp_path), "--sections", "kernels,timings",
+                    "--time-budget", "-1", "--profile-pair", "qwen3-8b,qwen3-0.6b"]) == 0
+    res = json.loads((tmp_path / "device_check.json").read_text())
     assert res["kernels"]["error"].startswith("skipped") and res["timings"]["error"].startswith("skipped")
+    assert res["settings"]["profile_pair"] == ["qwen3-8b", "qwen3-0.6b"]
+    with pytest.raises(SystemExit, match="TARGET,DRAFT"):
+        dc.main(["--out", str(tmp_path), "--e2e-pair", "llama-3.1-8b"])
+    with pytest.raises(ValueError, match="unknown sections"):
+        dc.run(str(tmp_path), dc.Settings.cpu_smoke(), sections=("kernel",))
     assert "## kernels: ERROR skipped" in (tmp_path / "device_check.txt").read_text()
 
 

@@ -311,8 +311,9 @@ def attention_roofline(B, T, Hq, Hkv, L, D, itemsize=2, splits=1, r_pad=None) ->
     qo = B * T * Hq * D * 2 * itemsize
     r_pad = r_pad or T * (Hq // Hkv)
     partials = 0 if splits == 1 else 2 * B * Hkv * splits * r_pad * (D + 2) * 4
+    # "ideal" as ROOFLINE.md: KV plus q/o with the XLA pack/unpack, no split-K partials
     return {"kv_bytes": kv, "qo_bytes": 2 * qo, "partial_bytes": partials,
-            "ideal_bytes": kv + qo, "bytes": kv + 2 * qo + partials,
+            "ideal_bytes": kv + 2 * qo, "bytes": kv + 2 * qo + partials,
             "flops": 4 * B * T * Hq * L * D}
 
 

@@ -54,6 +54,9 @@ def test_roofline_matches_roofline_md():
     assert r["kv_bytes"] == 67_108_864 and r["qo_bytes"] == 1_310_720
     assert r["partial_bytes"] == 6_389_760 and round(r["bytes"] / 1e6, 1) == 74.8
     assert r["flops"] == 4 * 8 * 5 * 32 * 2048 * 128
+    assert round(r["ideal_bytes"] / 3.35e12 * 1e6, 1) == 20.4       # "ideal 20.4" us
+    r1 = dc.attention_roofline(1, 5, 32, 8, 2048, 128, itemsize=2, splits=8, r_pad=32)
+    assert round(r1["bytes"] / 1e6, 1) == 10.7 and r1["ideal_bytes"] / 3.35e12 * 1e6 == pytest.approx(2.5, abs=0.06)
     # §2, B 8, K 4: dense 57.5 MB, one-hot 41.0 MB
     assert round(dc.rejection_roofline(8, 4, 128256, False)["bytes"] / 1e6, 1) == 57.5
     assert round(dc.rejection_roofline(8, 4, 128256, True)["bytes"] / 1e6, 1) == 41.0

@@ -95,3 +95,19 @@ def test_cpu_auto_is_xla_and_never_probes(tiny_pair):
     engine = _engine(tiny_pair, "auto")
     assert engine.kernel_backends == {"attention": "xla", "rejection": "xla"}
     assert engine.programs._fallback is False
+
+
+def test_both_kernels_fall_back_when_each_alone_is_not_enough(tiny_pair, fake_gpu, monkeypatch):
+    """Each switch alone still fails (the other kernel is broken too): both go to XLA."""
+    def broken(*args, **kw):
+        raise ValueError("Triton compilation failed")
+
+    monkeypatch.setattr(rejection_pallas, "rejection_sample", broken)
+    engine = _engine(tiny_pair, "auto")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.programs.step(1, 2)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, kernels.PallasFallbackWarning)]
+    assert len(msgs) == 2 and "'attention'" in msgs[0] and "'rejection'" in msgs[1]
+    assert engine.kernel_backends == {"attention": "xla", "rejection": "xla"}
+    assert list(engine.programs._compiled) == [("step", 1, 2)]

@@ -1,6 +1,7 @@
 """EAGLE-3 heads: loading the published key layout, the drafter's bookkeeping against a
 from-scratch recomputation, and losslessness through the engine (greedy and sampled)."""
 
+import functools
 import json
 
 import jax
@@ -153,14 +154,13 @@ def test_missing_directory_and_wrong_draft(tmp_path, target, tiny_pair):
 
 # --------------------------------------------------------------------------- bookkeeping
 
-def reference_q(head, embed, feats, tokens, L, drafts, temperature):
-    """q of each draft from scratch: the head over true entries 0..L-2 (the features of
-    the full sequence, `feats` [S, F]) in a fresh cache, then chained on the given drafts."""
-    graph, hstate = nnx.split(head)
-    S = tokens.shape[0]
-
+@functools.lru_cache(maxsize=None)
+def _reference_programs(graph, S: int):
+    """The from-scratch head in three jitted pieces, built once per (head graph, sequence
+    length) and shared by every `reference_q` call (jits defined inside it, and the eager
+    `lax.cond` of the sampling code, compiled again on every call)."""
     @jax.jit
-    def window(hstate, feats, tokens, L):
+    def window(hstate, embed, feats, tokens, L):
         head = nnx.merge(graph, hstate)
         pos = jnp.arange(S - 1)
         pos = jnp.where(pos <= L - 2, pos, -1)[None]
@@ -169,17 +169,30 @@ def reference_q(head, embed, feats, tokens, L, drafts, temperature):
         return h[:, L - 2], logits[:, L - 2], kv
 
     @jax.jit
-    def chained(hstate, h, d, pos, kv):
+    def chained(hstate, embed, h, d, pos, kv):
         h, logits, kv = nnx.merge(graph, hstate)(h[:, None], d[None, None], pos[None, None], kv, embed)
         return h[:, 0], logits[:, 0], kv
 
-    h, logits, kv = window(hstate, feats, jnp.asarray(tokens), L)
+    @jax.jit
+    def probs(hstate, logits, temperature):
+        t = temperature[None]
+        proc = sampling.processed_logits(nnx.merge(graph, hstate).target_logits(logits), t,
+                                         jnp.array([0]), jnp.array([1.0]))
+        return sampling.probs_from_processed(proc, t)[0]
+
+    return window, chained, probs
+
+
+def reference_q(head, embed, feats, tokens, L, drafts, temperature):
+    """q of each draft from scratch: the head over true entries 0..L-2 (the features of
+    the full sequence, `feats` [S, F]) in a fresh cache, then chained on the given drafts."""
+    graph, hstate = nnx.split(head)
+    window, chained, probs = _reference_programs(graph, tokens.shape[0])
+    h, logits, kv = window(hstate, embed, feats, jnp.asarray(tokens), L)
     qs = []
     for i, d in enumerate(drafts):
-        proc = sampling.processed_logits(head.target_logits(logits), jnp.array([temperature]),
-                                         jnp.array([0]), jnp.array([1.0]))
-        qs.append(np.asarray(sampling.probs_from_processed(proc, jnp.array([temperature]))[0]))
-        h, logits, kv = chained(hstate, h, jnp.int32(d), jnp.int32(L - 1 + i), kv)
+        qs.append(np.asarray(probs(hstate, logits, jnp.float32(temperature))))
+        h, logits, kv = chained(hstate, embed, h, jnp.int32(d), jnp.int32(L - 1 + i), kv)
     return np.stack(qs)
 
 
@@ -209,6 +222,7 @@ def test_proposals_match_a_from_scratch_head(target, head):
         state = prefill(hparams, state, jnp.asarray(seqs[:, start:start + 8]), p, jnp.arange(N))
     state = drafter.admit(state, jnp.arange(N), jnp.asarray(lengths))
     temps = jnp.array([1.0, 0.7], jnp.float32)
+    embed = target.embed[...]
     for K in (2, 0, 0, 3, 1, 4, 0, 4, 2):
         L = jnp.asarray(lengths)
         ctx = DraftContext(jnp.asarray(seqs), L, jnp.ones(N, bool), temps, jnp.zeros(N, jnp.int32),
@@ -216,7 +230,7 @@ def test_proposals_match_a_from_scratch_head(target, head):
         if K:
             drafts, q, state = propose(hparams, state, ctx, K)
             for r in range(N):
-                ref = reference_q(head, target.embed[...], feats[r], seqs[r], int(lengths[r]),
+                ref = reference_q(head, embed, feats[r], seqs[r], int(lengths[r]),
                                   np.asarray(drafts[r]), float(temps[r]))
                 np.testing.assert_allclose(np.asarray(q[r]), ref, atol=2e-5, err_msg=f"K={K} row {r}")
         # verify: features of [pending, d_1..d_K]; only the accepted prefix is the truth
@@ -241,13 +255,18 @@ def engine(target, head):
     return make_engine(target, head, method="eagle3", max_batch_size=4, batch_buckets=(2, 4))
 
 
+@pytest.fixture(scope="module")
+def plain_greedy(target):
+    """Plain greedy decoding of PROMPTS (a from-scratch forward per token), computed once."""
+    return [greedy_reference(target, prompt, GREEDY.max_tokens) for prompt in PROMPTS]
+
+
 @pytest.mark.parametrize("schedule", [[1], [2], [3], [4], [0, 3, 0, 0, 4, 1, 2, 0, 0, 0, 4]])
-def test_greedy_matches_plain_decoding(engine, target, schedule):
+def test_greedy_matches_plain_decoding(engine, plain_greedy, schedule):
     """Six requests on four slots: queued requests join while others run."""
     engine.controller = FixedK(schedule)
     outs = engine.generate(PROMPTS, GREEDY)
-    for out, prompt in zip(outs, PROMPTS):
-        assert out.token_ids == greedy_reference(target, prompt, GREEDY.max_tokens)
+    assert [out.token_ids for out in outs] == plain_greedy
 
 
 def test_no_compilation_after_warmup(engine, target):
@@ -308,11 +327,15 @@ def test_drafter_invariant_equals_plain_sampling(small_vocab):
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected
 
 
-def test_builtin_head_fits_the_builtin_target():
+@pytest.fixture(scope="module")
+def builtin_head():
+    return Eagle3.load_model(SpecConfig(method="eagle3", model="builtin"))
+
+
+def test_builtin_head_fits_the_builtin_target(builtin_head):
     from safetensors import safe_open
     from dsd_jax.models.builtin import BUILTIN_DIR
-    spec = SpecConfig(method="eagle3", model="builtin")
-    head = Eagle3.load_model(spec)
+    head = builtin_head
     target_cfg = models.ModelConfig.from_dict(json.loads((BUILTIN_DIR / "target" / "config.json").read_text()))
     assert head.config.target_aux_layers(target_cfg) == (2, 4, 5)
     assert head.config.draft_vocab_size < head.config.vocab_size
@@ -336,10 +359,46 @@ def test_no_whole_cache_work(engine, program):
     assert not bad, f"{program}: whole-cache ops in the compiled HLO:\n" + "\n".join(bad)
 
 
-def test_engine_loads_the_head_its_spec_names():
+def test_engine_loads_the_head_its_spec_names(builtin_head):
     """SpecConfig(method="eagle3", model="builtin") without draft=: the engine loads it."""
     from dsd_jax import SpecEngine
     target, _, _ = models.builtin()
     spec = SpecConfig(method="eagle3", model="builtin", num_speculative_tokens=2)
     engine = SpecEngine(target, None, spec, max_batch_size=1, max_seq_len=64)
-    assert engine.draft_config == Eagle3.load_model(spec).config
+    assert engine.draft_config == builtin_head.config
+
+
+def test_memory_report_sizes_the_head(engine, head):
+    """The head's own params (not a Transformer's: fc, a layer over [embedding, hidden], the
+    draft-vocabulary LM head), its one-layer cache and the feature buffer, as allocated."""
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+    report, st = engine.memory_report(), engine.state
+    assert report["params"]["draft"] == nbytes(nnx.state(head))
+    assert report["kv_cache"]["draft"] == nbytes(st.drafter.kv) > 0 and len(st.drafter.kv.k) == 1
+    assert report["features"] == st.drafter.features.nbytes == 4 * engine.capacity * 3 * 32 * 4
+    assert report["total"] == sum(report["params"].values()) + nbytes(st)
+
+
+def test_bench_runs_the_head_beside_the_draft_model(target, head, tiny_pair):
+    """`run_bench` with both drafters in one process: every output checked against vanilla's,
+    eagle3-dynamic on a profile of its own engine. One batch bucket of 4 slots and K <= 4 for
+    the head: the module engine's shapes, so its programs come from the compilation cache."""
+    from dsd_jax import bench
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(1, 64, size=int(rng.integers(4, 10))).tolist() for _ in range(6)]
+    rows = bench.run_bench(target, scaled(tiny_pair[1], 3.0), None, prompts, eagle3=head,
+                           configs="static-1,eagle3-static-2,eagle3-dynamic", batch_sizes=[1, 4],
+                           batch_buckets=[4], max_seq_len=64, prefill_chunk=16, max_k=4, repeats=1,
+                           max_tokens=6, prompt_len=10, rows_per_point=2, workloads=("sweep",), quick=True,
+                           log=None)
+    meta = rows[-1]
+    assert meta["configs"] == ["vanilla", "static-1", "eagle3-static-2", "eagle3-dynamic"]
+    assert meta["max_k_by_method"] == {"draft_model": 1, "eagle3": 4} and meta["lossless"] is True
+    assert set(meta["profiles"]) == {"eagle3"} and meta["profile"] is None
+    assert {(r["batch_size"], r["config"]) for r in rows[:-1]} == {
+        (b, c) for b in (1, 4) for c in meta["configs"]}
+    assert all(r["lossless"] and r["mismatched_requests"] == 0 for r in rows[:-1])
+    dyn = [r for r in rows[:-1] if r["config"] == "eagle3-dynamic"]
+    assert all(set(map(int, r["k_hist"])) <= set(range(5)) and "itl_mape" in r["controller"] for r in dyn)
+    assert set(bench.summarize(rows)["stops_paying_at"]) == {
+        "draft_model (best static K)", "eagle3 (best static K)", "eagle3-dynamic"}

@@ -204,7 +204,41 @@ def test_paired_intervals_on_hand_made_rows():
     assert "static-2 higher than vanilla: 1.1" in table and "not resolved" in table
 
 
+def test_eagle3_configurations_in_the_summary():
+    """The head's configurations beside the draft model's: each dynamic one compared with the
+    best other, where each method stops paying, eagle3 only at the batch sizes it ran."""
+    rows = []
+    for b, tps in {1: (10, 20, 22, 15, 16), 4: (30, 40, 40, 29, 31), 16: (80, 70, 80, None, None)}.items():
+        rows += [_row(b, c, v) for c, v in zip(("vanilla", "static-2", "dynamic", "eagle3-static-1",
+                                                "eagle3-dynamic"), tps) if v is not None]
+    s = bench.summarize(rows)
+    by_b = {e["batch_size"]: e for e in s["sweep"]}
+    assert by_b[1]["best_other"] == "static-2"
+    assert by_b[1]["dynamic_configs"]["eagle3-dynamic"]["vs_best_other"] == pytest.approx(0.8)
+    assert by_b[1]["dynamic_vs_best_other"] == pytest.approx(1.1)
+    assert "eagle3-dynamic" not in by_b[16]["dynamic_configs"]
+    assert s["stops_paying_at"] == {"draft_model (best static K)": 16, "eagle3 (best static K)": 4,
+                                    "dynamic": 16, "eagle3-dynamic": None}
+    table = bench.format_table(rows)
+    assert "eagle3 (best static K) at B=4" in table and "eagle3-dynamic pays at every batch size" in table
+    assert "B=  1: eagle3-dynamic = 0.80 x best other (static-2)" in table
+
+
 def test_config_parsing_and_lengths():
+    from dsd_jax.bench.settings import config_list, method_of, resolve, with_method
+    assert bench.parse_config("eagle3-static-2") == ("static", 2)
+    assert bench.parse_config("eagle3-dynamic") == ("dynamic", None)
+    assert [method_of(c) for c in ("vanilla", "static-1", "eagle3-static-1")] == [None, "draft_model", "eagle3"]
+    assert with_method(["vanilla", "static-1", "dynamic"], "eagle3") == ["vanilla", "eagle3-static-1",
+                                                                          "eagle3-dynamic"]
+    assert config_list("eagle3-dynamic") == ["vanilla", "eagle3-dynamic"]
+    with pytest.raises(ValueError, match="prefixed with 'eagle3-'"):
+        bench.parse_config("eagle3-fast")
+    s = resolve(True, dict(configs="static-1,eagle3-static-1", eagle3_max_batch=16, eagle3_max_k=2,
+                           workloads=("sweep", "rollout")))
+    assert s.runs_at("eagle3-static-1", 16) and not s.runs_at("eagle3-static-1", 64)
+    assert s.runs_at("static-1", 64) and s.method_max_batch("eagle3") == 16
+    assert s.method_max_k("eagle3") == 2 and s.method_max_k("draft_model") == 3
     assert bench.parse_config("static-6") == ("static", 6)
     assert bench.parse_config("vanilla") == ("vanilla", None)
     assert bench.parse_config("dynamic-throughput") == bench.parse_config("dynamic") == ("dynamic", None)

@@ -132,6 +132,29 @@ def test_generate_text_prompts_with_profile(profile_path, files, tmp_path, capsy
         assert "logprobs" not in r
 
 
+def test_generate_with_an_eagle3_head(files, tmp_path, capsys):
+    """--speculative-config naming an EAGLE-3 head directory: the engine drafts with the head
+    (not the --draft model) and greedy output equals plain greedy decoding."""
+    from conftest import greedy_reference
+    from test_eagle3 import head_config, head_tensors, write_head
+    cfg = head_config(64, 48, aux=(0, 1))
+    head_dir = write_head(tmp_path / "head", cfg, head_tensors(cfg, seed=1))
+    spec = json.dumps({"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": 2})
+    rc = cli.main(["generate", "--target", files.target, "--draft", files.draft, "--speculative-config", spec,
+                   *ENGINE_FLAGS, "--prompts", files.jsonl, "--temperature", "0", "--max-tokens", "6",
+                   "--stats", str(tmp_path / "stats.json")])
+    assert rc == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["token_ids"] for r in recs] == [greedy_reference(files.models[0], p, 6) for p in PROMPT_IDS]
+    assert json.loads((tmp_path / "stats.json").read_text())["steps"] > 0
+    m = _err(["profile", "--target", files.target, "--method", "eagle3", *ENGINE_FLAGS,
+              "--out", str(tmp_path / "p.json")])
+    assert "--speculative-config" in m and "built-in EAGLE-3 head was trained for the built-in target" in m
+    m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--method", "ngram",
+              "--speculative-config", spec])
+    assert "--method" in m and "disagrees" in m
+
+
 def _err(argv, capsys=None) -> str:
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
@@ -213,6 +236,13 @@ def test_bench_and_demo_dispatch(monkeypatch, tmp_path, capsys):
     assert "--plot" in m
     m = _err(["bench", "--profile", str(tmp_path / "missing.json")])
     assert "--profile" in m
+    m = _err(["bench", "--eagle3-profile", str(tmp_path / "missing.json")])
+    assert "--eagle3-profile" in m
+    m = _err(["bench", "--eagle3", str(tmp_path / "no_head")])
+    assert "--eagle3" in m and "no such directory" in m
+    seen.pop("bench")
+    assert cli.main(["bench", "--method", "both", "--eagle3-max-batch", "16"]) == 0
+    assert seen["bench"].method == "both" and seen["bench"].eagle3_max_batch == 16 and seen["bench"].eagle3 is None
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--help"])
     assert e.value.code == 0

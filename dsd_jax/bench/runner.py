@@ -120,6 +120,10 @@ class Runner:
         return self.vanilla if config == "vanilla" else self.by_method[method_of(config)]
 
     def profile_for(self, config: str) -> Profile | None:
+        """The profile a configuration's step times are compared with: its method's (vanilla:
+        the draft model's K = 0 column, else the head's)."""
+        if config == "vanilla":
+            return self.profiles.get("draft_model") or self.profiles.get("eagle3")
         return self.profiles.get(method_of(config))
 
     def engines(self):

@@ -47,16 +47,23 @@ def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
     return entry
 
 
+def _gain(r: dict, vanilla: dict) -> float:
+    """A row's throughput over vanilla's: the paired ratio (geometric mean over pair units, as
+    robust to drift as the intervals) when there are pairs, else the ratio of medians."""
+    paired = (r.get("vs_vanilla") or {}).get("ratio")
+    return paired if paired is not None else r["tokens_per_s"] / vanilla["tokens_per_s"]
+
+
 def _stops_paying_at(by_point: dict, sizes: list[int], chosen=None) -> int | None:
     """Smallest batch size from which on none of the `chosen(config)` configurations (default:
     every static K) beats vanilla any more (at the batch sizes where they ran)."""
     chosen = chosen or (lambda c: parse_config(c)[0] == "static")
     gains = []
     for b in sizes:
-        pts = {c: r["tokens_per_s"] for c, r in by_point[("sweep", b)].items()}
-        picked = [v for c, v in pts.items() if chosen(c)]
-        if picked and "vanilla" in pts:
-            gains.append((b, max(picked) / pts["vanilla"]))
+        pts = by_point[("sweep", b)]
+        picked = [_gain(r, pts["vanilla"]) for c, r in pts.items() if chosen(c)] if "vanilla" in pts else []
+        if picked:
+            gains.append((b, max(picked)))
     return next((b for i, (b, _) in enumerate(gains) if all(g <= 1.0 for _, g in gains[i:])), None)
 
 
@@ -223,7 +230,7 @@ def _summary_lines(s: dict) -> list[str]:
                      f"({s['rollout']['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else ""))
     stops = s.get("stops_paying_at") or {}
     if stops:
-        lines.append("speculation stops paying (no gain over vanilla from this batch size on): " + "; ".join(
+        lines.append("speculation stops paying (no gain over vanilla, paired ratio, from this batch size on): " + "; ".join(
             f"{name} at B={b}" if b is not None else f"{name} pays at every batch size" for name, b in stops.items()))
     return lines
 

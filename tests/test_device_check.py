@@ -131,3 +131,48 @@ def test_precompile_steps_in_threads():
     assert sorted(k for k in engine.programs._compiled if k[0] == "step") == [
         ("step", 0, 1), ("step", 0, 2)]
     assert engine.programs._fallback is False  # restored (CPU: no fallback)
+
+
+def test_engine_programs_lower_for_cuda_with_pallas(monkeypatch):
+    """What the GPU run compiles, checked from this host: the engine's step (K = 0 and 3)
+    and prefill programs with backend="pallas" lower for CUDA at Llama-3.1-8B / 3.2-1B head
+    shapes (one layer, narrow MLP, small vocabulary), every attention and the rejection
+    sampler a Triton call."""
+    import functools
+
+    import jax
+
+    import dsd_jax as dsd
+    from dsd_jax.kernels import attention_pallas, rejection_pallas
+    from dsd_jax.models import synthetic
+
+    real = attention_pallas.resolve_platform
+
+    def as_gpu(platform=None, interpret=False):
+        return "gpu" if platform is None else real(platform, interpret)
+
+    monkeypatch.setattr(attention_pallas, "resolve_platform", as_gpu)
+    monkeypatch.setattr(rejection_pallas, "resolve_platform", as_gpu)
+    small = dict(num_layers=1, vocab_size=4096, hidden_size=256, intermediate_size=256)
+    target = synthetic("llama-3.1-8b", **small)   # heads as the real ones: 32 x 128, 8 KV
+    draft = synthetic("llama-3.2-1b", **small)    # 32 x 64, 8 KV
+    eng = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=3), max_batch_size=8,
+                         max_seq_len=256, batch_buckets=(8,), backend="pallas", prefill_chunk=32)
+    p = eng.programs
+
+    def lower(fn, *args):
+        try:
+            return fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        except ValueError as e:
+            if "Cannot lower pallas_call on platform" in str(e):
+                pytest.skip(f"this jax build cannot lower Pallas for cuda: {e}")
+            raise
+
+    step = lambda k: jax.jit(p._step_shards(functools.partial(p._rounds, k, 8)), donate_argnums=2)
+    # K = 0: one target attention; K = 3: draft catch-up, window and 3 proposals, target
+    # verify (one layer each), and the rejection sampler
+    assert lower(step(0), *p._args, p._host(())).count("triton") >= 1
+    text = lower(step(3), *p._args, p._host(()))
+    assert text.count("verify_attention_triton") >= 3 and "rejection" in text
+    ints = p._per_shard(8)
+    assert "triton" in lower(p._prefill, *p._args, ints, p._per_shard(8, 32), ints, ints, ints)

@@ -449,6 +449,12 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
                                 max_batch_size=len(prompts), max_seq_len=max_seq_len,
                                 batch_buckets=(len(prompts),), prefill_chunk=64,
                                 tokenizer=tokenizer, backend=backend)
+        # what generate compiles, compiled side by side first
+        from dsd_jax.buckets import prefill_pieces
+        b = len(prompts)
+        chunks = {c for _, c in prefill_pieces(max(map(len, prompts)), engine.programs.prefill_chunks)}
+        precompiled = precompile(engine, [("step", s.e2e_k, b)] + [("prefill", b, c) for c in sorted(chunks)]
+                                 + [("admit", b), ("move",)], s.compile_threads)
         runs = {}
         for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
             params = [dsd.SamplingParams(temperature=temp, max_tokens=s.e2e_max_tokens, seed=i)
@@ -464,6 +470,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
                 "tokens": sum(len(o.token_ids) for o in again),
                 "deterministic": [o.token_ids for o in first] == runs[name]}
         out[backend]["kernel_backends"] = engine.kernel_backends
+        out[backend]["precompiled"] = precompiled
         out[backend]["mean_accepted_len"] = _mean_accepted(engine)
         tokens[backend] = runs
         del engine
@@ -625,26 +632,33 @@ def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
     return out
 
 
-def precompile_steps(engine, ks, buckets, threads: int = 8) -> str:
-    """Compiles the (K, B) step programs ahead of `profile_engine`, `threads` at a time
-    (XLA compiles release the GIL). The largest-K program of the first bucket compiles
-    first, alone: it holds both kernels, so a Pallas fallback happens before the threads
-    start. Anything that fails here is left for `profile_engine` to compile (and report)."""
+def precompile(engine, jobs: Sequence[tuple], threads: int = 8) -> str:
+    """Compiles `engine.programs` programs ahead of use, `threads` at a time (XLA compiles
+    release the GIL); a job is a method name and its arguments, e.g. ("step", 4, 1). The
+    first job compiles first, alone: give one holding both kernels (a K > 0 step), so a
+    Pallas fallback happens before the threads start. Anything that fails here is left for
+    the first use to compile (and report)."""
     from concurrent.futures import ThreadPoolExecutor
-    ks, buckets = list(ks), list(buckets)
     programs = engine.programs
     fallback = programs._fallback
+    jobs = list(dict.fromkeys(tuple(j) for j in jobs))
     try:
-        programs.step(ks[-1], buckets[0])
-        jobs = [(k, b) for b in buckets for k in ks if (k, b) != (ks[-1], buckets[0])]
+        getattr(programs, jobs[0][0])(*jobs[0][1:])
         programs._fallback = False  # no kernel switch while threads compile
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            list(pool.map(lambda kb: programs.step(*kb), jobs))
-        return f"{len(jobs) + 1} programs, {threads} threads"
+            list(pool.map(lambda j: getattr(programs, j[0])(*j[1:]), jobs[1:]))
+        return f"{len(jobs)} programs, {threads} threads"
     except Exception as e:  # noqa: BLE001
         return f"incomplete ({_first_line(e)}); the rest compiled one by one"
     finally:
         programs._fallback = fallback
+
+
+def precompile_steps(engine, ks, buckets, threads: int = 8) -> str:
+    """`precompile` of the (K, B) step programs, the largest K of the first bucket first."""
+    ks, buckets = list(ks), list(buckets)
+    return precompile(engine, [("step", ks[-1], buckets[0])]
+                      + [("step", k, b) for b in buckets for k in ks], threads)
 
 
 def profile_pair(s: Settings, out_dir: str | None = None) -> dict:

@@ -176,3 +176,11 @@ def test_engine_programs_lower_for_cuda_with_pallas(monkeypatch):
     assert text.count("verify_attention_triton") >= 3 and "rejection" in text
     ints = p._per_shard(8)
     assert "triton" in lower(p._prefill, *p._args, ints, p._per_shard(8, 32), ints, ints, ints)
+
+
+def test_e2e_builtin_pair_plumbing():
+    """The built-in pair's e2e path (the smoke run skips it): XLA against XLA here."""
+    s = dc.Settings.cpu_smoke(backend="xla", e2e_batch=1, e2e_max_tokens=2, e2e_k=1)
+    r = dc.e2e_builtin(s)
+    assert r["tokens_identical"] is True and r["xla"]["greedy"]["tokens"] == 2
+    assert r["xla"]["precompiled"].endswith("threads")

@@ -240,7 +240,7 @@ def _synthetic_models(cmd: str, args):
     if args.draft_synthetic and vocab[args.draft_synthetic] != vocab[args.synthetic]:
         _fail(cmd, "--draft-synthetic", f"vocabulary {vocab[args.draft_synthetic]} differs from the "
               f"target's {vocab[args.synthetic]}; pick a draft of the same family")
-    dtype = args.dtype or "bfloat16"
+    dtype = args.dtype = args.dtype or "bfloat16"
     target = synthetic(args.synthetic, dtype=dtype, seed=0)
     draft = None if args.draft_synthetic is None else synthetic(args.draft_synthetic, dtype=dtype, seed=1)
     return target, draft, None, "synthetic"

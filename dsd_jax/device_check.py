@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import gc
 import json
-import math
 import os
 import platform as _platform
 import statistics

@@ -78,8 +78,11 @@ class Bench:
         if args.profile:
             profile = Profile.load(args.profile)
         else:
+            # acceptance on the distillation prompts: representative, yet not the measured ones
+            # (random prompts would set a prior so low that B=1 never even probes K > 0)
             profile = profile_engine(self.engine, context_lengths=(96,), repeats=7, warmup_reps=2,
-                                     acceptance_max_tokens=24, temperatures=tuple(args.temperatures))
+                                     prompts=self.distill_prompts, acceptance_max_tokens=32,
+                                     temperatures=tuple(args.temperatures))
             profile.save(os.path.splitext(args.out)[0] + ".profile.json")
         for b in args.batches:  # the latencies every dynamic choice rests on
             print(f"profile ITL ms at B={b}: " + ", ".join(

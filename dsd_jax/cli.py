@@ -284,6 +284,9 @@ def cmd_profile(args) -> int:
         if done == n_cells and total_ > n_cells:
             bar.set_description("profile acceptance runs")
 
+    from dsd_jax.device_check import precompile_steps
+    # the (K, B) step programs, compiled side by side (XLA compiles release the GIL)
+    precompile_steps(engine, range(engine.max_k + 1), engine.batch_buckets)
     try:
         if args.acceptance is not None:  # latency measured here, acceptance as given
             from dsd_jax.device_check import profile_with_acceptance

@@ -25,7 +25,6 @@ each piece.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -558,19 +557,6 @@ def end_to_end(s: Settings) -> dict:
 
 # --------------------------------------------------------------------------- profile
 
-@contextlib.contextmanager
-def _given_acceptance(acceptance: Sequence[float]):
-    """Makes `profile_engine` record `acceptance` instead of measuring it (random weights
-    accept nothing meaningful): its acceptance runs are skipped."""
-    from dsd_jax import profiler
-    real = profiler._measure_acceptance
-    profiler._measure_acceptance = lambda engine, prompts, t, n: (list(acceptance), 0)
-    try:
-        yield
-    finally:
-        profiler._measure_acceptance = real
-
-
 def profile_with_acceptance(engine, acceptance: Sequence[float], **kw):
     """`profiler.profile_engine(engine, **kw)` with the acceptance given, not measured: the
     latency table is measured on this device, a_1..a_max_k are `acceptance` (at least
@@ -580,10 +566,8 @@ def profile_with_acceptance(engine, acceptance: Sequence[float], **kw):
     if len(acc) < engine.max_k:
         raise ValueError(f"need at least max_k={engine.max_k} acceptance values, got {len(acc)}")
     acc = acc[:engine.max_k]
-    with _given_acceptance(acc):
-        prof = profile_engine(engine, prompts=[[1]], temperatures=(0.0,), **kw)
+    prof = profile_engine(engine, acceptance=acc, **kw)
     prof.meta["acceptance_source"] = "given"
-    prof.meta.pop("acceptance_rows_observed", None)
     return prof
 
 

@@ -272,7 +272,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                    warmup_reps: int = 2, rounds_per_sample: int = 4, prompts: Sequence | None = None,
                    acceptance_max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
                    progress: Callable[[int, int], None] | None = None,
-                   latency_temperature: float = 0.0, seed: int = 0) -> Profile:
+                   latency_temperature: float = 0.0, seed: int = 0,
+                   acceptance: Sequence[float] | None = None) -> Profile:
     """Profiles `engine` (a `SpecEngine`) and returns a `Profile` (not saved).
 
     context_lengths: committed tokens per slot in the latency runs (each in
@@ -290,6 +291,9 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     progress: ``progress(done, total)`` after each latency cell and each acceptance run.
     latency_temperature: sampling temperature of the synthetic rows (0 = greedy; > 0
         also times the noise generation of sampling).
+    acceptance: a_1..a_max_k to record instead of measuring them (e.g. a published
+        per-position curve, for models with random weights): the acceptance runs are
+        skipped and `prompts`/`temperatures` are not used.
     """
     context_lengths = sorted({int(c) for c in context_lengths})
     if not context_lengths:
@@ -307,9 +311,15 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     temperatures = [float(t) for t in temperatures]
     if not temperatures or any(not (t >= 0.0) or t != t for t in temperatures):
         raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {temperatures}")
+    if acceptance is not None:
+        acceptance = [float(a) for a in acceptance]
+        if len(acceptance) < engine.max_k or not all(0.0 <= a <= 1.0 for a in acceptance):
+            raise ValueError(f"acceptance must give a_1..a_{engine.max_k} (max_k), each in [0, 1], "
+                             f"got {acceptance}")
+        acceptance = acceptance[:engine.max_k]
     buckets = list(engine.batch_buckets)
     ks = list(range(engine.max_k + 1))
-    do_acceptance = engine.max_k > 0
+    do_acceptance = engine.max_k > 0 and acceptance is None
     total = len(context_lengths) * len(buckets) * len(ks) + (len(temperatures) if do_acceptance else 0)
     done = 0
     t_start = time.perf_counter()
@@ -348,12 +358,13 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
             engine.state = engine.new_state()
     latency_s = time.perf_counter() - t_start
 
-    # (b) acceptance with K = max_k at every step.
-    acceptance: list[float] = []
+    # (b) acceptance with K = max_k at every step (unless given).
     by_temp: dict[str, list[float]] | None = None
     rows_observed: dict[str, int] = {}
     prompt_source = "given"
-    if prompts is None:
+    if acceptance is not None:
+        prompt_source, prompts = "none (acceptance given)", []
+    elif prompts is None:
         prompt_source = "random"
         prompts = _random_prompts(engine.target_config.vocab_size, seed=seed)
     t_acc = time.perf_counter()
@@ -370,6 +381,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
             if progress:
                 progress(done, total)
         acceptance = by_temp[str(temperatures[0])]
+    elif acceptance is None:
+        acceptance = []
     acceptance_s = time.perf_counter() - t_acc
 
     return Profile(

@@ -192,6 +192,21 @@ def test_argument_validation(engine):
         prof_lib.profile_engine(engine, rounds_per_sample=0, context_lengths=(8,))
     with pytest.raises(ValueError, match="temperatures"):
         prof_lib.profile_engine(engine, temperatures=(), context_lengths=(8,))
+    with pytest.raises(ValueError, match="acceptance must give"):
+        prof_lib.profile_engine(engine, acceptance=[], context_lengths=(8,))  # max_k = 1 values
+    with pytest.raises(ValueError, match="acceptance must give"):
+        prof_lib.profile_engine(engine, acceptance=[1.5], context_lengths=(8,))
+
+
+def test_given_acceptance_is_recorded_without_generating(engine, monkeypatch):
+    """acceptance= (a published curve, or random weights): latency measured, a_i as given,
+    no acceptance run (generate is never called)."""
+    monkeypatch.setattr(engine, "generate", lambda *a, **kw: pytest.fail("generated"))
+    prof = prof_lib.profile_engine(engine, context_lengths=(8,), repeats=1, warmup_reps=0,
+                                   acceptance=[0.7, 0.4, 0.2, 0.1])
+    assert prof.acceptance == pytest.approx([0.7, 0.4, 0.2, 0.1][:K])
+    assert prof.meta["prompt_source"] == "none (acceptance given)"
+    assert np.all(np.asarray(prof.latency_ms) > 0)
 
 
 def test_failure_mid_profile_leaves_a_working_engine(engine, monkeypatch):

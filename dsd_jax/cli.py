@@ -166,8 +166,9 @@ def _engine_draft(args, spec, draft):
     from dsd_jax.models.eagle3 import Eagle3Config
     if spec.method != "eagle3" or isinstance(getattr(draft, "config", None), Eagle3Config):
         return draft
-    source = "custom" if args.target or args.hf_target else "builtin"
-    return loading.draft_for(spec, draft, source, "--speculative-config", args.dtype)
+    custom = args.target or args.hf_target or getattr(args, "synthetic", None)
+    return loading.draft_for(spec, draft, "custom" if custom else "builtin", "--speculative-config",
+                             args.dtype or "float32")
 
 
 def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):

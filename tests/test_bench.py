@@ -239,6 +239,8 @@ def test_config_parsing_and_lengths():
     assert s.runs_at("eagle3-static-1", 16) and not s.runs_at("eagle3-static-1", 64)
     assert s.runs_at("static-1", 64) and s.method_max_batch("eagle3") == 16
     assert s.method_max_k("eagle3") == 2 and s.method_max_k("draft_model") == 3
+    with pytest.raises(ValueError, match="eagle3 configurations would never run"):
+        resolve(True, dict(configs="eagle3-static-1", batch_sizes=[4], eagle3_max_batch=2, workloads=("sweep",)))
     assert bench.parse_config("static-6") == ("static", 6)
     assert bench.parse_config("vanilla") == ("vanilla", None)
     assert bench.parse_config("dynamic-throughput") == bench.parse_config("dynamic") == ("dynamic", None)

@@ -10,7 +10,8 @@ FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
             repeats=3, max_tokens=64, prompt_len=128, rows_per_point=8,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
-            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None, eagle3_max_batch=None, eagle3_max_k=None,
+            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
+            eagle3_max_batch=None, eagle3_max_k=None,
             profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
 # --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 3: 38 programs, still
 # more than half of the demo's time on 2 slow CPU cores (K <= 4 took the demo to 5 minutes).
@@ -203,7 +204,11 @@ def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Set
     for name, v in (("eagle3_max_batch", e3), ("eagle3_max_k", e3k)):
         if v is not None and int(v) < 1:
             raise ValueError(f"{name} must be >= 1 or None, got {v!r}")
-    return Settings(quick=bool(quick), configs=config_list(pick["configs"]), batch_sizes=batch_sizes,
+    configs = config_list(pick["configs"])
+    if e3 is not None and "eagle3" in methods_of(configs) and int(e3) < min(batch_sizes + [n_roll or max_batch]):
+        raise ValueError(f"eagle3_max_batch {e3} is below every batch size of the run: the eagle3 "
+                         "configurations would never run")
+    return Settings(quick=bool(quick), configs=configs, batch_sizes=batch_sizes,
                     workloads=workloads, rollout_requests=n_roll, rollout_max_tokens=roll_cap, max_seq_len=seq,
                     batch_buckets=_buckets(given.get("batch_buckets"), d["batch_buckets"], batch_sizes, max_batch),
                     prefill_chunk=int(chunk), seed=int(given.get("seed") or 0),

@@ -257,7 +257,9 @@ def _softmax(x):
 
 
 def rejection_inputs(seed, B, K, V, *, one_hot_q=False, greedy_rows=(), equal_rows=()):
-    """As tests/test_kernels.py: p close to q, drafts from q, some greedy rows and p == q rows."""
+    """p close to q (so every acceptance count occurs), drafts sampled from q; some rows
+    greedy (one-hot p, argmax drafts, mostly right) and some with p == q (no residual
+    mass). tests/test_kernels.py uses it too."""
     rng = np.random.default_rng(seed)
     q = _softmax(2.0 * rng.standard_normal((B, K, V)))
     p = _softmax(np.log(np.concatenate([q, _softmax(rng.standard_normal((B, 1, V)))], 1))

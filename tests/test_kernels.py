@@ -21,6 +21,7 @@ from dsd_jax import kernels
 from dsd_jax.kernels import attention_pallas, rejection_pallas
 from dsd_jax.kernels.attention_ref import verify_attention_xla
 from dsd_jax.kernels.rejection_ref import rejection_sample_xla
+from dsd_jax.device_check import rejection_inputs  # the inputs device_check uses on a GPU
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 TOL = {F32: 1e-5, BF16: 1e-2}
@@ -153,35 +154,6 @@ def test_verify_attention_dispatch():
 
 # ----------------------------------------------------------------------------- rejection
 
-def _softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
-
-
-def _rejection_inputs(seed, B, K, V, *, one_hot_q=False, greedy_rows=(), equal_rows=()):
-    """p close to q (so every acceptance count occurs), drafts sampled from q; some rows
-    greedy (one-hot p, argmax drafts) and some with p == q (no residual mass)."""
-    rng = np.random.default_rng(seed)
-    q = _softmax(2.0 * rng.standard_normal((B, K, V)))
-    p = _softmax(np.log(np.concatenate([q, _softmax(rng.standard_normal((B, 1, V)))], 1))
-                 + 0.7 * rng.standard_normal((B, K + 1, V)))
-    d = np.array([[rng.choice(V, p=q[b, i] / q[b, i].sum()) for i in range(K)]
-                  for b in range(B)], np.int32).reshape(B, K)
-    for b in equal_rows:
-        p[b, :K] = q[b]
-    for b in greedy_rows:
-        top = p[b].argmax(-1)
-        p[b] = 0.0
-        p[b, np.arange(K + 1), top] = 1.0
-        d[b] = np.where(rng.random(K) < 0.7, top[:K], d[b])      # mostly right, some wrong
-    if one_hot_q:
-        q = None
-    u = rng.random((B, K)).astype(np.float32)
-    g = rng.gumbel(size=(B, K + 1, V)).astype(np.float32)
-    return (jnp.asarray(p), None if q is None else jnp.asarray(q), jnp.asarray(d),
-            jnp.asarray(u), jnp.asarray(g))
-
-
 def _assert_same_tokens(args, platform, **kw):
     n_ref, t_ref = rejection_sample_xla(*args)
     n, t = rejection_pallas.rejection_sample(*args, interpret=True, platform=platform, **kw)
@@ -204,7 +176,7 @@ REJ_CASES = [
     c[0], c[1], c[2], "-onehotq" if c[3] else ""))
 def test_rejection_interpret_token_identical(case, platform):
     B, K, V, one_hot_q, greedy, equal, block_v, splits = case
-    args = _rejection_inputs(B * 1000 + K * 10 + V, B, K, V, one_hot_q=one_hot_q,
+    args = rejection_inputs(B * 1000 + K * 10 + V, B, K, V, one_hot_q=one_hot_q,
                              greedy_rows=greedy, equal_rows=equal)
     kw = dict(block_v=block_v)
     if platform == "gpu":
@@ -214,7 +186,7 @@ def test_rejection_interpret_token_identical(case, platform):
 
 def test_rejection_acceptance_counts_vary():
     """The random cases above really exercise accepts and rejects at every position."""
-    args = _rejection_inputs(0, 32, 4, 300)
+    args = rejection_inputs(0, 32, 4, 300)
     n, _ = rejection_sample_xla(*args)
     assert len(set(np.asarray(n).tolist())) >= 4
 
@@ -246,7 +218,7 @@ def test_rejection_ties_break_to_first_index(platform):
 def test_rejection_k0_bonus_only(platform):
     """K = 0 (plain decoding): the token is argmax(log p + g). (The XLA reference returns
     a [B, 0] token array for K = 0, so compare with the definition instead.)"""
-    args = _rejection_inputs(5, 3, 0, 300)
+    args = rejection_inputs(5, 3, 0, 300)
     n, t = rejection_pallas.rejection_sample(*args, interpret=True, platform=platform,
                                              block_v=128)
     want = jnp.argmax(jnp.log(args[0]) + args[4], axis=-1)
@@ -255,7 +227,7 @@ def test_rejection_k0_bonus_only(platform):
 
 
 def test_rejection_dispatch():
-    args = _rejection_inputs(11, 3, 2, 200, one_hot_q=True)
+    args = rejection_inputs(11, 3, 2, 200, one_hot_q=True)
     n_ref, t_ref = kernels.rejection_sample(*args, backend="xla")
     n, t = jax.jit(functools.partial(kernels.rejection_sample, backend="interpret"))(*args)
     np.testing.assert_array_equal(np.asarray(t), np.asarray(t_ref))

@@ -196,6 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="draft_staleness.json")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     bench = Bench(args)
     levels = []
@@ -207,7 +208,6 @@ def main(argv=None) -> int:
 
     summary = summarize(levels)
     print(json.dumps(summary, indent=1))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "summary": summary, "levels": levels, "distill": log,
                    "seconds_total": time.perf_counter() - t_start}, f, indent=1)

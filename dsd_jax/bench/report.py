@@ -231,7 +231,7 @@ def _summary_lines(s: dict) -> list[str]:
     stops = s.get("stops_paying_at") or {}
     if stops:
         lines.append("speculation stops paying (no gain over vanilla, paired ratio, from this batch size on): " + "; ".join(
-            f"{name} at B={b}" if b is not None else f"{name} pays at every batch size" for name, b in stops.items()))
+            f"{name} at B={b}" if b is not None else f"{name} still pays at the largest batch size it ran" for name, b in stops.items()))
     return lines
 
 

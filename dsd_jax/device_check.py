@@ -199,8 +199,11 @@ def time_chain(step: Callable, x, consts: Sequence, reps: int, chain: int) -> fl
 
 # --------------------------------------------------------------------------- kernels: correctness
 
-def _positions(rng, B, T, S, kinds):
-    """Query positions per row kind (as tests/test_kernels.py)."""
+def query_positions(rng, B, T, S, kinds):
+    """Per-row query positions: kind "one" (length 1: first query at 0), "full" (last
+    query at S-1), "odd" (random odd length), "pad" (trailing padding queries clamped
+    to position 0, as the model does), "neg" (position -1: sees nothing -> NaN).
+    tests/test_kernels.py uses it too."""
     rows = []
     for b in range(B):
         kind = kinds[b % len(kinds)]
@@ -220,7 +223,9 @@ def _positions(rng, B, T, S, kinds):
     return jnp.asarray(np.stack(rows), jnp.int32)
 
 
-def _cache_rows(B, N):
+def cache_rows(B, N):
+    """A non-trivial row map: descending, stepping over rows, the first row repeated last
+    (B > 2), e.g. B 3, N 5 -> [4, 2, 4]; B 4, N 6 -> [5, 3, 1, 5]."""
     rows = (N - 1 - 2 * np.arange(B)) % N
     if B > 2:
         rows[-1] = rows[0]
@@ -236,7 +241,7 @@ def attention_case(case, backend: str) -> dict:
     q = jnp.asarray(rng.standard_normal((B, T, Hq, D)), dt)
     k = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dt)
     v = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dt)
-    pos, rows = _positions(rng, B, T, S, kinds), _cache_rows(B, N)
+    pos, rows = query_positions(rng, B, T, S, kinds), cache_rows(B, N)
     with jax.default_matmul_precision("highest"):  # GPU XLA would use TF32 for f32 dots
         ref = np.asarray(jax.jit(verify_attention_xla)(q, k, v, pos, rows), np.float32)
     fn = functools.partial(attention_pallas.verify_attention, interpret=backend == "interpret",

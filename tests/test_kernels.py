@@ -21,37 +21,13 @@ from dsd_jax import kernels
 from dsd_jax.kernels import attention_pallas, rejection_pallas
 from dsd_jax.kernels.attention_ref import verify_attention_xla
 from dsd_jax.kernels.rejection_ref import rejection_sample_xla
-from dsd_jax.device_check import rejection_inputs  # the inputs device_check uses on a GPU
+from dsd_jax.device_check import cache_rows, query_positions, rejection_inputs  # device_check's cases on a GPU
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 TOL = {F32: 1e-5, BF16: 1e-2}
 
 
 # ----------------------------------------------------------------------------- attention
-
-def _positions(rng, B, T, S, kinds):
-    """Per-row query positions: kind "one" (length 1: first query at 0), "full" (last
-    query at S-1), "odd" (random odd length), "pad" (trailing padding queries clamped
-    to position 0, as the model does), "neg" (position -1: sees nothing -> NaN)."""
-    rows = []
-    for b in range(B):
-        kind = kinds[b % len(kinds)]
-        if kind == "neg":
-            rows.append(np.full(T, -1))
-            continue
-        if kind == "one":
-            start = 0
-        elif kind == "full":
-            start = S - T
-        else:
-            start = int(rng.integers(0, S - T + 1)) | 1
-            start = min(start, S - T)
-        pos = start + np.arange(T)
-        if kind == "pad" and T > 1:
-            pos[T // 2 + 1:] = 0
-        rows.append(pos)
-    return jnp.asarray(np.stack(rows), jnp.int32)
-
 
 def _attn_inputs(seed, B, T, Hq, Hkv, S, D, dtype, kinds, N=None):
     """Caches hold N >= B rows (default B + 2): the rows no batch row reads are noise too."""
@@ -60,16 +36,7 @@ def _attn_inputs(seed, B, T, Hq, Hkv, S, D, dtype, kinds, N=None):
     q = jnp.asarray(rng.standard_normal((B, T, Hq, D)), dtype)
     k = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dtype)
     v = jnp.asarray(rng.standard_normal((N, Hkv, S, D)), dtype)
-    return q, k, v, _positions(rng, B, T, S, kinds)
-
-
-def _cache_rows(B, N):
-    """A non-trivial row map: descending, stepping over rows, the first row repeated last
-    (B > 2), e.g. B 3, N 5 -> [4, 2, 4]; B 4, N 6 -> [5, 3, 1, 5]."""
-    rows = (N - 1 - 2 * np.arange(B)) % N
-    if B > 2:
-        rows[-1] = rows[0]
-    return jnp.asarray(rows, jnp.int32)
+    return q, k, v, query_positions(rng, B, T, S, kinds)
 
 
 def _rel_err(out, ref):
@@ -100,7 +67,7 @@ ATTN_CASES = [
 def test_verify_attention_interpret_matches_reference(case):
     platform, B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, kinds = case
     q, k, v, pos = _attn_inputs(zlib.crc32(repr(case).encode()), B, T, Hq, Hkv, S, D, dtype, kinds)
-    rows = _cache_rows(B, k.shape[0])
+    rows = cache_rows(B, k.shape[0])
     ref = verify_attention_xla(q, k, v, pos, rows)
     out = attention_pallas.verify_attention(q, k, v, pos, rows, interpret=True, platform=platform,
                                             block_k=block_k, num_splits=num_splits)
@@ -111,7 +78,7 @@ def test_verify_attention_interpret_matches_reference(case):
 def test_reference_rows():
     """The oracle itself: rows=None is rows 0..B-1, and rows[b] selects what batch row b sees."""
     q, k, v, pos = _attn_inputs(5, 3, 2, 4, 2, 30, 64, F32, ("odd", "full", "one"), N=5)
-    rows = _cache_rows(3, 5)
+    rows = cache_rows(3, 5)
     np.testing.assert_array_equal(verify_attention_xla(q, k, v, pos),
                                   verify_attention_xla(q, k[:3], v[:3], pos, jnp.arange(3)))
     np.testing.assert_array_equal(verify_attention_xla(q, k, v, pos, rows),
@@ -134,7 +101,7 @@ def test_verify_attention_tpu_interpreter_uninitialized_memory():
     from jax.experimental.pallas import tpu as pltpu
     q, k, v, pos = _attn_inputs(7, 2, 3, 4, 2, 300, 64, F32, ("full", "odd"))
     params = pltpu.InterpretParams(out_of_bounds_reads="uninitialized", uninitialized_memory="nan")
-    rows = _cache_rows(2, k.shape[0])
+    rows = cache_rows(2, k.shape[0])
     out = attention_pallas.verify_attention(q, k, v, pos, rows, interpret=params, platform="tpu",
                                             block_k=128)
     assert _rel_err(out, verify_attention_xla(q, k, v, pos, rows)) < 1e-5
@@ -142,7 +109,7 @@ def test_verify_attention_tpu_interpreter_uninitialized_memory():
 
 def test_verify_attention_dispatch():
     q, k, v, pos = _attn_inputs(3, 2, 2, 4, 2, 24, 64, F32, ("odd", "full"))
-    rows = _cache_rows(2, k.shape[0])
+    rows = cache_rows(2, k.shape[0])
     ref = kernels.verify_attention(q, k, v, pos, rows, backend="xla")
     out = jax.jit(functools.partial(kernels.verify_attention, backend="interpret"))(q, k, v, pos,
                                                                                     rows)

@@ -64,7 +64,7 @@ def main():
                     max_k=profile.max_k if profile else 1, batch_buckets=None, prefill_chunk=256,
                     compilation_cache_dir=args.compilation_cache_dir, log=print)
     runner.warmup()
-    runner.profile, runner.profile_path = profile, args.profile
+    runner.profiles["draft_model"], runner.profile_paths["draft_model"] = profile, args.profile
     point = Point("straggler", args.batch_size, [models.heldout_prompts(args.batch_size, seed=args.seed)],
                   configs, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
     decode_ms = collections.defaultdict(list)

@@ -91,29 +91,11 @@ class Runner:
             buckets, slots = _buckets_upto(batch_buckets, (method_max_batch or {}).get(m, max_batch_size))
             self.by_method[m] = SpecEngine(target, given[m], SpecConfig(method=m, num_speculative_tokens=k),
                                            max_batch_size=slots, batch_buckets=buckets, **common)
-        self.spec = self.by_method.get("draft_model")
-        self.eagle3 = self.by_method.get("eagle3")
+        self.spec = self.by_method.get("draft_model")  # the draft model's engine (None without one)
         self.max_batch_size = max_batch_size
         self._dynamic: dict[str, Controller] = {}  # one goodput controller per name, built on first use
         self.profiles: dict[str, Profile] = {}  # per method: the dynamic configurations' profile
         self.profile_paths: dict[str, str | None] = {}
-
-    # the draft model's profile (the one profile of a bench without eagle3 configurations)
-    @property
-    def profile(self) -> Profile | None:
-        return self.profiles.get("draft_model")
-
-    @profile.setter
-    def profile(self, value: Profile | None) -> None:
-        self.profiles["draft_model"] = value
-
-    @property
-    def profile_path(self) -> str | None:
-        return self.profile_paths.get("draft_model")
-
-    @profile_path.setter
-    def profile_path(self, value: str | None) -> None:
-        self.profile_paths["draft_model"] = value
 
     def engine_for(self, config: str):
         """The engine a configuration runs on."""

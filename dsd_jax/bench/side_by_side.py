@@ -179,7 +179,7 @@ def _profiled_runner(target, draft, prompts, profile_prompts, *, max_seq_len: in
     runner.warmup()
     ctx = min(max_seq_len, prompt_len + max_tokens // 2)
     log(f"  profiling the draft-model engine (context {ctx}) for the dynamic controller ...")
-    runner.profile = profile_engine(runner.spec, context_lengths=(ctx,), repeats=profile_repeats, warmup_reps=2,
+    runner.profiles["draft_model"] = profile_engine(runner.spec, context_lengths=(ctx,), repeats=profile_repeats, warmup_reps=2,
                                     prompts=profile_prompts, acceptance_max_tokens=min(max_tokens, 64),
                                     temperatures=(0.0,))
     return runner
@@ -216,7 +216,7 @@ def measure_seq_len(target, draft, prompts, profile_prompts, *, max_seq_len: int
     run_interleaved(points, run, repeats, on_repeat=lambda rep, p: log(
         f"  [repeat {rep + 1}/{repeats}] S={max_seq_len} B={p.batch_size}: " + ", ".join(
             f"{c} {p.cells[c].tokens[rep] / p.cells[c].walls[rep]:.0f}" for c in p.configs) + " tok/s"))
-    acceptance = list(runner.profile.acceptance)
+    acceptance = list(runner.profiles["draft_model"].acceptance)
     del runner
     gc.collect()
     return {"cells": {p.batch_size: p.cells for p in points}, "profile_acceptance": acceptance,

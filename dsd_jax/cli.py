@@ -133,7 +133,7 @@ def _load_spec(cmd: str, args, has_draft: bool):
             spec = SpecConfig(method=method)
         except ValueError as e:
             _fail(cmd, "--method", str(e))
-        if _needs_draft(spec) and spec.method != "eagle3" and not has_draft:
+        if _needs_draft_flag(spec) and not has_draft:
             _fail(cmd, "--draft", f"speculative method {spec.method!r} needs a draft model (--draft or --hf-draft)")
         return spec
     if args.speculative_config is None:
@@ -150,7 +150,7 @@ def _load_spec(cmd: str, args, has_draft: bool):
         _fail(cmd, "--speculative-config", str(e))
     if method is not None and method != spec.method:
         _fail(cmd, "--method", f"{method!r} disagrees with the speculative config's method {spec.method!r}")
-    if _needs_draft(spec) and spec.method != "eagle3" and not has_draft:
+    if _needs_draft_flag(spec) and not has_draft:
         _fail(cmd, "--draft", f"speculative method {spec.method!r} needs a draft model (--draft or --hf-draft)")
     return spec
 
@@ -158,6 +158,13 @@ def _load_spec(cmd: str, args, has_draft: bool):
 def _needs_draft(spec) -> bool:
     from dsd_jax import drafters
     return drafters.get(spec.method).needs_model
+
+
+def _needs_draft_flag(spec) -> bool:
+    """Whether --draft must be given: the method needs a model and cannot load the one its
+    spec names itself (an EAGLE-3 head is loaded from `model`, the built-in by default)."""
+    from dsd_jax import drafters
+    return _needs_draft(spec) and not hasattr(drafters.get(spec.method), "load_model")
 
 
 def _engine_draft(args, spec, draft):

@@ -15,19 +15,42 @@ estimate is kept non-increasing.
 `RequestAcceptance`: one estimate per live request, its own discounted counts
 shrunk toward the global estimate as if that were `ROW_PRIOR_STEPS` more observed
 steps (a request lives for tens of steps: too few to trust alone, too many to
-ignore).
+ignore). It also learns how far requests differ: the spread (standard deviation)
+of the true AL_r(K) between finished requests, from their own counts less the
+counts' sampling noise (method of moments).
+Shrinkage hides that spread from a request with little data of its own (a fresh
+one *is* the global estimate), so `lower_al` takes it back off such rows: the
+makespan objective needs the slowest of B requests, and E[min of B draws] is
+about mean - z_B * spread, z_B the expected maximum of B standard normals.
 """
 
 from __future__ import annotations
 
 from typing import Hashable, Sequence
 
+import functools
+import statistics
+
 import numpy as np
 
 __all__ = ["GlobalAcceptance", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
-           "padded_prior"]
+           "expected_max_normal", "padded_prior", "tokens_variance"]
 
 ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
+SPREAD_MIN_STEPS = 3  # a finished request informs the spread once its (discounted) counts cover this many steps
+SPREAD_FORGETTING = 1 / 32  # weight of the newest finished request in the spread estimate
+
+
+@functools.lru_cache(maxsize=1024)
+def expected_max_normal(n: int) -> float:
+    """E[max of n iid standard normals] = integral of x n phi(x) Phi(x)^(n-1) (0 for n = 1)."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-9.0, 9.0, 3601)
+    normal = statistics.NormalDist()
+    cdf = np.array([normal.cdf(v) for v in x])
+    pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
+    return float(np.trapezoid(x * n * pdf * cdf ** (n - 1), x))
 
 
 def al_curve(a: np.ndarray, k: int) -> np.ndarray:
@@ -65,6 +88,17 @@ def check_num_accepted(k: int, num_accepted) -> np.ndarray:
     if acc.size and (acc.min() < 0 or acc.max() > k):
         raise ValueError(f"num_accepted values must be in 0..k={k}, got range {acc.min()}..{acc.max()}")
     return acc
+
+
+def tokens_variance(a: np.ndarray) -> np.ndarray:
+    """Var of the drafts accepted in one step, min(n, K), for K = 0..len(a), when
+    P(n >= i) = a_i: the indicators [n >= i] are nested, so Cov(i < j) = a_j (1 - a_i)."""
+    k = len(a)
+    cov = np.minimum.outer(a, a) - np.outer(a, a)  # a_max(i,j) - a_i a_j, as a is non-increasing
+    var = np.zeros(k + 1)
+    for kk in range(1, k + 1):
+        var[kk] = cov[:kk, :kk].sum()
+    return var
 
 
 class GlobalAcceptance:
@@ -155,6 +189,10 @@ class RequestAcceptance:
         self._positions = np.arange(1, self.max_k + 1)
         self._prior_of = None  # the global estimate `_prior_counts` was made from
         self._prior_counts = np.zeros(self.max_k)
+        # discounted (weight, sum AL, sum AL^2, sum sampling variance) over finished
+        # requests, K = 0..max_k
+        self._moments = np.zeros((4, self.max_k + 1))
+        self._learnt = 0  # finished requests that informed them
 
     def rows_for(self, request_ids: Sequence[Hashable]) -> np.ndarray:
         """The rows of these requests (unseen ones get a fresh row)."""
@@ -177,10 +215,50 @@ class RequestAcceptance:
         return r
 
     def forget(self, rid: Hashable) -> None:
-        """Drop a finished request (no-op if unknown); its row is reused."""
+        """Drop a finished request (no-op if unknown), after it informs the spread; its
+        row is reused."""
         r = self.row_of.pop(rid, None)
         if r is not None:
+            self._learn_spread(r)
             self._free.append(r)
+
+    def _learn_spread(self, r: int) -> None:
+        """Folds a finished request's own AL_r(K) curve, and the sampling variance of
+        that estimate, into the discounted moments."""
+        n = self.proposed[r, 0]
+        if n < SPREAD_MIN_STEPS:
+            return  # mostly K = 0 steps: too little of its own to say how it differs
+        proposed = self.proposed[r]
+        own = np.minimum.accumulate(np.where(proposed > 0, self.accepted[r] / np.maximum(proposed, 1e-12),
+                                             np.nan_to_num(self._global.estimate)))
+        al = al_curve(own, self.max_k)
+        self._moments *= 1.0 - SPREAD_FORGETTING
+        self._moments[0] += 1.0
+        self._moments[1] += al
+        self._moments[2] += al * al
+        self._moments[3] += tokens_variance(own) / n
+        self._learnt += 1
+
+    def spread(self) -> np.ndarray:
+        """Standard deviation of the true AL_r(K) between finished requests, K = 0..max_k:
+        the variance of their own estimates less its sampling part (method of moments;
+        zeros until two requests have informed it)."""
+        w, s1, s2, noise = self._moments
+        if self._learnt < 2:
+            return np.zeros(self.max_k + 1)
+        mean = s1 / w
+        return np.sqrt(np.maximum(s2 / w - mean * mean - noise / w, 0.0))
+
+    def lower_al(self, rows, k: int, batch_size: int) -> np.ndarray:
+        """AL_r(K) for K = 0..k per row, less z_B times the learnt spread on the share the
+        row's own counts do not cover yet (all of it for a fresh row); never below 1."""
+        al = al_curve(self.estimate(rows, k), k)
+        z = expected_max_normal(batch_size)
+        if z and self._learnt >= 2:
+            hidden = np.sqrt(ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + self.proposed[rows, 0]))
+            al -= z * hidden[:, None] * self.spread()[None, : k + 1]
+            np.maximum(al, 1.0, out=al)
+        return al
 
     def observe(self, rows: np.ndarray, num_accepted: np.ndarray, k: int) -> None:
         """One step with `k` > 0 drafts; num_accepted[j] is row rows[j]'s count."""

@@ -27,7 +27,8 @@ Probes: every ``dynamic.probe_interval``-th step runs another K than the held on
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate, the probe runs the
-profile's best K there. Before that (with latency learning on), a probe runs
+profile's best K there, and each such probe doubles the gap to the next (up to
+``dynamic.probe_backoff`` intervals) until the held K moves. Before that (with latency learning on), a probe runs
 the least observed K whose predicted goodput is within ``dynamic.explore_gap`` of
 the held K's and whose latency at this batch bucket is not learnt yet, so close
 contenders get measured a few times, not only the winner. A probe is observed
@@ -47,7 +48,12 @@ queued), the goodput row becomes the critical request's progress::
 
     G(K) = min_r AL_r(K) / remaining_r  /  ITL(B, K)
 
-with AL_r from per-request acceptance (tracked as in ``per_request``). Nothing
+with AL_r from per-request acceptance (tracked as in ``per_request``), lowered on
+rows with little data of their own to the slowest of B requests' expected AL from
+the spread learnt over finished requests (`RequestAcceptance.lower_al`): shrunk
+toward the global mean, B fresh rows would all look average, and the first steps
+of every batch would speculate for the mean row while the slowest one sets the
+time (`benchmarks/draft_staleness.py`, B=8 at a stale draft). Nothing
 refills the slots of such a batch, so it lasts as long as its slowest request;
 the batch-mean AL over-rates K when rows accept unevenly (one hard row then runs
 the tail alone: `benchmarks/straggler_tail.py`).
@@ -188,6 +194,8 @@ class Controller:
         self._track_rows = self._per_request or self._objective == "makespan"
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
+        self._max_probe_gap = self._probe_interval * (dyn.probe_backoff if goodput else 1)
+        self._probe_gap = self._probe_interval  # grows while acceptance probes leave K = 0 held
         self._since_probe = 0  # choices since the last probe
         self._probes = 0
         self._cur = 0  # the K the hysteresis holds
@@ -249,10 +257,11 @@ class Controller:
             if best != cur:
                 g = tab[1][batch_size]
                 if g[best] > g[cur] * self._one_plus_margin:
-                    self._cur = cur = best
+                    self._hold(best)
+                    cur = best
             if self._probe_interval:
                 self._since_probe += 1
-                if self._since_probe >= self._probe_interval:
+                if self._since_probe >= self._probe_gap:
                     cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size])
             self._k_counts[cur] += 1
             return cur
@@ -268,22 +277,32 @@ class Controller:
         best = int(np.argmax(g))
         cur = self._cur
         if best != cur and g[best] > g[cur] * self._one_plus_margin:
-            self._cur = cur = best
+            self._hold(best)
+            cur = best
         if self._probe_interval:
             self._since_probe += 1
-            if self._since_probe >= self._probe_interval:
+            if self._since_probe >= self._probe_gap:
                 k_prior = int(np.argmax(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
                 cur = self._probe(cur, b, g, k_prior)
         self._k_counts[cur] += 1
         return cur
 
+    def _hold(self, k: int) -> None:
+        """The hysteresis moves to `k`: probing starts again at its base interval."""
+        self._cur = k
+        self._probe_gap = self._probe_interval
+
     def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
         """The K for a probe step at held K `cur`: a close contender whose latency is
-        still being learnt, else (holding K = 0) the profile acceptance's best K."""
+        still being learnt, else (holding K = 0) the profile acceptance's best K. Each
+        such acceptance probe doubles the gap to the next one (up to `probe_backoff`
+        times the interval) until the held K moves: a probe that keeps confirming K = 0
+        costs a speculative step for nothing."""
         self._since_probe = 0
         k = self._contender(cur, b, g)
         if k == cur and cur == 0:
             k = k_prior
+            self._probe_gap = min(2 * self._probe_gap, self._max_probe_gap)
         if k != cur:
             self._probes += 1
         return k
@@ -326,8 +345,10 @@ class Controller:
             return 0
         b, key, rows = live
         # The critical row's share of its remaining work done per step; a row about to
-        # finish is never critical (the engine's token counts lag one step behind).
-        progress = (self._row_al(rows) / np.maximum(rem, 1.0)[:, None]).min(axis=0)
+        # finish is never critical (the engine's token counts lag one step behind). Rows
+        # with little data of their own count at the slowest of b requests' expected AL.
+        al = self._requests.lower_al(rows, self._kc, b)
+        progress = (al / np.maximum(rem, 1.0)[:, None]).min(axis=0)
         return self._decide(b, key, progress)
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from dsd_jax.acceptance import ROW_PRIOR_STEPS, GlobalAcceptance, RequestAcceptance, al_curve, padded_prior
+from dsd_jax.acceptance import (ROW_PRIOR_STEPS, SPREAD_MIN_STEPS, GlobalAcceptance, RequestAcceptance, al_curve,
+                                expected_max_normal, padded_prior, tokens_variance)
 
 PRIOR = np.array([0.8, 0.6, 0.4, 0.2])
 
@@ -144,3 +145,77 @@ def test_rows_grow_and_keep_their_counts():
     assert rq.accepted.shape[0] >= 40
     np.testing.assert_array_equal(rq.accepted[first[0]], [1, 1, 1, 1])
     np.testing.assert_allclose(rq.request("r39"), PRIOR)
+
+
+def test_expected_max_normal_matches_the_known_values():
+    # E[max of n standard normals] (tables: Harter 1961); n = 2 is 1 / sqrt(pi)
+    for n, exact in ((1, 0.0), (2, 0.5642), (4, 1.0294), (8, 1.4236), (10, 1.5388), (16, 1.7660), (50, 2.2491), (100, 2.5076)):
+        assert expected_max_normal(n) == pytest.approx(exact, abs=1e-3)
+
+
+def _finish(rq, rid, num_accepted, k, steps):
+    """A request that accepts num_accepted[step] drafts (or the same count every step)."""
+    rows = rq.rows_for([rid])
+    for n in np.broadcast_to(num_accepted, (steps,)):
+        rq.observe(rows, np.array([n]), k)
+    rq.forget(rid)
+
+
+def test_tokens_variance_of_nested_acceptance_events():
+    rng = np.random.default_rng(0)
+    a = np.array([0.8, 0.6, 0.3, 0.1])
+    # n >= i with P(n >= i) = a_i: n = number of thresholds a single uniform falls under
+    n = (rng.random(200_000)[:, None] < a).sum(axis=1)
+    for k in range(5):
+        assert tokens_variance(a)[k] == pytest.approx(np.minimum(n, k).var(), abs=0.01)
+    np.testing.assert_array_equal(tokens_variance(np.array([1.0, 1.0, 0.0])), np.zeros(4))
+
+
+def test_spread_is_the_deviation_of_finished_requests_al_curves():
+    g, rq = _requests(forgetting=0.05)
+    np.testing.assert_array_equal(rq.spread(), np.zeros(5))  # nothing finished yet
+    counts = [4, 0, 4, 0, 2, 1]  # deterministic requests: no sampling noise to take off
+    for i, n in enumerate(counts):
+        _finish(rq, f"r{i}", n, 4, steps=12)
+    _finish(rq, "thin", 4, 4, steps=SPREAD_MIN_STEPS - 1)  # too few steps of its own: ignored
+    als = [al_curve((n >= np.arange(1, 5)).astype(float), 4) for n in counts]
+    w = (1 - 1 / 32) ** np.arange(len(als))[::-1]  # the newest weighs most
+    mean = np.average(als, axis=0, weights=w)
+    std = np.sqrt(np.average((np.array(als) - mean) ** 2, axis=0, weights=w))
+    np.testing.assert_allclose(rq.spread(), std, atol=1e-12)
+
+
+@pytest.mark.parametrize("rates", [(0.6,), (0.9, 0.3)])
+def test_spread_takes_the_sampling_noise_off(rates):
+    """Requests that accept alike differ only by chance: (almost) no spread, where their
+    raw AL(4) estimates differ by about 0.27. Two kinds of request (geometric acceptance
+    0.9 and 0.3, AL(4) 4.10 and 1.43): the spread is theirs, 1.33."""
+    g, rq = _requests(forgetting=0.05)
+    rng = np.random.default_rng(1)
+    for i in range(400):
+        _finish(rq, i, np.minimum(rng.geometric(1 - rates[i % len(rates)], size=20) - 1, 4), 4, steps=20)
+    true_al = np.std([al_curve(r ** np.arange(1.0, 5.0), 4) for r in rates], axis=0)
+    if len(rates) == 1:
+        assert np.all(rq.spread() < 0.12)
+    else:
+        np.testing.assert_allclose(rq.spread()[1:], true_al[1:], rtol=0.1)
+
+
+def test_lower_al_takes_the_spread_off_fresh_rows_only():
+    g, rq = _requests(forgetting=0.05)
+    for i, n in enumerate([4, 0] * 4):
+        _finish(rq, f"old{i}", n, 4, steps=12)
+    spread = rq.spread()
+    rows = rq.rows_for(["fresh", "seasoned"])
+    for _ in range(40):
+        rq.observe(rows[1:], np.array([4]), 4)
+    mean = al_curve(rq.estimate(rows, 4), 4)
+    # one row: its own expected AL, no order statistic to take
+    np.testing.assert_allclose(rq.lower_al(rows, 4, batch_size=1), mean)
+    low = rq.lower_al(rows, 4, batch_size=8)
+    np.testing.assert_allclose(low[0], np.maximum(mean[0] - expected_max_normal(8) * spread, 1.0))
+    assert low[0, 4] < mean[0, 4] - 1.0  # a fresh row of eight counts at the slowest's AL
+    hidden = np.sqrt(ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + rq.proposed[rows[1], 0]))
+    assert hidden < 0.5  # its own counts saturate at 1 / forgetting = 20 steps
+    np.testing.assert_allclose(low[1], mean[1] - expected_max_normal(8) * hidden * spread)
+    assert np.all(rq.lower_al(rows, 4, batch_size=64) >= 1.0)  # never below one token per step

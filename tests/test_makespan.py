@@ -100,6 +100,36 @@ def test_makespan_objective_finishes_uneven_groups_sooner():
         assert sum(t["makespan"]) < 0.85 * sum(t["throughput"]), t
 
 
+def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
+    """Half the rows accept 0.9 of drafts, half 0.4 (geometric): the mean row would
+    speculate, the slow rows gain less than a step costs at B=8. Shrunk toward the mean,
+    eight fresh rows all look average, so the first group starts speculating; once
+    finished requests have shown how far rows differ, a fresh group starts at K = 0."""
+    p = realistic_profile(max_k=4, acceptance=(0.6, 0.45, 0.35, 0.25))
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0), p, max_batch_size=8)
+    assert 1.9 / p.itl_ms(8, 1) > 1.0 / p.itl_ms(8, 0) > 1.4 / p.itl_ms(8, 1)
+    rng = np.random.default_rng(0)
+    first_steps = []
+    for g in range(6):
+        rate = {f"g{g}r{i}": 0.9 if i % 2 else 0.4 for i in range(8)}
+        left = dict.fromkeys(rate, 48)
+        ks = []
+        while left:
+            ids = list(left)
+            k = c.choose_k(len(ids), request_ids=ids, remaining=[left[r] for r in ids])
+            acc = [min(rng.geometric(1 - rate[r]) - 1, k) for r in ids]
+            c.observe(k, acc, request_ids=ids)
+            ks.append(k)
+            for r, a in zip(ids, acc):
+                left[r] -= a + 1
+                if left[r] <= 0:
+                    del left[r]
+                    c.forget_request(r)
+        first_steps.append(ks[:4])
+    assert any(first_steps[0]) and not any(map(any, first_steps[2:])), first_steps
+    assert c._requests.spread()[1] > 0.15  # white-box: the spread it learnt
+
+
 def test_bad_remaining_is_refused():
     p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
     _, mk = _controllers(p)

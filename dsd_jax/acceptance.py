@@ -19,9 +19,9 @@ ignore). It also learns how far requests differ: the spread (standard deviation)
 of the true AL_r(K) between finished requests, from their own counts less the
 counts' sampling noise (method of moments).
 Shrinkage hides that spread from a request with little data of its own (a fresh
-one *is* the global estimate), so `lower_al` takes it back off such rows: the
-makespan objective needs the slowest of B requests, and E[min of B draws] is
-about mean - z_B * spread, z_B the expected maximum of B standard normals.
+one *is* the global estimate); `makespan_steps` puts it back, with each step's
+own randomness, into the steps the slowest of B requests needs (the makespan
+objective of `dsd_jax.controller`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = ["GlobalAcceptance", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve
            "expected_max_normal", "padded_prior", "tokens_variance"]
 
 ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
-SPREAD_MIN_STEPS = 3  # a finished request informs the spread once its (discounted) counts cover this many steps
+SPREAD_MIN_STEPS = 1.5  # a finished request informs the spread from two speculative steps on
 SPREAD_FORGETTING = 1 / 32  # weight of the newest finished request in the spread estimate
 
 
@@ -90,14 +90,16 @@ def check_num_accepted(k: int, num_accepted) -> np.ndarray:
     return acc
 
 
-def tokens_variance(a: np.ndarray) -> np.ndarray:
-    """Var of the drafts accepted in one step, min(n, K), for K = 0..len(a), when
-    P(n >= i) = a_i: the indicators [n >= i] are nested, so Cov(i < j) = a_j (1 - a_i)."""
-    k = len(a)
-    cov = np.minimum.outer(a, a) - np.outer(a, a)  # a_max(i,j) - a_i a_j, as a is non-increasing
-    var = np.zeros(k + 1)
-    for kk in range(1, k + 1):
-        var[kk] = cov[:kk, :kk].sum()
+def tokens_variance(a: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Var of the drafts accepted in one step, min(n, K), for K = 0..k (default: all of
+    `a`), along the last axis, when P(n >= i) = a_i is non-increasing in i. The
+    indicators [n >= i] are nested: E[min(n, K)^2] = sum_{i, j <= K} a_max(i, j) =
+    sum_{m <= K} (2m - 1) a_m."""
+    k = a.shape[-1] if k is None else k
+    a = a[..., :k]
+    var = np.zeros(a.shape[:-1] + (k + 1,))
+    mean = np.cumsum(a, axis=-1)
+    var[..., 1:] = np.cumsum((2.0 * np.arange(1, k + 1) - 1.0) * a, axis=-1) - mean * mean
     return var
 
 
@@ -192,7 +194,8 @@ class RequestAcceptance:
         # discounted (weight, sum AL, sum AL^2, sum sampling variance) over finished
         # requests, K = 0..max_k
         self._moments = np.zeros((4, self.max_k + 1))
-        self._learnt = 0  # finished requests that informed them
+        self._informed = np.zeros(self.max_k + 1, dtype=int)  # finished requests that informed each K
+        self._spread = np.zeros(self.max_k + 1)
 
     def rows_for(self, request_ids: Sequence[Hashable]) -> np.ndarray:
         """The rows of these requests (unseen ones get a fresh row)."""
@@ -224,41 +227,68 @@ class RequestAcceptance:
 
     def _learn_spread(self, r: int) -> None:
         """Folds a finished request's own AL_r(K) curve, and the sampling variance of
-        that estimate, into the discounted moments."""
-        n = self.proposed[r, 0]
-        if n < SPREAD_MIN_STEPS:
-            return  # mostly K = 0 steps: too little of its own to say how it differs
-        proposed = self.proposed[r]
-        own = np.minimum.accumulate(np.where(proposed > 0, self.accepted[r] / np.maximum(proposed, 1e-12),
+        that estimate, into the discounted moments of each K whose drafts it ran."""
+        n = np.concatenate([[0.0], self.proposed[r]])  # steps that proposed draft K, K = 0..max_k
+        informs = n >= SPREAD_MIN_STEPS  # two steps at least: one cannot tell a rate from luck
+        if not informs.any():
+            return
+        own = np.minimum.accumulate(np.where(n[1:] > 0, self.accepted[r] / np.maximum(n[1:], 1e-12),
                                              np.nan_to_num(self._global.estimate)))
         al = al_curve(own, self.max_k)
-        self._moments *= 1.0 - SPREAD_FORGETTING
-        self._moments[0] += 1.0
-        self._moments[1] += al
-        self._moments[2] += al * al
-        self._moments[3] += tokens_variance(own) / n
-        self._learnt += 1
+        m = self._moments
+        m[:, informs] *= 1.0 - SPREAD_FORGETTING
+        m[0, informs] += 1.0
+        m[1, informs] += al[informs]
+        m[2, informs] += al[informs] ** 2
+        # the sampling variance of its mean over n steps, from its own steps' variance (unbiased)
+        m[3, informs] += tokens_variance(own)[informs] / (n[informs] - 1.0)
+        self._informed += informs
+        self._spread = self._compute_spread()
+
+    def _compute_spread(self) -> np.ndarray:
+        w, s1, s2, noise = self._moments
+        learnt = self._informed >= 2
+        spread = np.zeros(self.max_k + 1)
+        if not learnt.any():
+            return spread
+        mean = s1[learnt] / w[learnt]
+        spread[learnt] = np.sqrt(np.maximum(s2[learnt] / w[learnt] - mean * mean - noise[learnt] / w[learnt], 0.0))
+        # Ks no request ran yet (the learnt ones are a prefix 1..J): in proportion to the
+        # drafts the global estimate expects, so an unexplored K never looks the safest
+        j = int(np.flatnonzero(learnt)[-1])
+        drafts = np.array(al_curve(np.nan_to_num(self._global.estimate), self.max_k)) - 1.0
+        if j < self.max_k and drafts[j] > 0:
+            spread[j + 1:] = spread[j] * drafts[j + 1:] / drafts[j]
+        return spread
 
     def spread(self) -> np.ndarray:
         """Standard deviation of the true AL_r(K) between finished requests, K = 0..max_k:
-        the variance of their own estimates less its sampling part (method of moments;
-        zeros until two requests have informed it)."""
-        w, s1, s2, noise = self._moments
-        if self._learnt < 2:
-            return np.zeros(self.max_k + 1)
-        mean = s1 / w
-        return np.sqrt(np.maximum(s2 / w - mean * mean - noise / w, 0.0))
+        the variance of their own estimates less its sampling part (method of moments over
+        the requests that ran K drafts at least twice; zeros until two have; Ks beyond the
+        last learnt one scaled by the expected drafts accepted)."""
+        return self._spread.copy()
 
-    def lower_al(self, rows, k: int, batch_size: int) -> np.ndarray:
-        """AL_r(K) for K = 0..k per row, less z_B times the learnt spread on the share the
-        row's own counts do not cover yet (all of it for a fresh row); never below 1."""
-        al = al_curve(self.estimate(rows, k), k)
+    def makespan_steps(self, rows, remaining: np.ndarray, k: int, batch_size: int) -> np.ndarray:
+        """Steps each row needs for its `remaining` tokens at K = 0..k ([rows, k + 1]),
+        as the slowest of `batch_size` rows would: the expected R / AL_r(K), plus z_B
+        standard deviations of that count. Two things spread it: each step's tokens are
+        random (a renewal count: variance R Var_r / AL_r^3), and a row with little data
+        of its own may accept worse than its estimate says (the learnt spread between
+        requests on the share its own counts do not cover yet; all of it for a fresh
+        row). Shrunk toward the mean, B fresh rows would all look average, and a batch
+        nothing refills lasts as long as its slowest row."""
+        est = np.minimum.accumulate(self.estimate(rows, k), axis=-1)
+        al = al_curve(est, k)
+        rem = remaining[:, None]
+        steps = rem / al
         z = expected_max_normal(batch_size)
-        if z and self._learnt >= 2:
-            hidden = np.sqrt(ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + self.proposed[rows, 0]))
-            al -= z * hidden[:, None] * self.spread()[None, : k + 1]
-            np.maximum(al, 1.0, out=al)
-        return al
+        if not z:
+            return steps
+        var = rem * tokens_variance(est, k) / al**3
+        if self._spread[: k + 1].any():
+            hidden = ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + self.proposed[rows, 0])
+            var += (steps / al) ** 2 * hidden[:, None] * self._spread[None, : k + 1] ** 2
+        return steps + z * np.sqrt(var)
 
     def observe(self, rows: np.ndarray, num_accepted: np.ndarray, k: int) -> None:
         """One step with `k` > 0 drafts; num_accepted[j] is row rows[j]'s count."""

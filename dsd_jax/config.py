@@ -166,7 +166,8 @@ class DynamicConfig:
     probe_backoff: while the held K stays 0, each acceptance probe doubles the gap to
         the next one, up to `probe_backoff` times `probe_interval` steps (1: a fixed
         interval). A stale draft held at K = 0 then pays a speculative step every
-        256 steps, not every 16; a change of the held K restores the interval.
+        256 steps, not every 16; a K > 0 held for `probe_interval` choices in a row
+        restores the interval.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL
         is the profile's times that learnt factor (`dsd_jax.latency`); 0.02 is a

@@ -28,7 +28,7 @@ K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate, the probe runs the
 profile's best K there, and each such probe doubles the gap to the next (up to
-``dynamic.probe_backoff`` intervals) until the held K moves. Before that (with latency learning on), a probe runs
+``dynamic.probe_backoff`` intervals) until a K > 0 has been held for an interval. Before that (with latency learning on), a probe runs
 the least observed K whose predicted goodput is within ``dynamic.explore_gap`` of
 the held K's and whose latency at this batch bucket is not learnt yet, so close
 contenders get measured a few times, not only the winner. A probe is observed
@@ -44,19 +44,20 @@ vectorised numpy operations on [B, K] arrays instead (tens of microseconds;
 
 Makespan objective (``dynamic.objective="makespan"``): when the caller passes each
 live request's remaining token budget (`SpecEngine` does once no request is
-queued), the goodput row becomes the critical request's progress::
+queued), the goodput row becomes the progress of the request that finishes last::
 
-    G(K) = min_r AL_r(K) / remaining_r  /  ITL(B, K)
+    G(K) = 1 / max_r S_r(K)  /  ITL(B, K)
 
-with AL_r from per-request acceptance (tracked as in ``per_request``), lowered on
-rows with little data of their own to the slowest of B requests' expected AL from
-the spread learnt over finished requests (`RequestAcceptance.lower_al`): shrunk
-toward the global mean, B fresh rows would all look average, and the first steps
-of every batch would speculate for the mean row while the slowest one sets the
-time (`benchmarks/draft_staleness.py`, B=8 at a stale draft). Nothing
-refills the slots of such a batch, so it lasts as long as its slowest request;
-the batch-mean AL over-rates K when rows accept unevenly (one hard row then runs
-the tail alone: `benchmarks/straggler_tail.py`).
+with S_r(K) the steps request r needs for its remaining tokens as the slowest of B
+would (`RequestAcceptance.makespan_steps`): remaining_r / AL_r(K) from per-request
+acceptance (tracked as in ``per_request``), plus z_B standard deviations (z_B = the
+expected maximum of B standard normals) from each step's random token count and,
+on rows with little data of their own, from the spread of acceptance learnt over
+finished requests. Nothing refills the slots of such a batch, so it lasts as long
+as its slowest request: the batch-mean AL over-rates K when rows accept unevenly
+(one hard row then runs the tail alone: `benchmarks/straggler_tail.py`), and also
+when they accept alike but by chance (at T=1, B=8, static K=3 ran 0.94x of K=0
+where the mean AL said 1.06x: `benchmarks/draft_staleness.py`).
 
 ``disable_by_batch_size`` (K = 0 above the threshold) applies in every mode.
 """
@@ -196,6 +197,7 @@ class Controller:
         self._probe_interval = dyn.probe_interval if goodput else 0
         self._max_probe_gap = self._probe_interval * (dyn.probe_backoff if goodput else 1)
         self._probe_gap = self._probe_interval  # grows while acceptance probes leave K = 0 held
+        self._spec_held = 0  # choices in a row with a held K > 0
         self._since_probe = 0  # choices since the last probe
         self._probes = 0
         self._cur = 0  # the K the hysteresis holds
@@ -257,9 +259,9 @@ class Controller:
             if best != cur:
                 g = tab[1][batch_size]
                 if g[best] > g[cur] * self._one_plus_margin:
-                    self._hold(best)
-                    cur = best
+                    self._cur = cur = best
             if self._probe_interval:
+                self._count_hold(cur)
                 self._since_probe += 1
                 if self._since_probe >= self._probe_gap:
                     cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size])
@@ -277,9 +279,9 @@ class Controller:
         best = int(np.argmax(g))
         cur = self._cur
         if best != cur and g[best] > g[cur] * self._one_plus_margin:
-            self._hold(best)
-            cur = best
+            self._cur = cur = best
         if self._probe_interval:
+            self._count_hold(cur)
             self._since_probe += 1
             if self._since_probe >= self._probe_gap:
                 k_prior = int(np.argmax(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
@@ -287,17 +289,22 @@ class Controller:
         self._k_counts[cur] += 1
         return cur
 
-    def _hold(self, k: int) -> None:
-        """The hysteresis moves to `k`: probing starts again at its base interval."""
-        self._cur = k
-        self._probe_gap = self._probe_interval
+    def _count_hold(self, cur: int) -> None:
+        """Speculation held for a probe interval in a row restarts the probe backoff (a
+        K > 0 held for a step or two, as at the end of a batch, does not)."""
+        if cur == 0:
+            self._spec_held = 0
+        else:
+            self._spec_held += 1
+            if self._spec_held >= self._probe_interval:
+                self._probe_gap = self._probe_interval
 
     def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
         """The K for a probe step at held K `cur`: a close contender whose latency is
         still being learnt, else (holding K = 0) the profile acceptance's best K. Each
         such acceptance probe doubles the gap to the next one (up to `probe_backoff`
-        times the interval) until the held K moves: a probe that keeps confirming K = 0
-        costs a speculative step for nothing."""
+        times the interval) until speculation is held again (`_count_hold`): a probe that
+        keeps confirming K = 0 costs a speculative step for nothing."""
         self._since_probe = 0
         k = self._contender(cur, b, g)
         if k == cur and cur == 0:
@@ -344,12 +351,10 @@ class Controller:
         if live is None:
             return 0
         b, key, rows = live
-        # The critical row's share of its remaining work done per step; a row about to
-        # finish is never critical (the engine's token counts lag one step behind). Rows
-        # with little data of their own count at the slowest of b requests' expected AL.
-        al = self._requests.lower_al(rows, self._kc, b)
-        progress = (al / np.maximum(rem, 1.0)[:, None]).min(axis=0)
-        return self._decide(b, key, progress)
+        # The steps until the last row is done; a row about to finish is never critical
+        # (the engine's token counts lag one step behind).
+        steps = self._requests.makespan_steps(rows, np.maximum(rem, 1.0), self._kc, b)
+        return self._decide(b, key, 1.0 / steps.max(axis=0))
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         live = self._live_rows(batch_size, context_len, request_ids)

@@ -33,6 +33,17 @@ def scaled(model, factor: float):
     return nnx.merge(graph, params)
 
 
+def pytest_collection_finish(session):
+    """The subprocess suites start now and run alongside the rest (`background.py`)."""
+    import background
+    background.start({os.path.basename(str(item.path)) for item in session.items})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import background
+    background.stop_all()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
     """Engines built from the same models in different tests compile identical programs:

@@ -177,7 +177,8 @@ def test_spread_is_the_deviation_of_finished_requests_al_curves():
     counts = [4, 0, 4, 0, 2, 1]  # deterministic requests: no sampling noise to take off
     for i, n in enumerate(counts):
         _finish(rq, f"r{i}", n, 4, steps=12)
-    _finish(rq, "thin", 4, 4, steps=SPREAD_MIN_STEPS - 1)  # too few steps of its own: ignored
+    _finish(rq, "thin", 4, 4, steps=1)  # one step cannot tell its rate from luck: ignored
+    assert SPREAD_MIN_STEPS > 1
     als = [al_curve((n >= np.arange(1, 5)).astype(float), 4) for n in counts]
     w = (1 - 1 / 32) ** np.arange(len(als))[::-1]  # the newest weighs most
     mean = np.average(als, axis=0, weights=w)
@@ -201,21 +202,64 @@ def test_spread_takes_the_sampling_noise_off(rates):
         np.testing.assert_allclose(rq.spread()[1:], true_al[1:], rtol=0.1)
 
 
-def test_lower_al_takes_the_spread_off_fresh_rows_only():
+def _pinned(rq, rid, a):
+    """A request whose own counts pin its estimate at a (white-box)."""
+    (r,) = rq.rows_for([rid])
+    rq.accepted[r], rq.proposed[r] = np.asarray(a) * 1e15, 1e15
+    return r
+
+
+@pytest.mark.parametrize("rate, k", [(0.6, 3), (0.8, 2), (0.3, 1)])
+def test_makespan_steps_is_the_slowest_of_b_rows_that_accept_alike(rate, k):
+    """Eight rows with the same geometric acceptance need 48 tokens each: the batch
+    lasts E[max of 8 step counts], which a simulation gives; one row's own count is R / AL."""
+    g, rq = _requests()
+    a = rate ** np.arange(1.0, 5.0)
+    rows = np.array([_pinned(rq, i, a) for i in range(8)])
+    rem = np.full(8, 48.0)
+    steps = rq.makespan_steps(rows, rem, k, batch_size=8)
+    al = al_curve(a, k)
+    np.testing.assert_allclose(rq.makespan_steps(rows, rem, k, batch_size=1), 48.0 / np.tile(al, (8, 1)))
+    np.testing.assert_allclose(steps[:, 0], 48.0)  # K = 0: one token a step, no chance in it
+    rng = np.random.default_rng(0)
+    sims = []
+    for _ in range(2000):
+        left, n = np.full(8, 48), 0
+        while (left > 0).any():
+            left -= 1 + np.minimum(rng.geometric(1 - rate, size=8) - 1, k)
+            n += 1
+        sims.append(n)
+    assert steps[0, k] == pytest.approx(np.mean(sims), rel=0.05)  # 2-4% under it here
+    assert steps[0, k] > 48.0 / al[k] * 1.05  # the mean row's count is not the batch's
+
+
+def test_makespan_steps_adds_the_learnt_spread_on_rows_without_their_own_data():
     g, rq = _requests(forgetting=0.05)
     for i, n in enumerate([4, 0] * 4):
         _finish(rq, f"old{i}", n, 4, steps=12)
     spread = rq.spread()
+    assert spread[4] > 1.0
     rows = rq.rows_for(["fresh", "seasoned"])
     for _ in range(40):
         rq.observe(rows[1:], np.array([4]), 4)
-    mean = al_curve(rq.estimate(rows, 4), 4)
-    # one row: its own expected AL, no order statistic to take
-    np.testing.assert_allclose(rq.lower_al(rows, 4, batch_size=1), mean)
-    low = rq.lower_al(rows, 4, batch_size=8)
-    np.testing.assert_allclose(low[0], np.maximum(mean[0] - expected_max_normal(8) * spread, 1.0))
-    assert low[0, 4] < mean[0, 4] - 1.0  # a fresh row of eight counts at the slowest's AL
-    hidden = np.sqrt(ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + rq.proposed[rows[1], 0]))
-    assert hidden < 0.5  # its own counts saturate at 1 / forgetting = 20 steps
-    np.testing.assert_allclose(low[1], mean[1] - expected_max_normal(8) * hidden * spread)
-    assert np.all(rq.lower_al(rows, 4, batch_size=64) >= 1.0)  # never below one token per step
+    est = np.minimum.accumulate(rq.estimate(rows, 4), axis=-1)
+    al = al_curve(est, 4)
+    rem = np.array([48.0, 48.0])
+    noise = 48.0 * tokens_variance(est, 4) / al**3
+    hidden = ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + rq.proposed[rows, 0])
+    assert hidden[0] == 1.0 and hidden[1] < 0.2  # its own counts saturate at 1 / forgetting = 20 steps
+    expected = 48.0 / al + expected_max_normal(8) * np.sqrt(noise + (48.0 / al**2) ** 2 * hidden[:, None] * spread**2)
+    np.testing.assert_allclose(rq.makespan_steps(rows, rem, 4, batch_size=8), expected)
+
+
+def test_spread_past_the_drafts_requests_ran_scales_with_the_expected_drafts():
+    """Requests that only ever ran K = 1 inform AL(1)'s spread alone; an unexplored K
+    must not look safer than K = 1, so its spread grows with the drafts it expects."""
+    g, rq = _requests(forgetting=0.05)
+    for i in range(40):
+        _finish(rq, i, np.tile([1] * 9 + [0] if i % 2 else [0] * 9 + [1], 2), 1, steps=20)
+    spread = rq.spread()
+    assert spread[1] > 0.3  # rates 0.9 and 0.1
+    drafts = np.array(al_curve(g.estimate, 4)) - 1.0
+    np.testing.assert_allclose(spread[2:], spread[1] * drafts[2:] / drafts[1])
+    assert np.all(np.diff(spread) > 0)

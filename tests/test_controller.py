@@ -303,7 +303,7 @@ def test_probe_lets_live_acceptance_bring_speculation_back(explore_gap):
     assert c.current_k > 0 and c.acceptance_estimate()[0] > 0.5
 
 
-def test_acceptance_probes_back_off_while_k0_holds_and_restart_when_it_moves():
+def test_acceptance_probes_back_off_while_k0_holds_and_restart_once_speculation_holds():
     p = realistic_profile(max_k=4)
     c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=8, probe_backoff=4,
                                 explore_gap=0.0), p, max_batch_size=8)
@@ -320,6 +320,9 @@ def test_acceptance_probes_back_off_while_k0_holds_and_restart_when_it_moves():
         if c.current_k > 0:
             break
     assert c.current_k > 0
+    for _ in range(8):  # ... and it holds for an interval
+        k = c.choose_k(1)
+        c.observe(k, [k])
     _drive_to_zero(c, 1)
     assert probe_gaps(100)[:2] == [16, 32]  # the backoff started again from the interval
 

@@ -1,31 +1,23 @@
 """The engine on a `jax.sharding` mesh: tensor parallel on "model", data parallel on "data"
 (4 fake CPU devices).
 
-The mesh cases run in a subprocess (`mesh_cases.py`): the number of CPU devices is fixed
-when a process starts its backend, and this suite runs on one.
+The mesh cases run in a subprocess (`mesh_cases.py`), started at collection so it overlaps
+the rest of the suite: the number of CPU devices is fixed when a process starts its
+backend, and this suite runs on one.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from dsd_jax import SpecConfig, models
 from dsd_jax.sharding import memory_report, param_spec
 
-HERE = os.path.dirname(__file__)
+import background
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "mesh_cases.py")], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")][-1]
-    return json.loads(line[len("RESULTS "):])
+    (out,) = background.results("test_mesh.py")  # started at collection (`background.py`)
+    return out
 
 
 @pytest.mark.parametrize("mesh, case", [("1x4", "greedy_draft"), ("1x4", "greedy_ngram"),

@@ -2,43 +2,15 @@
 mesh: "data" across the processes, "model" within each (`multihost_cases.py`). Every
 process must dispatch the same K every step, and the tokens must equal one device's."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 
+import background
 from multihost_prompts import COUPLED, GREEDY, PROMPTS, engine
-
-HERE = os.path.dirname(__file__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def processes():
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
-    port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_cases.py"), port, str(i)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=900)  # bounded: a hung collective fails the test
-            assert p.returncode == 0, err[-4000:]
-            line = [ln for ln in out.splitlines() if ln.startswith("RESULTS ")][-1]
-            results.append(json.loads(line[len("RESULTS "):]))
-    finally:
-        for p in procs:
-            p.kill()
-    return results
+    return background.results("test_multihost.py")  # started at collection (`background.py`)
 
 
 @pytest.fixture(scope="module")

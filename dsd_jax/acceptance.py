@@ -26,10 +26,9 @@ objective of `dsd_jax.controller`).
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
-
 import functools
 import statistics
+from typing import Hashable, Sequence
 
 import numpy as np
 

@@ -163,11 +163,6 @@ class DynamicConfig:
         and can bring speculation back (without probes a K = 0 decision could never
         be revised: K = 0 steps measure no acceptance); with latency learning on, a
         probe may also time a close contender (`explore_gap`). 0 disables probing.
-    probe_backoff: while the held K stays 0, each acceptance probe doubles the gap to
-        the next one, up to `probe_backoff` times `probe_interval` steps (1: a fixed
-        interval). A stale draft held at K = 0 then pays a speculative step every
-        256 steps, not every 16; a K > 0 held for `probe_interval` choices in a row
-        restores the interval.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL
         is the profile's times that learnt factor (`dsd_jax.latency`); 0.02 is a
@@ -200,13 +195,12 @@ class DynamicConfig:
     margin: float = 0.03
     per_request: bool = False
     probe_interval: int = 16
-    probe_backoff: int = 16
     latency_forgetting: float = 0.0
     explore_gap: float = 0.3
     objective: str = "makespan"
 
     _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval",
-               "probe_backoff", "latency_forgetting", "explore_gap", "objective")
+               "latency_forgetting", "explore_gap", "objective")
 
     def __post_init__(self):
         object.__setattr__(self, "profile", _opt_str("dynamic.profile", self.profile))
@@ -219,7 +213,6 @@ class DynamicConfig:
             raise ValueError(f"dynamic.per_request must be true or false, got {_show(self.per_request)}")
         object.__setattr__(self, "probe_interval",
                            _int("dynamic.probe_interval", self.probe_interval, min_value=0))
-        object.__setattr__(self, "probe_backoff", _int("dynamic.probe_backoff", self.probe_backoff, min_value=1))
         object.__setattr__(self, "latency_forgetting",
                            _float("dynamic.latency_forgetting", self.latency_forgetting, lo=0.0, hi=1.0))
         object.__setattr__(self, "explore_gap", _float("dynamic.explore_gap", self.explore_gap, lo=0.0, hi=1.0))

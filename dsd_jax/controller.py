@@ -27,8 +27,7 @@ Probes: every ``dynamic.probe_interval``-th step runs another K than the held on
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate, the probe runs the
-profile's best K there, and each such probe doubles the gap to the next (up to
-``dynamic.probe_backoff`` intervals) until a K > 0 has been held for an interval. Before that (with latency learning on), a probe runs
+profile's best K there. Before that (with latency learning on), a probe runs
 the least observed K whose predicted goodput is within ``dynamic.explore_gap`` of
 the held K's and whose latency at this batch bucket is not learnt yet, so close
 contenders get measured a few times, not only the winner. A probe is observed
@@ -195,9 +194,6 @@ class Controller:
         self._track_rows = self._per_request or self._objective == "makespan"
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
-        self._max_probe_gap = self._probe_interval * (dyn.probe_backoff if goodput else 1)
-        self._probe_gap = self._probe_interval  # grows while acceptance probes leave K = 0 held
-        self._spec_held = 0  # choices in a row with a held K > 0
         self._since_probe = 0  # choices since the last probe
         self._probes = 0
         self._cur = 0  # the K the hysteresis holds
@@ -261,9 +257,8 @@ class Controller:
                 if g[best] > g[cur] * self._one_plus_margin:
                     self._cur = cur = best
             if self._probe_interval:
-                self._count_hold(cur)
                 self._since_probe += 1
-                if self._since_probe >= self._probe_gap:
+                if self._since_probe >= self._probe_interval:
                     cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size])
             self._k_counts[cur] += 1
             return cur
@@ -281,35 +276,20 @@ class Controller:
         if best != cur and g[best] > g[cur] * self._one_plus_margin:
             self._cur = cur = best
         if self._probe_interval:
-            self._count_hold(cur)
             self._since_probe += 1
-            if self._since_probe >= self._probe_gap:
+            if self._since_probe >= self._probe_interval:
                 k_prior = int(np.argmax(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
                 cur = self._probe(cur, b, g, k_prior)
         self._k_counts[cur] += 1
         return cur
 
-    def _count_hold(self, cur: int) -> None:
-        """Speculation held for a probe interval in a row restarts the probe backoff (a
-        K > 0 held for a step or two, as at the end of a batch, does not)."""
-        if cur == 0:
-            self._spec_held = 0
-        else:
-            self._spec_held += 1
-            if self._spec_held >= self._probe_interval:
-                self._probe_gap = self._probe_interval
-
     def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
         """The K for a probe step at held K `cur`: a close contender whose latency is
-        still being learnt, else (holding K = 0) the profile acceptance's best K. Each
-        such acceptance probe doubles the gap to the next one (up to `probe_backoff`
-        times the interval) until speculation is held again (`_count_hold`): a probe that
-        keeps confirming K = 0 costs a speculative step for nothing."""
+        still being learnt, else (holding K = 0) the profile acceptance's best K."""
         self._since_probe = 0
         k = self._contender(cur, b, g)
         if k == cur and cur == 0:
             k = k_prior
-            self._probe_gap = min(2 * self._probe_gap, self._max_probe_gap)
         if k != cur:
             self._probes += 1
         return k
@@ -353,7 +333,7 @@ class Controller:
         b, key, rows = live
         # The steps until the last row is done; a row about to finish is never critical
         # (the engine's token counts lag one step behind).
-        steps = self._requests.makespan_steps(rows, np.maximum(rem, 1.0), self._kc, b)
+        steps = self._requests.makespan_steps(rows, np.maximum(rem, 1.0), self._kc, len(rows))
         return self._decide(b, key, 1.0 / steps.max(axis=0))
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:

@@ -152,7 +152,7 @@ def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
                     c.forget_request(r)
         first_steps.append(ks[:4])
     assert any(map(any, first_steps[:3])) and not any(map(any, first_steps[6:])), first_steps
-    assert c._requests.spread()[1] > 0.15  # white-box: the spread it learnt
+    assert c._requests.spread()[1] > 0.1  # white-box: the spread it learnt (0.25 between the two kinds)
 
 
 def test_bad_remaining_is_refused():

@@ -75,24 +75,33 @@ class Bench:
                                  prefill_chunk=128, batch_buckets=tuple(sorted(set(args.batches))))
         self.engine.warmup()
         self.base = nnx.state(target)
+        # one profile per temperature, as a user sampling at T would make it: step times
+        # taken sampling at T (a sampled step draws noise too) and acceptance at T
+        profiles = {t: self.profile(t) for t in args.temperatures}
+        spec = SpecConfig(method="draft_model", num_speculative_tokens=args.k,
+                          acceptance="drafter_invariant", dynamic=DynamicConfig())
+        # one controller per (temperature, batch), living through every level
+        self.dynamic = {(t, b): Controller(spec, profiles[t], max_batch_size=max(args.batches),
+                                           batch_buckets=self.engine.batch_buckets)
+                        for t in args.temperatures for b in args.batches}
+
+    def profile(self, temperature: float) -> Profile:
+        args = self.args
+        base, ext = os.path.splitext(args.profile or os.path.splitext(args.out)[0] + ".profile.json")
+        path = f"{base}.T{temperature:g}{ext}"
         if args.profile:
-            profile = Profile.load(args.profile)
+            profile = Profile.load(path)
         else:
             # acceptance on the distillation prompts: representative, yet not the measured ones
             # (random prompts would set a prior so low that B=1 never even probes K > 0)
             profile = profile_engine(self.engine, context_lengths=(96,), repeats=7, warmup_reps=2,
                                      prompts=self.distill_prompts, acceptance_max_tokens=32,
-                                     temperatures=tuple(args.temperatures))
-            profile.save(os.path.splitext(args.out)[0] + ".profile.json")
+                                     temperatures=(temperature,), latency_temperature=temperature)
+            profile.save(path)
         for b in args.batches:  # the latencies every dynamic choice rests on
-            print(f"profile ITL ms at B={b}: " + ", ".join(
+            print(f"T={temperature:g} profile ITL ms at B={b}: " + ", ".join(
                 f"K{k} {profile.itl_ms(b, k):.1f}" for k in range(args.k + 1)), flush=True)
-        spec = SpecConfig(method="draft_model", num_speculative_tokens=args.k,
-                          acceptance="drafter_invariant", dynamic=DynamicConfig())
-        # one controller per (temperature, batch), living through every level
-        self.dynamic = {(t, b): Controller(spec, profile, max_batch_size=max(args.batches),
-                                           batch_buckets=self.engine.batch_buckets)
-                        for t in args.temperatures for b in args.batches}
+        return profile
 
     def sampling(self, temperature: float, seed: int):
         return SamplingParams(temperature=temperature, max_tokens=self.args.max_tokens,
@@ -191,8 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--distill-steps", type=int, default=24)
     ap.add_argument("--distill-rounds", type=int, default=2, help="rollout + distill rounds at the last level")
-    ap.add_argument("--profile", help="a saved profile of this engine (default: profile it now and "
-                    "save it beside --out)")
+    ap.add_argument("--profile", help="saved profiles of this engine, PATH.T<temperature>.json for each "
+                    "temperature (default: profile it now and save them beside --out)")
     ap.add_argument("--out", default="draft_staleness.json")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()

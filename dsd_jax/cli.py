@@ -306,7 +306,7 @@ def cmd_profile(args) -> int:
                                   warmup_reps=args.warmup_reps, prompts=prompts,
                                   acceptance_max_tokens=args.acceptance_max_tokens,
                                   temperatures=args.temperatures, progress=progress,
-                                  seed=args.seed or 0)
+                                  latency_temperature=args.temperatures[0], seed=args.seed or 0)
     except ValueError as e:
         _fail(cmd, None, str(e))
     finally:
@@ -488,7 +488,8 @@ def _add_profile(sub) -> None:
     p.add_argument("--acceptance-max-tokens", type=_positive_int, default=64,
                    help="tokens generated per prompt in the acceptance runs (default 64)")
     p.add_argument("--temperatures", type=_float_list, default=[0.0], metavar="T,T,...",
-                   help="acceptance run temperatures; the first is the profile's default (default 0)")
+                   help="acceptance run temperatures; the first is the profile's default, and the "
+                        "step times are taken sampling at it (a sampled step also draws noise; default 0)")
     p.add_argument("--synthetic", metavar="NAME", help="target: a real config with random weights "
                    "(dsd_jax.models.synthetic, e.g. llama-3.1-8b, qwen3-8b); default dtype bfloat16")
     p.add_argument("--draft-synthetic", metavar="NAME", help="draft: likewise (e.g. llama-3.2-1b, qwen3-0.6b)")

@@ -62,7 +62,7 @@ def profile_path(files, compile_cache):
     rc = cli.main(["profile", "--target", files.target, "--draft", files.draft,
                    "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
                    "--context-lengths", "24,8", "--repeats", "2", "--warmup-reps", "1",
-                   "--prompts", files.jsonl, "--acceptance-max-tokens", "8",
+                   "--prompts", files.jsonl, "--acceptance-max-tokens", "8", "--temperatures", "0.5,0",
                    "--compilation-cache-dir", compile_cache, "--out", str(out)])
     assert rc == 0
     return out
@@ -80,6 +80,9 @@ def test_profile_round_trips(profile_path, files):
     assert table.shape == (2, 2, 2) and np.all(np.isfinite(table)) and np.all(table > 0)
     assert len(prof.acceptance) == 1 and 0.0 <= prof.acceptance[0] <= 1.0
     assert prof.meta["num_prompts"] == len(PROMPT_IDS) and prof.meta["repeats"] == 2
+    # the first temperature is the profile's: its acceptance, and steps timed sampling at it
+    assert prof.meta["latency_temperature"] == 0.5 and set(prof.acceptance_by_temperature) == {"0.5", "0.0"}
+    assert prof.acceptance == prof.acceptance_by_temperature["0.5"]
     with pytest.warns(ProfileMismatchWarning):
         Profile.load(profile_path, expect_fingerprints={"target": model_fingerprint(draft)})
 

@@ -49,7 +49,7 @@ def expected_max_normal(n: int) -> float:
     normal = statistics.NormalDist()
     cdf = np.array([normal.cdf(v) for v in x])
     pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
-    return float(np.trapezoid(x * n * pdf * cdf ** (n - 1), x))
+    return float((x * n * pdf * cdf ** (n - 1)).sum() * (x[1] - x[0]))  # the ends are ~0: a plain sum
 
 
 def al_curve(a: np.ndarray, k: int) -> np.ndarray:

@@ -49,6 +49,12 @@ def test_without_remaining_it_is_the_throughput_controller():
     assert mk.objective == "makespan" and thr.objective == "throughput"
 
 
+def _pin(controller, rid, a):
+    """White-box: a registered request's own counts pin its estimate at a_i = a."""
+    req = controller._requests
+    req.accepted[req.row_of[rid]], req.proposed[req.row_of[rid]] = a * 1e15, 1e15
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prof=random_profile(),
        rows=st.lists(st.tuples(st.floats(0, 1), st.integers(-2, 300)), min_size=1, max_size=8))
@@ -63,8 +69,7 @@ def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
     rem = [r for _, r in rows]
     c.choose_k(len(ids), request_ids=ids, remaining=rem)  # registers rows at the prior
     for rid, (a, _) in zip(ids, rows):
-        req = c._requests  # white-box: its estimate is a
-        req.accepted[req.row_of[rid]], req.proposed[req.row_of[rid]] = a * 1e15, 1e15
+        _pin(c, rid, a)
     b = len(ids)
     k = c.choose_k(b, request_ids=ids, remaining=rem)
     z = expected_max_normal(b)
@@ -85,30 +90,34 @@ def test_rows_that_accept_alike_by_chance_still_wait_for_the_unluckiest():
     ids = [f"r{i}" for i in range(8)]
     c.choose_k(8, request_ids=ids, remaining=[48] * 8)
     for rid in ids:
-        req = c._requests  # white-box: its estimate is a_i = 0.5
-        req.accepted[req.row_of[rid]], req.proposed[req.row_of[rid]] = 0.5e15, 1e15
+        _pin(c, rid, 0.5)
     mean_row = [(1 + k * 0.5) / p.itl_ms(8, k) for k in range(5)]
     assert max(mean_row) > 1.04 * mean_row[0]
     assert c.choose_k(8, request_ids=ids, remaining=[48] * 8) == 0
 
 
-def _run_group(controller, profile, easy_rows, hard_rows, budget):
-    """Decodes a fixed group to the end: easy rows accept every draft, hard rows none.
-    Returns the summed profiled step time (ms)."""
-    left = {f"e{i}": budget for i in range(easy_rows)} | {f"h{i}": budget for i in range(hard_rows)}
-    total = 0.0
+def _decode_group(controller, budgets, accepts):
+    """Decodes a fixed group to the end: request r may make budgets[r] tokens and accepts
+    `accepts(r, k)` drafts of k. Yields (live rows, K run, K held) per step."""
+    left = dict(budgets)
     while left:
         ids = list(left)
         k = controller.choose_k(len(ids), request_ids=ids, remaining=[left[r] for r in ids])
-        acc = [k if r.startswith("e") else 0 for r in ids]
+        acc = [accepts(r, k) for r in ids]
         controller.observe(k, acc, request_ids=ids)
-        total += profile.itl_ms(len(ids), k)
+        yield len(ids), k, controller.current_k
         for r, a in zip(ids, acc):
             left[r] -= a + 1
             if left[r] <= 0:
                 del left[r]
                 controller.forget_request(r)
-    return total
+
+
+def _run_group(controller, profile, easy_rows, hard_rows, budget):
+    """Easy rows accept every draft, hard rows none. Returns the summed profiled step time (ms)."""
+    budgets = {f"e{i}": budget for i in range(easy_rows)} | {f"h{i}": budget for i in range(hard_rows)}
+    steps = _decode_group(controller, budgets, lambda r, k: k if r.startswith("e") else 0)
+    return sum(profile.itl_ms(b, k) for b, k, _ in steps)
 
 
 def test_makespan_objective_finishes_uneven_groups_sooner():
@@ -137,20 +146,8 @@ def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
     first_steps = []  # the K held (probes aside) in each group's first four steps
     for g in range(12):
         rate = {f"g{g}r{i}": 0.9 if i % 2 else 0.4 for i in range(8)}
-        left = dict.fromkeys(rate, 48)
-        ks = []
-        while left:
-            ids = list(left)
-            k = c.choose_k(len(ids), request_ids=ids, remaining=[left[r] for r in ids])
-            acc = [min(rng.geometric(1 - rate[r]) - 1, k) for r in ids]
-            c.observe(k, acc, request_ids=ids)
-            ks.append(c.current_k)
-            for r, a in zip(ids, acc):
-                left[r] -= a + 1
-                if left[r] <= 0:
-                    del left[r]
-                    c.forget_request(r)
-        first_steps.append(ks[:4])
+        steps = _decode_group(c, dict.fromkeys(rate, 48), lambda r, k: min(rng.geometric(1 - rate[r]) - 1, k))
+        first_steps.append([held for _, _, held in steps][:4])
     assert any(map(any, first_steps[:3])) and not any(map(any, first_steps[6:])), first_steps
     assert c._requests.spread()[1] > 0.1  # white-box: the spread it learnt (0.25 between the two kinds)
 

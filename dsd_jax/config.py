@@ -158,11 +158,12 @@ class DynamicConfig:
         by ITL(B, K). A request's acceptance is its own counts (with the same
         forgetting) shrunk toward the global estimate, which weighs as 4 steps.
     probe_interval: every `probe_interval`-th step is a probe. While the controller
-        holds K = 0 at a batch size where the profile's acceptance would speculate, a
-        probe runs the profile's K instead, so live acceptance keeps being measured
-        and can bring speculation back (without probes a K = 0 decision could never
-        be revised: K = 0 steps measure no acceptance); with latency learning on, a
-        probe may also time a close contender (`explore_gap`). 0 disables probing.
+        holds K = 0 at a batch size where the profile's acceptance would speculate (its
+        best K ahead of K = 0 by more than `margin`), a probe runs that K instead, so
+        live acceptance keeps being measured and can bring speculation back (without
+        probes a K = 0 decision could never be revised: K = 0 steps measure no
+        acceptance); with latency learning on, a probe may also time a close
+        contender (`explore_gap`). 0 disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL
         is the profile's times that learnt factor (`dsd_jax.latency`); 0.02 is a

@@ -26,11 +26,12 @@ above the current K's at this batch size.
 Probes: every ``dynamic.probe_interval``-th step runs another K than the held one.
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
-batch size where the profile's acceptance would speculate, the probe runs the
-profile's best K there. Before that (with latency learning on), a probe runs
-the least observed K whose predicted goodput is within ``dynamic.explore_gap`` of
-the held K's and whose latency at this batch bucket is not learnt yet, so close
-contenders get measured a few times, not only the winner. A probe is observed
+batch size where the profile's acceptance would speculate (its best K beats K = 0
+by more than ``margin``, so the hold could move), the probe runs that K. Before
+that (with latency learning on), a probe runs the least observed K whose
+predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
+latency at this batch bucket is not learnt yet, so close contenders get measured
+a few times, not only the winner. A probe is observed
 like any step; the held K changes only through the argmax.
 
 Speed: the best K and the goodput row for every batch size 1..max_batch_size are
@@ -278,10 +279,20 @@ class Controller:
         if self._probe_interval:
             self._since_probe += 1
             if self._since_probe >= self._probe_interval:
-                k_prior = int(np.argmax(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
+                k_prior = int(self._acceptance_probe_k(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
                 cur = self._probe(cur, b, g, k_prior)
         self._k_counts[cur] += 1
         return cur
+
+    def _acceptance_probe_k(self, g_prior: np.ndarray) -> np.ndarray:
+        """The K a probe runs at a held K = 0, per goodput row under the profile's
+        acceptance ([..., K]): the best K there, or 0 (no probe) where it does not beat
+        K = 0 by the hysteresis margin: there even live acceptance back at the profile's
+        could not move the hold, so a probe would only cost (`bench_full_s7`: at B = 64
+        K = 1 was 2% ahead on the profile, and dynamic ran it in 2% of its steps)."""
+        best = np.argmax(g_prior, axis=-1)
+        g_best = np.take_along_axis(g_prior, best[..., None], axis=-1)[..., 0]
+        return np.where(g_best > g_prior[..., 0] * self._one_plus_margin, best, 0)
 
     def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
         """The K for a probe step at held K `cur`: a close contender whose latency is
@@ -366,8 +377,8 @@ class Controller:
         if self._disable is not None and self._disable < self.max_batch_size:
             g[self._disable + 1 :, 1:] = 0.0
             g_prior[self._disable + 1 :, 1:] = 0.0
-        # (best K, goodput row, best K under the profile's acceptance: the probe K)
-        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), np.argmax(g_prior, axis=1).tolist())
+        # (best K, goodput row, the probe K at a held K = 0)
+        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), self._acceptance_probe_k(g_prior).tolist())
         self._gtabs[key] = tab
         return tab
 

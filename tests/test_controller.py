@@ -323,6 +323,23 @@ def test_no_acceptance_probes_where_the_profile_never_speculates():
     assert {c.choose_k(1000) for _ in range(100)} == {0}
 
 
+def test_no_acceptance_probes_where_the_profile_gain_is_within_the_margin():
+    # K=1 beats K=0 by 2% at B=1 and by 20% at B=2 under the profile's acceptance (0.5)
+    p = Profile("cpu", [1, 2], [0, 1], [[10.0, 10.0 * 1.5 / 1.02], [20.0, 20.0 * 1.5 / 1.2]], [0.5])
+    for margin, probed_at_b1 in ((0.03, False), (0.01, True)):
+        c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=2, margin=margin,
+                                    explore_gap=0.0), p, max_batch_size=2)
+        for b in (1, 2):
+            _drive_to_zero(c, b)
+            assert (max(c.choose_k(b) for _ in range(20)) == 1) == (probed_at_b1 or b == 2)
+        # the makespan path decides on goodput rows computed per call, with the same rule
+        before = c.stats()["probes"]
+        for _ in range(20):
+            k = c.choose_k(1, request_ids=["r"], remaining=[50])
+            c.observe(k, [0], request_ids=["r"])
+        assert (c.stats()["probes"] > before) == probed_at_b1
+
+
 def test_probe_per_request_path():
     p = realistic_profile(max_k=4)
     c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.5, probe_interval=4, per_request=True),

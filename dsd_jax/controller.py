@@ -31,8 +31,8 @@ by more than ``margin``, so the hold could move), the probe runs that K. Before
 that (with latency learning on), a probe runs the least observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
 latency at this batch bucket is not learnt yet, so close contenders get measured
-a few times, not only the winner. A probe is observed
-like any step; the held K changes only through the argmax.
+a few times, not only the winner. A probe is observed like any step; the held K
+changes only through the argmax.
 
 Speed: the best K and the goodput row for every batch size 1..max_batch_size are
 precomputed per context bucket, and rebuilt only when the acceptance estimate has
@@ -296,7 +296,7 @@ class Controller:
 
     def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
         """The K for a probe step at held K `cur`: a close contender whose latency is
-        still being learnt, else (holding K = 0) the profile acceptance's best K."""
+        still being learnt, else (holding K = 0) `k_prior`, from `_acceptance_probe_k`."""
         self._since_probe = 0
         k = self._contender(cur, b, g)
         if k == cur and cur == 0:

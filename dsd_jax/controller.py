@@ -279,7 +279,9 @@ class Controller:
         if self._probe_interval:
             self._since_probe += 1
             if self._since_probe >= self._probe_interval:
-                k_prior = int(self._acceptance_probe_k(self._goodput_row(b, key, self._prior_al))) if cur == 0 else 0
+                k_prior = 0
+                if cur == 0:
+                    k_prior = int(self._acceptance_probe_k(self._goodput_row(b, key, self._prior_al)))
                 cur = self._probe(cur, b, g, k_prior)
         self._k_counts[cur] += 1
         return cur

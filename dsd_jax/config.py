@@ -162,8 +162,12 @@ class DynamicConfig:
         best K ahead of K = 0 by more than `margin`), a probe runs that K instead, so
         live acceptance keeps being measured and can bring speculation back (without
         probes a K = 0 decision could never be revised: K = 0 steps measure no
-        acceptance); with latency learning on, a probe may also time a close
-        contender (`explore_gap`). 0 disables probing.
+        acceptance). Such an acceptance probe comes less often where it is dear for
+        what it could win: its extra step time is kept under a quarter of the time
+        its K would save if the profile's acceptance came back (on the CPU bench's
+        profile: every 16 choices at B <= 4, 35-85 at B = 8-64). With latency
+        learning on, a probe may also time a close contender (`explore_gap`). 0
+        disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL
         is the profile's times that learnt factor (`dsd_jax.latency`); 0.02 is a

@@ -27,7 +27,10 @@ Probes: every ``dynamic.probe_interval``-th step runs another K than the held on
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate (its best K beats K = 0
-by more than ``margin``, so the hold could move), the probe runs that K. Before
+by more than ``margin``, so the hold could move), the probe runs that K, and only
+every few intervals where it is dear for what it could win (`_acceptance_probe`:
+its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
+acceptance came back). Before
 that (with latency learning on), a probe runs the least observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
 latency at this batch bucket is not learnt yet, so close contenders get measured
@@ -81,6 +84,10 @@ from .profile import Profile, ProfileMismatchWarning
 __all__ = ["Controller"]
 
 DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is given
+# An acceptance probe at a held K = 0 may cost at most this share of what it could win:
+# its extra step time over K = 0, spread over the dispatches between two probes, against
+# the time per step the profile's acceptance says its K would save (`_acceptance_probe`).
+PROBE_SHARE = 0.25
 
 
 def _index(name: str, v: Any) -> int:
@@ -260,7 +267,8 @@ class Controller:
             if self._probe_interval:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval:
-                    cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size])
+                    cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size],
+                                      tab[3][batch_size])
             self._k_counts[cur] += 1
             return cur
         b = _index("batch_size", batch_size)
@@ -279,30 +287,48 @@ class Controller:
         if self._probe_interval:
             self._since_probe += 1
             if self._since_probe >= self._probe_interval:
-                k_prior = 0
+                k_prior, every = 0, self._probe_interval
                 if cur == 0:
-                    k_prior = int(self._acceptance_probe_k(self._goodput_row(b, key, self._prior_al)))
-                cur = self._probe(cur, b, g, k_prior)
+                    g_prior = self._goodput_row(b, key, self._prior_al)
+                    k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, self._latency.itl(b, key)))
+                cur = self._probe(cur, b, g, k_prior, every)
         self._k_counts[cur] += 1
         return cur
 
-    def _acceptance_probe_k(self, g_prior: np.ndarray) -> np.ndarray:
-        """The K a probe runs at a held K = 0, per goodput row under the profile's
-        acceptance ([..., K]): the best K there, or 0 (no probe) where it does not beat
-        K = 0 by the hysteresis margin: there even live acceptance back at the profile's
-        could not move the hold, so a probe would only cost (`bench_full_s7`: at B = 64
-        K = 1 was 2% ahead on the profile, and dynamic ran it in 2% of its steps)."""
+    def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
+        probes), per goodput row under the profile's acceptance `g_prior` and its ITL ([..., K]).
+
+        The K is the best one there, or 0 (no probe) where it does not beat K = 0 by the
+        hysteresis margin: there even live acceptance back at the profile's could not move
+        the hold, so a probe would only cost (`bench_full_s7`: at B = 64 K = 1 was 2%
+        ahead on the profile, and dynamic ran it in 2% of its steps). The interval is
+        `probe_interval`, or longer where a probe is dear for what it could win: a probe's
+        extra time, ITL(B, K) / ITL(B, 0) - 1 K = 0 steps, is at most PROBE_SHARE of the
+        time its K would save over the interval if the profile's acceptance came back,
+        gain = G(K) / G(0) - 1 per step. At B = 1-4 that is the plain interval; at
+        B = 16 and 64, where a K = 2 or 1 step costs 2.2x or 1.75x a K = 0 step for a 10%
+        or 4% gain (`bench_full_s8`), 3x and 5x longer: there probes had cost dynamic
+        3-6% of its time."""
         best = np.argmax(g_prior, axis=-1)
         g_best = np.take_along_axis(g_prior, best[..., None], axis=-1)[..., 0]
-        return np.where(g_best > g_prior[..., 0] * self._one_plus_margin, best, 0)
+        gain = g_best / g_prior[..., 0] - 1.0
+        probe = gain > self._one_plus_margin - 1.0
+        extra = np.take_along_axis(itl, best[..., None], axis=-1)[..., 0] / itl[..., 0] - 1.0
+        safe_gain = np.where(probe, gain, 1.0)  # rows without a probe: any positive number
+        every = np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0)
+        return np.where(probe, best, 0), np.maximum(every, self._probe_interval).astype(int)
 
-    def _probe(self, cur: int, b: int, g, k_prior: int) -> int:
-        """The K for a probe step at held K `cur`: a close contender whose latency is
-        still being learnt, else (holding K = 0) `k_prior`, from `_acceptance_probe_k`."""
-        self._since_probe = 0
+    def _probe(self, cur: int, b: int, g, k_prior: int, every: int) -> int:
+        """The K for a step at held K `cur` once `probe_interval` choices have passed: a
+        close contender whose latency is still being learnt, else (holding K = 0)
+        `k_prior` once `every` choices have passed (`_acceptance_probe`), else `cur`."""
         k = self._contender(cur, b, g)
         if k == cur and cur == 0:
+            if self._since_probe < every:
+                return cur  # no acceptance probe due yet at this batch size
             k = k_prior
+        self._since_probe = 0
         if k != cur:
             self._probes += 1
         return k
@@ -379,8 +405,9 @@ class Controller:
         if self._disable is not None and self._disable < self.max_batch_size:
             g[self._disable + 1 :, 1:] = 0.0
             g_prior[self._disable + 1 :, 1:] = 0.0
-        # (best K, goodput row, the probe K at a held K = 0)
-        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), self._acceptance_probe_k(g_prior).tolist())
+        # (best K, goodput row, the probe K at a held K = 0 and the dispatches between such probes)
+        probe_k, every = self._acceptance_probe(g_prior, itl)
+        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist())
         self._gtabs[key] = tab
         return tab
 

@@ -331,25 +331,45 @@ def test_no_acceptance_probes_where_the_profile_gain_is_within_the_margin():
                                     explore_gap=0.0), p, max_batch_size=2)
         for b in (1, 2):
             _drive_to_zero(c, b)
-            assert (max(c.choose_k(b) for _ in range(20)) == 1) == (probed_at_b1 or b == 2)
+            assert (max(c.choose_k(b) for _ in range(200)) == 1) == (probed_at_b1 or b == 2)
         # the makespan path decides on goodput rows computed per call, with the same rule
         before = c.stats()["probes"]
-        for _ in range(20):
+        for _ in range(200):
             k = c.choose_k(1, request_ids=["r"], remaining=[50])
             c.observe(k, [0], request_ids=["r"])
         assert (c.stats()["probes"] > before) == probed_at_b1
 
 
+def test_acceptance_probes_are_rarer_where_they_cost_more_for_less():
+    """B=1: a K=1 step costs 1.2x a K=0 step and would gain 40% (1.7 tokens / 1.2): probes
+    every `probe_interval` choices. B=64: it costs 1.6x for a 6.25% gain (1.7 / 80 against
+    1 / 50): probes every ceil(0.6 / (PROBE_SHARE x 0.0625)) = 39 choices, so they spend at
+    most a quarter of what they could win (3-6% of dynamic's time at B=16-64 in
+    `bench_full_s8` before)."""
+    p = Profile("cpu", [1, 64], [0, 1], [[10.0, 12.0], [50.0, 80.0]], [0.7])
+    for makespan in (False, True):
+        c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=8, explore_gap=0.0),
+                       p, max_batch_size=64)
+        for b, every in ((1, 8), (64, 39)):
+            _drive_to_zero(c, b)
+            ids = [f"r{i}" for i in range(b)]
+            ks = [c.choose_k(b, request_ids=ids, remaining=[10_000] * b) if makespan else c.choose_k(b)
+                  for _ in range(4 * every)]
+            probes = [i for i, k in enumerate(ks) if k]
+            assert probes and np.all(np.diff(probes) == every), (makespan, b, probes)
+
+
 def test_probe_per_request_path():
     p = realistic_profile(max_k=4)
-    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.5, probe_interval=4, per_request=True),
+    # at B=2 a probe of K=3 costs 0.97 K=0 steps for a 49% gain: due every max(8, 0.97 / (0.25 x 0.49))
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.5, probe_interval=8, per_request=True),
                    p, max_batch_size=8)
     for _ in range(50):  # requests "a", "b" accept nothing
         k = c.choose_k(2, request_ids=["a", "b"])
         c.observe(k, [0, 0], request_ids=["a", "b"])
     assert c.current_k == 0
-    ks = [c.choose_k(2, request_ids=["a", "b"]) for _ in range(8)]
-    assert ks.count(0) == 6 and len({k for k in ks if k}) == 1 and c.stats()["probes"] >= 2
+    ks = [c.choose_k(2, request_ids=["a", "b"]) for _ in range(16)]
+    assert ks.count(0) == 14 and len({k for k in ks if k}) == 1 and c.stats()["probes"] >= 2
 
 
 # ---------------------------------------------------------------- hysteresis

@@ -367,8 +367,26 @@ class SpecEngine:
                 out[s, :len(items)] = items
         return out
 
-    def _admit(self, new: list[_Request]) -> None:
-        """Prefills target (and draft) for new requests in chunks, then marks them live.
+    def _draft_now(self, batch: int) -> bool:
+        """Whether admission prefills the drafter with the prompts (else its first round
+        with K > 0 catches up): always for drafters that cannot leave a prompt to
+        `catch_up`, else when the controller would speculate at `batch` live rows (the
+        goodput row's argmax, the static or scheduled K; unknown controllers: yes). Several
+        processes always prefill: their controllers need not agree, and every process
+        must run the same program on the same inputs."""
+        if not self.drafter.catches_up_prompts or self.agreement is not None:
+            return True
+        ctl = self.controller
+        mode = getattr(ctl, "mode", None)
+        if mode == "goodput":
+            return bool(np.argmax(ctl.predicted_goodput(batch)) > 0)
+        if mode in ("none", "static", "schedule"):
+            return ctl.spec.schedule_k(batch) > 0
+        return True
+
+    def _admit(self, new: list[_Request], batch: int) -> None:
+        """Prefills target (and draft, when `_draft_now(batch)`) for new requests in chunks,
+        then marks them live; `batch` is the fullest shard's live count after admission.
 
         A group's completions (`SamplingParams.n`) on one shard share one prefill: the
         first is prefilled and its slot copied into its siblings' slots."""
@@ -389,6 +407,9 @@ class SpecEngine:
         longest = max(len(r.prompt) for r in new)
         rows = self._per_shard(lambda s: [r.slot for r in leaders[s]], n, 0)  # padding writes nothing
         lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
+        draft_now = self._draft_now(batch)
+        model_end = np.maximum(lengths - 1, 0).astype(np.int32)
+        draft_end = model_end if draft_now else np.zeros_like(model_end)
         prompts = np.zeros((self.data, n, longest), np.int32)
         for s in range(self.data):
             for i, r in enumerate(leaders[s]):
@@ -400,8 +421,7 @@ class SpecEngine:
             count = np.clip(lengths - start, 0, c).astype(np.int32)
             self.state = self.programs.prefill(n, c)(
                 self._target_params, self._draft_params, self.state, rows, piece,
-                np.full((self.data, n), start, np.int32), count,
-                np.maximum(lengths - 1, 0).astype(np.int32))
+                np.full((self.data, n), start, np.int32), count, model_end, draft_end)
         if any(copies):
             m = rows_bucket([len(x) for x in copies])
             self.state = self.programs.copy(m)(
@@ -429,7 +449,8 @@ class SpecEngine:
                         field(lambda r: r.params.temperature, dtype=np.float32),
                         field(lambda r: r.params.top_k),
                         field(lambda r: r.params.top_p, 1.0, np.float32),
-                        field(lambda r: r.seed, dtype=np.uint32), stop, extra)
+                        field(lambda r: r.seed, dtype=np.uint32), stop,
+                        field(lambda r: len(r.prompt) if draft_now else 1), extra)
         self.state = self.programs.admit(n)(self.state, init)
 
     def _remove(self, shards: list[list[_Request]], finished: list[_Request]) -> None:
@@ -527,7 +548,7 @@ class SpecEngine:
                 if queue and free:
                     new = [queue.popleft() for _ in range(min(len(queue), free))]
                     self._place(new, shards)
-                    self._admit(new)
+                    self._admit(new, max(map(len, shards)))
                     self._prefilled = True
                 dispatched = None
                 if any(shards):

@@ -66,7 +66,7 @@ class Programs:
         self._step_shards = functools.partial(shards, kinds=(PARAMS, PARAMS, STATE, PARAMS),
                                               out_specs=(local, P(None, DATA), P()))
         self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
-                                       (PARAMS, PARAMS, STATE) + (HOST,) * 5),
+                                       (PARAMS, PARAMS, STATE) + (HOST,) * 6),
                                 donate_argnums=2, **outs)
         self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
                               donate_argnums=0, **outs)
@@ -154,10 +154,11 @@ class Programs:
         return self._host((self.data,) + shape, dtype)
 
     def prefill(self, n: int, c: int):
-        """`(params..., state, rows, chunk, start, count, model_end)`, each [data, n(, c)]."""
+        """`(params..., state, rows, chunk, start, count, model_end, draft_end)`, each
+        [data, n(, c)]."""
         ints = self._per_shard(n)
         return self._get(("prefill", n, c), lambda: self._prefill.lower(
-            *self._args, ints, self._per_shard(n, c), ints, ints, ints))
+            *self._args, ints, self._per_shard(n, c), ints, ints, ints, ints))
 
     def admit(self, n: int):
         """`(state, SlotInit of [data, n] arrays)`."""
@@ -165,7 +166,7 @@ class Programs:
         extra = {name: self._per_shard(n, *shape, dtype=dtype)
                  for name, (shape, dtype, _) in self._drafter.admission_fields().items()}
         init = step_lib.SlotInit(i32, i32, i32, f32, i32, f32, self._per_shard(n, dtype=jnp.uint32),
-                                 self._per_shard(n, MAX_STOP_IDS), extra)
+                                 self._per_shard(n, MAX_STOP_IDS), i32, extra)
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 
     def move(self):

@@ -174,12 +174,14 @@ def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: in
 
 
 def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, draft_params,
-            state: DecodeState, rows, chunk, start, count, model_end):
+            state: DecodeState, rows, chunk, start, count, model_end, draft_end):
     """Writes a chunk of prompt tokens for N slots and runs target (and draft) over them.
 
     rows [N] slots; chunk [N, C] tokens at positions start[N] + 0..C-1, of which the
     first count[N] are real. The models process only positions < model_end[N] (the
-    prompt minus its last, pending, token). Rows with count 0 are padding.
+    prompt minus its last, pending, token), the drafter (if it `catches_up_prompts`)
+    only those < draft_end[N] as well: 0 leaves the row's prompt to its first round with
+    K > 0, and a chunk no row takes does not run it. Rows with count 0 are padding.
     """
     C = chunk.shape[1]
     pos = start[:, None] + jnp.arange(C)
@@ -189,7 +191,13 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     _, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
                                                   model_pos, state.target_kv, state.drafter, rows)
     params = drafter.bind_params(draft_params, target_graph, target_params)
-    drafter_state = drafter.prefill(params, drafter_state, chunk, model_pos, rows)
+    if drafter.catches_up_prompts:
+        draft_pos = jnp.where(pos < draft_end[:, None], model_pos, -1)
+        drafter_state = jax.lax.cond(
+            jnp.any(draft_pos >= 0), lambda s: drafter.prefill(params, s, chunk, draft_pos, rows),
+            lambda s: s, drafter_state)
+    else:
+        drafter_state = drafter.prefill(params, drafter_state, chunk, model_pos, rows)
     return state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
 
 
@@ -204,6 +212,7 @@ class SlotInit(NamedTuple):
     top_p: jax.Array
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
+    drafter_length: jax.Array  # the prompt length if the drafter was prefilled with it, else 1
     drafter: dict = {}  # the drafter's `admission_fields`: name -> [N, ...] (empty: none)
 
 
@@ -211,9 +220,10 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
     def put(x, value):
         return x.at[init.rows].set(value, mode="drop")
 
+    held = init.drafter_length
     return state._replace(
-        drafter=drafter.admit(state.drafter, init.rows, init.length, init.drafter)
-        if init.drafter else drafter.admit(state.drafter, init.rows, init.length),
+        drafter=drafter.admit(state.drafter, init.rows, held, init.drafter)
+        if init.drafter else drafter.admit(state.drafter, init.rows, held),
         length=put(state.length, init.length),
         limit=put(state.limit, init.limit),
         active=put(state.active, jnp.ones_like(init.length, bool)),

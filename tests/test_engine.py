@@ -1,5 +1,6 @@
 """Engine behaviour: continuous batching, queueing, bad input, RL rollout conventions."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -117,6 +118,44 @@ def test_batch_shrinking_rollout_without_recompilation(pair):
     batch_trace = [t["batch_size"] for t in engine.stats.trace]
     assert max(batch_trace) == 64 and batch_trace[-2] == 1  # then the final 1-request run
     assert sum(b <= 4 for b in batch_trace) >= 5  # a long tail of small batches
+
+
+class WouldSpeculate(FixedK):
+    """Plays the Ks given; to the engine it looks like a goodput controller whose best K
+    at any batch size is `best_k` (what decides whether admission prefills the draft)."""
+
+    mode = "goodput"
+
+    def __init__(self, ks, best_k):
+        super().__init__(ks)
+        self.best_k = best_k
+
+    def predicted_goodput(self, batch_size):
+        return np.eye(5)[self.best_k]
+
+
+def test_the_draft_takes_in_prompts_only_when_the_controller_would_speculate(pair):
+    """Admitted where the controller would not speculate, prompts skip the draft model:
+    a run kept at K=0 never runs it, and a later K>0 round catches the whole prompt up;
+    greedy output equals plain decoding's either way."""
+    eng = make_engine(*pair, method="draft_model", max_seq_len=48)
+    prompts = [list(range(1, 21)), [5, 6, 7]]  # 20 tokens: two prefill chunks of 16
+    sp = SamplingParams(temperature=0.0, max_tokens=12)
+    want = [greedy_reference(pair[0], p, 12) for p in prompts]
+    eng.controller = WouldSpeculate([0], best_k=0)
+    assert [o.token_ids for o in eng.generate(prompts, sp)] == want
+    assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(eng.state.drafter.kv))  # never ran
+    for best_k, ks in ((0, [0, 0, 0, 2, 3, 1]), (2, [2, 3, 1]), (0, [4])):
+        eng.controller = WouldSpeculate(ks, best_k=best_k)
+        assert [o.token_ids for o in eng.generate(prompts, sp)] == want, (best_k, ks)
+        assert any(k for k, _ in eng.controller.observed)
+    # caught up in the first round or prefilled at admission, the draft proposes the same
+    accepted = {}
+    for best_k in (2, 0):
+        eng.controller = WouldSpeculate([2], best_k=best_k)
+        eng.generate(prompts, sp)
+        accepted[best_k] = [a.tolist() for _, a in eng.controller.observed]
+    assert accepted[0] == accepted[2] and any(map(any, accepted[2]))
 
 
 class BudgetRecorder(FixedK):

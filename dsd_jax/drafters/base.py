@@ -8,7 +8,8 @@ The step program calls, per round with K > 0 drafts over slots 0..B-1:
   `catch_up` (bring the drafter's state up to the committed tokens),
   `propose` (K drafts, with their distribution q or None for one-hot q),
 and, after verification, `commit` (what the accepted prefix means for the state).
-Prefill calls `prefill` on each prompt chunk and admission calls `admit`.
+Prefill calls `prefill` on each prompt chunk (for the rows that take it now, see
+`catches_up_prompts`) and admission calls `admit`.
 
 A drafter fed by the target's hidden states (EAGLE heads) sets `needs_features`: the
 target forward of every prefill chunk and every round (K = 0 included) then also returns
@@ -66,6 +67,10 @@ class Drafter:
 
     needs_model: ClassVar[bool] = False  # SpecEngine must be given `draft=`
     needs_features: ClassVar[bool] = False  # the target returns `feature_layers` to `observe`
+    # True: `catch_up` can take in a whole prompt, so admission may leave it out (the engine
+    # does when its controller is not about to speculate) and a run kept at K = 0 (large
+    # batches) never pays for the drafter
+    catches_up_prompts: ClassVar[bool] = False
 
     @classmethod
     def build(cls, spec, model=None, backend: str = "auto") -> "Drafter":
@@ -97,7 +102,8 @@ class Drafter:
 
     def admit(self, state, rows, lengths):
         """Slots `rows` [N] (out of range: padding) now hold `lengths` [N] committed tokens,
-        all but the pending last one prefilled (also used to reset slots). A drafter with
+        all but the pending last one in the drafter's state (also used to reset slots; rows
+        whose prompt was left to `catch_up` get lengths of 1). A drafter with
         `admission_fields` gets a 4th argument: {name: [N, ...] array} of them."""
         return state
 

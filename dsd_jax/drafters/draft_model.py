@@ -2,7 +2,11 @@
 
 Its cache may lag behind the committed tokens (after K = 0 rounds it is not run at all),
 so a round first catches up by chunked prefill, re-reads a two-token window ending at the
-pending token, then proposes d_1..d_K one token at a time in a `scan`.
+pending token, then proposes d_1..d_K one token at a time in a `scan`. A prompt can be
+caught up that way too (`catches_up_prompts`): the engine prefills the draft at admission
+only when its controller is about to speculate, so where it keeps K = 0 the draft model
+never runs (that prefill had cost a draft-model engine held at K = 0 3% against plain
+decoding at B = 32: `benchmarks/results/lazy_draft_prefill`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class DraftModelState(NamedTuple):
 @dataclasses.dataclass(frozen=True, eq=False)
 class DraftModel(Drafter):
     needs_model = True
+    catches_up_prompts = True
 
     graph: Any = None  # nnx.GraphDef of the draft model
     config: Any = None  # its ModelConfig

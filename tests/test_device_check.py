@@ -170,7 +170,7 @@ def test_engine_programs_lower_for_cuda_with_pallas(monkeypatch):
     text = lower(step(3), *p._args, p._host(()))
     assert text.count("verify_attention_triton") >= 3 and "rejection" in text
     ints = p._per_shard(8)
-    assert "triton" in lower(p._prefill, *p._args, ints, p._per_shard(8, 32), ints, ints, ints)
+    assert "triton" in lower(p._prefill, *p._args, ints, p._per_shard(8, 32), ints, ints, ints, ints)
 
 
 def test_e2e_builtin_pair_plumbing():

@@ -191,13 +191,16 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     _, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
                                                   model_pos, state.target_kv, state.drafter, rows)
     params = drafter.bind_params(draft_params, target_graph, target_params)
-    if drafter.catches_up_prompts:
-        draft_pos = jnp.where(pos < draft_end[:, None], model_pos, -1)
-        drafter_state = jax.lax.cond(
-            jnp.any(draft_pos >= 0), lambda s: drafter.prefill(params, s, chunk, draft_pos, rows),
-            lambda s: s, drafter_state)
-    else:
-        drafter_state = drafter.prefill(params, drafter_state, chunk, model_pos, rows)
+    draft_pos = jnp.where(pos < draft_end[:, None], model_pos, -1)
+
+    def run(s):
+        return drafter.prefill(params, s, chunk, draft_pos, rows)
+
+    # only a drafter that catches prompts up may be left out of a chunk (the engine passes
+    # draft_end = model_end for the others)
+    skippable = drafter.catches_up_prompts
+    drafter_state = (jax.lax.cond(jnp.any(draft_pos >= 0), run, lambda s: s, drafter_state)
+                     if skippable else run(drafter_state))
     return state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
 
 
@@ -220,7 +223,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
     def put(x, value):
         return x.at[init.rows].set(value, mode="drop")
 
-    held = init.drafter_length
+    held = init.drafter_length  # what the drafter took in: the prompt, or (left to catch_up) nothing
     return state._replace(
         drafter=drafter.admit(state.drafter, init.rows, held, init.drafter)
         if init.drafter else drafter.admit(state.drafter, init.rows, held),

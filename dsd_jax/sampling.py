@@ -110,6 +110,15 @@ def processed_logprobs(logits, temperature, top_k, top_p):
     return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p), axis=-1)
 
 
+def token_logprobs(logits, tokens):
+    """log_softmax(logits)[tokens] without the full-vocabulary result (the same arithmetic
+    as `jax.nn.log_softmax`, so the same bits). logits [..., V], tokens [...]."""
+    logits = logits.astype(jnp.float32)
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    at = jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0]
+    return at - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+
+
 def sampling_probs(logits, temperature, top_k, top_p):
     """The distribution tokens are drawn from: one-hot argmax for greedy rows."""
     return probs_from_processed(processed_logits(logits, temperature, top_k, top_p), temperature)

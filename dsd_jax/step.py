@@ -62,6 +62,28 @@ def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_pa
     return out[0], out[1], drafter_state
 
 
+def _accept(opts: StepOptions, K: int, logits, drafts, q, temperature, top_k, top_p, seed, length):
+    """Acceptance under the rows' sampling settings: (n_accepted, tokens, logprobs under
+    the sampling distribution, logprobs of the raw logits), tokens [B, K+1]."""
+    V = logits.shape[-1]
+    token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
+    proc = sampling.processed_logits(logits, temperature, top_k, top_p)
+    target_noise = sampling.noise_if_sampling(
+        temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
+    if opts.acceptance == "drafter_invariant" or K == 0:
+        # K = 0 in either mode is plain sampling with the same per-position noise.
+        target_tokens = sampling.gumbel_argmax(proc, target_noise, temperature)
+        n_acc, out_tokens = kernels.coupled_accept_xla(target_tokens, drafts)
+    else:
+        p = sampling.probs_from_processed(proc, temperature)
+        uniforms = sampling.noise_if_sampling(
+            temperature, lambda: sampling.uniform_noise(seed, token_pos[:, :K], sampling.STREAM_ACCEPT))
+        n_acc, out_tokens = kernels.rejection_sample(p, q, drafts, uniforms, target_noise,
+                                                     backend=opts.backend)
+    return (n_acc, out_tokens, sampling.token_logprobs(proc, out_tokens),
+            sampling.token_logprobs(logits, out_tokens))
+
+
 def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
               target_params, draft_params, state: DecodeState):
     """One speculative round with K drafts over slots 0..B-1."""
@@ -87,26 +109,19 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     logits, target_kv, drafter_state = _target_forward(
         target_graph, drafter, opts, target_params, jnp.concatenate([pending, drafts], 1),
         positions, state.target_kv, drafter_state)
-    V = logits.shape[-1]
-    token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
-    proc = sampling.processed_logits(logits, temperature, top_k, top_p)
-    target_noise = sampling.noise_if_sampling(
-        temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
 
     # 3. accept
-    if opts.acceptance == "drafter_invariant" or K == 0:
-        # K = 0 in either mode is plain sampling with the same per-position noise.
-        target_tokens = sampling.gumbel_argmax(proc, target_noise, temperature)
-        n_acc, out_tokens = kernels.coupled_accept_xla(target_tokens, drafts)
-    else:
-        p = sampling.probs_from_processed(proc, temperature)
-        uniforms = sampling.noise_if_sampling(
-            temperature, lambda: sampling.uniform_noise(seed, token_pos[:, :K], sampling.STREAM_ACCEPT))
-        n_acc, out_tokens = kernels.rejection_sample(p, q, drafts, uniforms, target_noise,
-                                                     backend=opts.backend)
+    def exact(_):
+        return _accept(opts, K, logits, drafts, q, temperature, top_k, top_p, seed, length)
 
-    logprobs = jnp.take_along_axis(jax.nn.log_softmax(proc, -1), out_tokens[..., None], -1)[..., 0]
-    raw_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), out_tokens[..., None], -1)[..., 0]
+    def plain_greedy(_):  # every live row greedy and unfiltered: the same tokens, fewer ops
+        n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(logits, -1).astype(jnp.int32), drafts)
+        logprobs = sampling.token_logprobs(logits, out_tokens)
+        return n_acc, out_tokens, logprobs, logprobs
+
+    sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
+    n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.cond(
+        jnp.any(active & sampled_or_filtered), exact, plain_greedy, None)
 
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)

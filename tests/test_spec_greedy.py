@@ -44,6 +44,24 @@ def test_greedy_matches_plain_decoding(which, schedule, draft_engine, ngram_engi
         assert out.finish_reason == "length"
 
 
+def test_greedy_batches_take_a_shortcut_to_the_same_tokens_and_logprobs(draft_engine):
+    """A batch whose live rows are all greedy and unfiltered skips the sampling machinery
+    (`step.spec_step`'s shortcut); one sampled row sends the whole batch the exact way.
+    The greedy rows' tokens, logprobs and raw logprobs are the same either way, at K = 0
+    and through rejection sampling at K > 0."""
+    schedule = [0, 3, 1, 0, 2, 4]
+    draft_engine.controller = FixedK(schedule)
+    alone = draft_engine.generate(PROMPTS[:3], GREEDY, return_logprobs=True)
+    draft_engine.controller = FixedK(schedule)
+    sampled = SamplingParams(temperature=1.0, max_tokens=GREEDY.max_tokens, seed=3)
+    mixed = draft_engine.generate(PROMPTS, [GREEDY] * 3 + [sampled], return_logprobs=True)
+    for a, m in zip(alone, mixed):
+        assert a.token_ids == m.token_ids
+        np.testing.assert_allclose(a.logprobs, m.logprobs, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a.raw_logprobs, m.raw_logprobs, rtol=0, atol=1e-5)
+        assert a.logprobs == a.raw_logprobs  # greedy and unfiltered: one distribution
+
+
 def test_identical_draft_accepts_everything(pair):
     target = pair[0]
     for k in (1, 3, 4):

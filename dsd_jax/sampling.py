@@ -110,6 +110,14 @@ def processed_logprobs(logits, temperature, top_k, top_p):
     return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p), axis=-1)
 
 
+def plain_greedy(active, temperature, top_k, top_p):
+    """Whether every live row is greedy and unfiltered (a scalar): then the sampling
+    distribution is the one-hot argmax of the raw logits and the processed logprobs are
+    the raw ones, so the steps may skip processing, noise and sampling."""
+    sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
+    return ~jnp.any(active & sampled_or_filtered)
+
+
 def token_logprobs(logits, tokens):
     """log_softmax(logits)[tokens] without the full-vocabulary result (the same arithmetic
     as `jax.nn.log_softmax`, so the same bits). logits [..., V], tokens [...]."""

@@ -119,9 +119,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         logprobs = sampling.token_logprobs(logits, out_tokens)
         return n_acc, out_tokens, logprobs, logprobs
 
-    sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.cond(
-        jnp.any(active & sampled_or_filtered), exact, plain_greedy, None)
+        sampling.plain_greedy(active, temperature, top_k, top_p), plain_greedy, exact, None)
 
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)

@@ -88,16 +88,26 @@ class DraftModel(Drafter):
 
     def _propose_one(self, logits, position, ctx: DraftContext):
         """logits [B, V] of the draft at `position` [B] -> (token [B], q [B, V] or None)."""
-        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
         if self.mode == "argmax":
+            proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
             return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
-        stream = sampling.STREAM_TARGET if self.mode == "coupled" else sampling.STREAM_DRAFT
-        noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
-            ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
-        token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
-        if self.mode == "coupled":  # drafter-invariant: d = argmax(log q + target's noise)
-            return token, None
-        return token, sampling.probs_from_processed(proc, ctx.temperature)
+        keep_q = self.mode == "sample"
+
+        def exact(_):
+            proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+            stream = sampling.STREAM_TARGET if self.mode == "coupled" else sampling.STREAM_DRAFT
+            noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
+                ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
+            token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
+            # drafter-invariant ("coupled"): d = argmax(log q + target's noise), no q
+            return token, sampling.probs_from_processed(proc, ctx.temperature) if keep_q else None
+
+        def plain_greedy(_):  # what `exact` gives when every live row is greedy and unfiltered
+            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            return token, jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32) if keep_q else None
+
+        return lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p),
+                        plain_greedy, exact, None)
 
     def propose(self, params, state, ctx: DraftContext, K: int) -> Proposal:
         B, length, active = ctx.length.shape[0], ctx.length, ctx.active

@@ -141,13 +141,23 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
     """
     from dsd_jax import sampling
 
-    proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
     if mode == "argmax":
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
         return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
-    stream = sampling.STREAM_TARGET if mode == "coupled" else sampling.STREAM_DRAFT
-    noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
-        ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
-    token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
-    if mode == "coupled":
-        return token, None
-    return token, sampling.probs_from_processed(proc, ctx.temperature)
+    keep_q = mode == "sample"
+
+    def exact(_):
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+        stream = sampling.STREAM_TARGET if mode == "coupled" else sampling.STREAM_DRAFT
+        noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
+            ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
+        token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
+        return token, sampling.probs_from_processed(proc, ctx.temperature) if keep_q else None
+
+    def plain_greedy(_):  # what `exact` gives when every live row is greedy and unfiltered
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return token, jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32) if keep_q else None
+
+    # the sampling tail is a large share of a small drafter's step: skip it where it is moot
+    return jax.lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p),
+                        plain_greedy, exact, None)

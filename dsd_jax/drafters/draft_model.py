@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dsd_jax import sampling
-from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens
+from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens, sample_proposal
 from dsd_jax.models import KVCache, forward, init_kv_cache
 
 WINDOW = 2  # tokens the draft re-reads each round: after an all-accepted round it lags by 2
@@ -86,42 +85,19 @@ class DraftModel(Drafter):
                                 (state.length[:B], state.kv))
         return DraftModelState(kv, state.length.at[:B].set(dl))
 
-    def _propose_one(self, logits, position, ctx: DraftContext):
-        """logits [B, V] of the draft at `position` [B] -> (token [B], q [B, V] or None)."""
-        if self.mode == "argmax":
-            proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
-            return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
-        keep_q = self.mode == "sample"
-
-        def exact(_):
-            proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
-            stream = sampling.STREAM_TARGET if self.mode == "coupled" else sampling.STREAM_DRAFT
-            noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
-                ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
-            token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
-            # drafter-invariant ("coupled"): d = argmax(log q + target's noise), no q
-            return token, sampling.probs_from_processed(proc, ctx.temperature) if keep_q else None
-
-        def plain_greedy(_):  # what `exact` gives when every live row is greedy and unfiltered
-            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-            return token, jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32) if keep_q else None
-
-        return lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p),
-                        plain_greedy, exact, None)
-
     def propose(self, params, state, ctx: DraftContext, K: int) -> Proposal:
         B, length, active = ctx.length.shape[0], ctx.length, ctx.active
         pos = length[:, None] - WINDOW + jnp.arange(WINDOW)
         toks = gather_tokens(ctx.tokens, pos)
         pos = jnp.where((pos >= 0) & active[:, None], pos, -1)
         logits, kv = self._forward(params, toks, pos, state.kv)
-        first, q_first = self._propose_one(logits[:, -1], length, ctx)
+        first, q_first = sample_proposal(self.mode, logits[:, -1], length, ctx)
 
         def step(carry, i):
             kv, prev = carry
             p = jnp.where(active, length - 1 + i, -1)[:, None]
             logits, kv = self._forward(params, prev[:, None], p, kv)
-            token, q = self._propose_one(logits[:, 0], length + i, ctx)
+            token, q = sample_proposal(self.mode, logits[:, 0], length + i, ctx)
             return (kv, token), (token, q)
 
         (kv, _), (rest, q_rest) = lax.scan(step, (kv, first), jnp.arange(1, K))

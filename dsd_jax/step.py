@@ -9,7 +9,9 @@ One round with K drafts, for the first B slots:
      does not run it at all),
   2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
   3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
-     max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling,
+     max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling;
+     a batch whose live rows are all greedy and unfiltered takes the argmax instead,
+     which is what both give there (the sampling tail was 2% of a B=1 step),
   4. commit on device: append the accepted drafts + one emitted token, advance length,
      and tell the drafter what was accepted.
      Rejected KV entries simply sit past `length`: no copy, no rollback.

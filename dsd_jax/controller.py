@@ -429,6 +429,15 @@ class Controller:
         key = 0 if context_len is None else self._latency.context_key(context_len)
         return self._goodput_row(b, key, self._al_vector())
 
+    def held_k(self, batch_size: int, context_len: float | None = None) -> int:
+        """The K `choose_k` would run at this batch size now, hysteresis applied, without
+        probing or recording anything: whether admission should prefill the drafter. (The
+        goodput row's bare argmax says "speculate" where K wins by less than `margin`,
+        while `choose_k` keeps holding K = 0 and the prefill is wasted.)"""
+        g = self.predicted_goodput(batch_size, context_len)
+        best, cur = int(np.argmax(g)), min(self._cur, len(g) - 1)
+        return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
+
     # ------------------------------------------------------------------ per-request state
 
     def forget_request(self, rid: Hashable) -> None:

@@ -370,8 +370,9 @@ class SpecEngine:
     def _draft_now(self, batch: int) -> bool:
         """Whether admission prefills the drafter with the prompts (else its first round
         with K > 0 catches up): always for drafters that cannot leave a prompt to
-        `catch_up`, else when the controller would speculate at `batch` live rows (the
-        goodput row's argmax, the static or scheduled K; unknown controllers: yes). Several
+        `catch_up`, else when the controller would speculate at `batch` live rows (the K
+        a goodput controller holds there, the static or scheduled K; unknown controllers:
+        yes). Several
         processes always prefill: their controllers need not agree, and every process
         must run the same program on the same inputs."""
         if not self.drafter.catches_up_prompts or self.agreement is not None:
@@ -379,7 +380,7 @@ class SpecEngine:
         ctl = self.controller
         mode = getattr(ctl, "mode", None)
         if mode == "goodput":
-            return bool(np.argmax(ctl.predicted_goodput(batch)) > 0)
+            return ctl.held_k(batch) > 0
         if mode in ("none", "static", "schedule"):
             return ctl.spec.schedule_k(batch) > 0
         return True

@@ -340,6 +340,19 @@ def test_no_acceptance_probes_where_the_profile_gain_is_within_the_margin():
         assert (c.stats()["probes"] > before) == probed_at_b1
 
 
+def test_held_k_is_the_k_choose_k_would_hold_and_asking_changes_nothing():
+    """Admission asks `held_k` whether to prefill the draft. Where K=1 wins by less than
+    the margin (B=1: 2%) it says K=0, as `choose_k` does, though the bare argmax says K=1;
+    past the margin (B=2: 20%) K=1. Asking moves no hold and counts no step; once K=1 is
+    held, B=1 keeps it, as `choose_k` would."""
+    p = Profile("cpu", [1, 2], [0, 1], [[10.0, 10.0 * 1.5 / 1.02], [20.0, 20.0 * 1.5 / 1.2]], [0.5])
+    c = Controller(goodput_spec(max_k=1, warmup_steps=0, probe_interval=0, margin=0.03), p, max_batch_size=2)
+    assert np.argmax(c.predicted_goodput(1)) == 1
+    assert (c.held_k(1), c.held_k(2)) == (0, 1)
+    assert c.current_k == 0 and sum(c.stats()["k_choices"].values()) == 0
+    assert (c.choose_k(1), c.choose_k(2), c.held_k(1), c.choose_k(1)) == (0, 1, 1, 1)
+
+
 def test_acceptance_probes_are_rarer_where_they_cost_more_for_less():
     """B=1: a K=1 step costs 1.2x a K=0 step and would gain 40% (1.7 tokens / 1.2): probes
     every `probe_interval` choices. B=64: it costs 1.6x for a 6.25% gain (1.7 / 80 against

@@ -121,8 +121,8 @@ def test_batch_shrinking_rollout_without_recompilation(pair):
 
 
 class WouldSpeculate(FixedK):
-    """Plays the Ks given; to the engine it looks like a goodput controller whose best K
-    at any batch size is `best_k` (what decides whether admission prefills the draft)."""
+    """Plays the Ks given; to the engine it looks like a goodput controller that holds
+    `best_k` at any batch size (what decides whether admission prefills the draft)."""
 
     mode = "goodput"
 
@@ -130,8 +130,8 @@ class WouldSpeculate(FixedK):
         super().__init__(ks)
         self.best_k = best_k
 
-    def predicted_goodput(self, batch_size):
-        return np.eye(5)[self.best_k]
+    def held_k(self, batch_size):
+        return self.best_k
 
 
 def test_the_draft_takes_in_prompts_only_when_the_controller_would_speculate(pair):

@@ -258,12 +258,7 @@ class Controller:
             tab = self._build_table(key)
         if type(batch_size) is int and 0 < batch_size <= self.max_batch_size:
             # the hot path: hysteresis and probe on the precomputed rows
-            best = tab[0][batch_size]
-            cur = self._cur
-            if best != cur:
-                g = tab[1][batch_size]
-                if g[best] > g[cur] * self._one_plus_margin:
-                    self._cur = cur = best
+            self._cur = cur = self._hold(tab[0][batch_size], tab[1][batch_size], self._cur)
             if self._probe_interval:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval:
@@ -280,10 +275,7 @@ class Controller:
     def _decide(self, b: int, key: int, al: np.ndarray) -> int:
         """`choose_k`'s hysteresis and probe on a goodput row computed now from `al`."""
         g = self._goodput_row(b, key, al)
-        best = int(np.argmax(g))
-        cur = self._cur
-        if best != cur and g[best] > g[cur] * self._one_plus_margin:
-            self._cur = cur = best
+        self._cur = cur = self._hold(int(np.argmax(g)), g, self._cur)
         if self._probe_interval:
             self._since_probe += 1
             if self._since_probe >= self._probe_interval:
@@ -294,6 +286,11 @@ class Controller:
                 cur = self._probe(cur, b, g, k_prior, every)
         self._k_counts[cur] += 1
         return cur
+
+    def _hold(self, best: int, g, cur: int) -> int:
+        """The hysteresis: move from the held K `cur` to the goodput row `g`'s `best` only
+        when it is ahead by more than the margin."""
+        return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
 
     def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
@@ -435,8 +432,7 @@ class Controller:
         goodput row's bare argmax says "speculate" where K wins by less than `margin`,
         while `choose_k` keeps holding K = 0 and the prefill is wasted.)"""
         g = self.predicted_goodput(batch_size, context_len)
-        best, cur = int(np.argmax(g)), min(self._cur, len(g) - 1)
-        return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
+        return self._hold(int(np.argmax(g)), g, self._cur)
 
     # ------------------------------------------------------------------ per-request state
 

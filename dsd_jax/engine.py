@@ -372,9 +372,8 @@ class SpecEngine:
         with K > 0 catches up): always for drafters that cannot leave a prompt to
         `catch_up`, else when the controller would speculate at `batch` live rows (the K
         a goodput controller holds there, the static or scheduled K; unknown controllers:
-        yes). Several
-        processes always prefill: their controllers need not agree, and every process
-        must run the same program on the same inputs."""
+        yes). Several processes always prefill: their controllers need not agree, and
+        every process must run the same program on the same inputs."""
         if not self.drafter.catches_up_prompts or self.agreement is not None:
             return True
         ctl = self.controller

@@ -11,7 +11,10 @@ increasing ints >= 1), ``ks`` (``[0, 1, ..., max_k]``), ``context_lengths`` (str
 increasing ints >= 0, at least one), ``latency_ms`` (``[context][batch][k]`` positive
 finite floats, milliseconds per step), ``acceptance`` (``a_1..a_max_k``),
 ``acceptance_by_temperature`` (null or ``{"<temperature>": [a_1..a_max_k]}``),
-``created`` (ISO-8601 str), ``meta`` (free dict).
+``catchup_ms`` (null, or ``{"chunk": tokens, "ms": [per batch size]}``: what one
+round of the drafter's catch-up adds to a step, `chunk` tokens a row, at each batch
+size; null for drafters that never lag), ``created`` (ISO-8601 str), ``meta`` (free
+dict). Version 1 files (written before ``catchup_ms``) still load, without it.
 
 ``a_i`` is the *unconditional* probability that draft position ``i`` is accepted in a
 step that proposed at least ``i`` drafts, i.e. ``P(num_accepted >= i)``; it is
@@ -41,7 +44,8 @@ import numpy as np
 
 __all__ = ["Profile", "ProfileMismatchWarning", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no catchup_ms
 
 _KEYS = (
     "schema_version",
@@ -56,9 +60,11 @@ _KEYS = (
     "latency_ms",
     "acceptance",
     "acceptance_by_temperature",
+    "catchup_ms",
     "created",
     "meta",
 )
+_KEYS_BY_VERSION = {2: _KEYS, 1: tuple(k for k in _KEYS if k != "catchup_ms")}
 
 
 class ProfileMismatchWarning(UserWarning):
@@ -161,14 +167,16 @@ class Profile:
     jax_version: str = ""
     fingerprints: dict[str, str] = field(default_factory=dict)
     acceptance_by_temperature: dict[str, list[float]] | None = None
+    catchup_ms: dict | None = None
     created: str = field(default_factory=_now_iso)
     meta: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):
         sv = self.schema_version
-        if not _is_int(sv) or sv != SCHEMA_VERSION:
-            raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {sv!r}")
+        if not _is_int(sv) or sv not in READABLE_VERSIONS:
+            raise ValueError(f"schema_version must be one of {READABLE_VERSIONS}, got {sv!r}")
+        self.schema_version = SCHEMA_VERSION  # a version 1 document is a version 2 one without catchup_ms
         self.device_kind = _str("device_kind", self.device_kind)
         self.platform = _str("platform", self.platform)
         self.jax_version = _str("jax_version", self.jax_version)
@@ -211,8 +219,28 @@ class Profile:
                     raise ValueError(f"acceptance_by_temperature key {t!r} must be a temperature >= 0")
                 checked[str(t)] = _acc_list(f"acceptance_by_temperature[{t!r}]", v, self.max_k)
             self.acceptance_by_temperature = checked
+        self.catchup_ms = self._check_catchup(self.catchup_ms)
         # [context, batch, k] float64 table used by interpolation.
         self._table = np.asarray(self.latency_ms, dtype=np.float64)
+
+    def _check_catchup(self, c: Any) -> dict | None:
+        if c is None:
+            return None
+        if not isinstance(c, Mapping) or set(c) != {"chunk", "ms"}:
+            raise ValueError(f'catchup_ms must be null or {{"chunk": tokens, "ms": [per batch size]}}, got {c!r}')
+        chunk, ms = c["chunk"], c["ms"]
+        if not _is_int(chunk) or chunk < 1:
+            raise ValueError(f"catchup_ms.chunk must be a positive integer (tokens a row), got {chunk!r}")
+        if isinstance(ms, np.ndarray):
+            ms = ms.tolist()
+        if not isinstance(ms, (list, tuple)) or len(ms) != len(self.batch_sizes):
+            raise ValueError(f"catchup_ms.ms must have one entry per batch size ({len(self.batch_sizes)}), "
+                             f"got {ms!r}")
+        for i, x in enumerate(ms):
+            if not _is_real(x) or not math.isfinite(_f(x)) or _f(x) < 0.0:
+                raise ValueError(f"catchup_ms.ms[{i}] (batch {self.batch_sizes[i]}) must be a finite "
+                                 f"number of ms >= 0, got {x!r}")
+        return {"chunk": int(chunk), "ms": [_f(x) for x in ms]}
 
     def _check_latency(self, lat: Any) -> list:
         nc, nb, nk = len(self.context_lengths), len(self.batch_sizes), len(self.ks)
@@ -298,6 +326,18 @@ class Profile:
             out[r] = tab[i0] if w == 0.0 else (1.0 - w) * tab[i0] + w * tab[i1]
         return out
 
+    def catchup_table(self, batch_sizes: Sequence[float]) -> np.ndarray | None:
+        """ms one catch-up round (`catchup_ms["chunk"]` tokens a row) adds to a step, per
+        batch size (linear between profiled ones, clamped); None without the cell."""
+        if self.catchup_ms is None:
+            return None
+        ms = self.catchup_ms["ms"]
+        out = np.empty(len(batch_sizes), dtype=np.float64)
+        for r, b in enumerate(batch_sizes):
+            i0, i1, w = _interp_index(self.batch_sizes, _real_arg("batch_size", b))
+            out[r] = (1.0 - w) * ms[i0] + w * ms[i1]
+        return out
+
     def acceptance_for(self, temperature: float | None = None) -> np.ndarray:
         """a_1..a_max_k: the profile's acceptance, or the closest measured temperature's."""
         if temperature is None or not self.acceptance_by_temperature:
@@ -325,6 +365,8 @@ class Profile:
                 None if self.acceptance_by_temperature is None else {k: list(v) for k, v in
                                                                       self.acceptance_by_temperature.items()}
             ),
+            "catchup_ms": None if self.catchup_ms is None else {"chunk": self.catchup_ms["chunk"],
+                                                                "ms": list(self.catchup_ms["ms"])},
             "created": self.created,
             "meta": dict(self.meta),
         }
@@ -337,21 +379,22 @@ class Profile:
         if "schema_version" not in d:
             raise ValueError(f"{source}: missing schema_version (expected {SCHEMA_VERSION})")
         sv = d["schema_version"]
-        if not _is_int(sv) or sv != SCHEMA_VERSION:
+        if not _is_int(sv) or sv not in READABLE_VERSIONS:
             raise ValueError(
-                f"{source}: unsupported schema_version {sv!r} (this dsd_jax reads version {SCHEMA_VERSION}); "
-                "re-run the profiler"
+                f"{source}: unsupported schema_version {sv!r} (this dsd_jax reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}); re-run the profiler"
             )
-        missing = [k for k in _KEYS if k not in d]
+        keys = _KEYS_BY_VERSION[sv]
+        missing = [k for k in keys if k not in d]
         if missing:
             raise ValueError(f"{source}: missing key(s) {missing}")
-        unknown = [k for k in d if k not in _KEYS]
+        unknown = [k for k in d if k not in keys]
         if unknown:
             raise ValueError(f"{source}: unknown key(s) {unknown} (put free-form data under 'meta')")
         if d["context_lengths"] is None:
             raise ValueError(f"{source}: context_lengths must be a non-empty list of integers, got null")
         try:
-            return cls(**{k: d[k] for k in _KEYS})
+            return cls(**{k: d[k] for k in keys})
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
 

@@ -151,19 +151,46 @@ def device_kind() -> str:
 
 # --------------------------------------------------------------------------- latency
 
-def _reset(drafter, per_shard, state, batch, context):
+def _reset(drafter, per_shard, state, batch, context, lag):
     """Rows < batch of every data shard (`per_shard` slots each) live at `context`
-    committed tokens (drafter caught up); others idle."""
+    committed tokens, the drafter caught up but for the last `lag`; others idle."""
     n = state.length.shape[0]
     live = jnp.arange(n) % per_shard < batch
     big = jnp.int32(state.capacity)  # never reaches its limit while profiling
     length = jnp.where(live, context, 0).astype(jnp.int32)
     return state._replace(
         length=length,
-        drafter=drafter.admit(state.drafter, jnp.arange(n), length),
+        drafter=drafter.admit(state.drafter, jnp.arange(n), jnp.maximum(length - lag, 0)),
         limit=jnp.where(live, big, 0).astype(jnp.int32),
         active=live,
     )
+
+
+def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup_reps: int):
+    """(state, {"chunk": C, "ms": [per batch bucket]} or None): what one round of the
+    drafter's catch-up adds to a K = 1 step, C tokens a row behind against none, timed
+    interleaved per bucket (a step after K = 0 steps catches up what they committed;
+    the controller charges it to the probes it runs there). None for drafters that
+    never lag (no `catchup_chunk`), without K = 1, or at a context shorter than C + 2."""
+    chunk = getattr(engine.drafter, "catchup_chunk", None)
+    if not chunk or engine.max_k < 1 or context < chunk + 2:
+        return state, None
+    tp, dp, one = engine._target_params, engine._draft_params, np.int32(1)
+    ms = []
+    for b in engine.batch_buckets:
+        step = engine.programs.step(1, b)
+        times: dict[int, list[float]] = {0: [], chunk: []}
+        for rep in range(warmup_reps + repeats):
+            for lag in times:
+                state = programs.reset(state, np.int32(b), np.int32(context), np.int32(lag))
+                jax.block_until_ready(state)
+                t0 = time.perf_counter()
+                state, out, _ = step(tp, dp, state, one)
+                jax.block_until_ready((state, out))
+                if rep >= warmup_reps:
+                    times[lag].append(time.perf_counter() - t0)
+        ms.append(max(0.0, (statistics.median(times[chunk]) - statistics.median(times[0])) * 1e3))
+    return state, {"chunk": int(chunk), "ms": ms}
 
 
 def _fill(state, key, vocab, temperature):
@@ -179,7 +206,7 @@ def _fill(state, key, vocab, temperature):
 
 
 def _idle(drafter, per_shard, state):
-    return _reset(drafter, per_shard, state, 0, 0)
+    return _reset(drafter, per_shard, state, 0, 0, 0)
 
 
 class _StatePrograms(NamedTuple):
@@ -294,6 +321,10 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     acceptance: a_1..a_max_k to record instead of measuring them (e.g. a published
         per-position curve, for models with random weights): the acceptance runs are
         skipped and `prompts`/`temperatures` are not used.
+
+    With a drafter that lags after K = 0 steps (the draft model, EAGLE-3), the profile
+    also holds what one round of its catch-up adds to a step per bucket (`catchup_ms`,
+    at the largest context length; `_measure_catchup`).
     """
     context_lengths = sorted({int(c) for c in context_lengths})
     if not context_lengths:
@@ -339,7 +370,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 times: list[list[float]] = [[] for _ in ks]
                 for rep in range(int(warmup_reps) + int(repeats)):
                     for k in ks:  # interleaved: drift hits every K of this row alike
-                        state = programs.reset(state, np.int32(b), np.int32(ctx))
+                        state = programs.reset(state, np.int32(b), np.int32(ctx), np.int32(0))
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
                         state, out, ran = steps[k](tp, dp, state, rounds)
@@ -351,6 +382,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                     done += 1
                     if progress:
                         progress(done, total)
+        state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1],
+                                          int(repeats), int(warmup_reps))
     finally:
         if state is not None and _state_usable(state):
             engine.state = programs.idle(state)
@@ -397,6 +430,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         latency_ms=monotone_latency(table).tolist(),
         acceptance=acceptance,
         acceptance_by_temperature=by_temp,
+        catchup_ms=catchup,
         meta={
             "context_lengths": context_lengths,
             "repeats": int(repeats),
@@ -428,6 +462,9 @@ def format_profile(prof: Profile) -> str:
         lines.append("acceptance a_i = P(accepted >= i): " + " ".join(f"{a:.3f}" for a in prof.acceptance))
         for t, a in (prof.acceptance_by_temperature or {}).items():
             lines.append(f"  temperature {t}: " + " ".join(f"{x:.3f}" for x in a))
+    if prof.catchup_ms is not None:
+        lines.append(f"draft catch-up, one {prof.catchup_ms['chunk']}-token round a row: "
+                     + "  ".join(f"B={b} {ms:.2f} ms" for b, ms in zip(prof.batch_sizes, prof.catchup_ms["ms"])))
     al = np.concatenate([[1.0], 1.0 + np.cumsum(prof.acceptance)])
     head = "   B | " + " ".join(f"K={k:<7d}" for k in prof.ks) + " | best K (goodput tok/s/row)"
     for ci, ctx in enumerate(prof.context_lengths):

@@ -34,6 +34,7 @@ def make(**kw):
         method="draft_model",
         fingerprints={"target": "t-123", "draft": "d-456"},
         acceptance_by_temperature={"0.0": [0.9, 0.8, 0.7], "1.0": [0.7, 0.5, 0.3]},
+        catchup_ms={"chunk": 32, "ms": [2.0, 3.0, 9.0]},
         meta={"note": "test"},
     )
     args.update(kw)
@@ -167,11 +168,32 @@ def test_unreadable_files_name_the_file(tmp_path):
         Profile.load(bad)
 
 
+def test_catchup_cell_interpolates_and_version_1_files_load_without_it(tmp_path):
+    p = make()
+    assert p.catchup_table([1, 4, 10, 16, 64]).tolist() == [2.0, 3.0, 6.0, 9.0, 9.0]
+    assert make(catchup_ms=None).catchup_table([1]) is None
+    d = make().to_dict()
+    d["schema_version"] = 1
+    del d["catchup_ms"]  # what a version 1 file holds
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(d))
+    q = Profile.load(path)
+    assert q.catchup_ms is None and q.itl_ms(4, 2, 128) == p.itl_ms(4, 2, 128)
+    assert q.to_dict()["schema_version"] == SCHEMA_VERSION == 2
+
+
 @pytest.mark.parametrize(
     "mutate, needle",
     [
         (lambda d: d.pop("schema_version"), "missing schema_version"),
-        (lambda d: d.update(schema_version=2), "unsupported schema_version 2"),
+        (lambda d: d.update(schema_version=3), "unsupported schema_version 3"),
+        (lambda d: d.update(schema_version=1), "unknown key(s) ['catchup_ms']"),
+        (lambda d: d.pop("catchup_ms"), "missing key(s) ['catchup_ms']"),
+        (lambda d: d["catchup_ms"]["ms"].pop(), "catchup_ms.ms must have one entry per batch size"),
+        (lambda d: d["catchup_ms"]["ms"].__setitem__(2, -1.0), "catchup_ms.ms[2] (batch 16)"),
+        (lambda d: d["catchup_ms"]["ms"].__setitem__(0, float("nan")), "catchup_ms.ms[0]"),
+        (lambda d: d["catchup_ms"].update(chunk=0), "catchup_ms.chunk"),
+        (lambda d: d.update(catchup_ms=[1.0]), "catchup_ms must be null or"),
         (lambda d: d.update(schema_version="1"), "schema_version"),
         (lambda d: d.update(schema_version=True), "schema_version"),
         (lambda d: d.pop("latency_ms"), "missing key(s) ['latency_ms']"),

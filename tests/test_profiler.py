@@ -209,6 +209,23 @@ def test_given_acceptance_is_recorded_without_generating(engine, monkeypatch):
     assert np.all(np.asarray(prof.latency_ms) > 0)
 
 
+def test_catch_up_cell(run, engine):
+    """The draft's catch-up round is timed per bucket at the largest context length, with
+    the draft admitted one chunk short (the reset leaves it that far behind); at contexts
+    shorter than a chunk there is no such round to time."""
+    assert run[1].catchup_ms is None  # contexts 8 and 24 < a 32-token chunk
+    chunk = engine.drafter.catchup_chunk
+    prof = prof_lib.profile_engine(engine, context_lengths=(40,), repeats=1, warmup_reps=0,
+                                   acceptance=[0.7, 0.4, 0.2, 0.1][:K])
+    c = prof.catchup_ms
+    assert c["chunk"] == chunk and len(c["ms"]) == len(engine.batch_buckets)
+    assert all(np.isfinite(c["ms"])) and min(c["ms"]) >= 0
+    programs = prof_lib._state_programs(engine)
+    state = programs.reset(engine.state, np.int32(2), np.int32(40), np.int32(chunk))
+    assert np.asarray(state.drafter.length)[:2].tolist() == [40 - chunk - 1] * 2  # the draft holds the rest
+    engine.state = programs.idle(state)
+
+
 def test_failure_mid_profile_leaves_a_working_engine(engine, monkeypatch):
     real = engine.programs.step
     calls = {"n": 0}

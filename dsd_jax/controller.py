@@ -29,8 +29,8 @@ live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate (its best K beats K = 0
 by more than ``margin``, so the hold could move), the probe runs that K, and only
 every few intervals where it is dear for what it could win (`_acceptance_probe`:
-its extra time, the draft's catch-up of the tokens since it last ran included, at
-most ``PROBE_SHARE`` of the time saved if the profile's acceptance came back). Before
+its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
+acceptance came back). Before
 that (with latency learning on), a probe runs the least observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
 latency at this batch bucket is not learnt yet, so close contenders get measured
@@ -282,8 +282,7 @@ class Controller:
                 k_prior, every = 0, self._probe_interval
                 if cur == 0:
                     g_prior = self._goodput_row(b, key, self._prior_al)
-                    k_prior, every = (int(x) for x in self._acceptance_probe(
-                        g_prior, self._latency.itl(b, key), self._latency.catchup_ms(b)))
+                    k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, self._latency.itl(b, key)))
                 cur = self._probe(cur, b, g, k_prior, every)
         self._k_counts[cur] += 1
         return cur
@@ -293,49 +292,29 @@ class Controller:
         when it is ahead by more than the margin."""
         return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
 
-    def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray,
-                          catchup_ms=None) -> tuple[np.ndarray, np.ndarray]:
+    def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
-        probes), per goodput row under the profile's acceptance `g_prior` and its ITL
-        ([..., K]); `catchup_ms` ([...] or None): what one round of the drafter's catch-up
-        adds to a step there (the profile's `catchup_ms`).
+        probes), per goodput row under the profile's acceptance `g_prior` and its ITL ([..., K]).
 
         The K is the best one there, or 0 (no probe) where it does not beat K = 0 by the
         hysteresis margin: there even live acceptance back at the profile's could not move
         the hold, so a probe would only cost (`bench_full_s7`: at B = 64 K = 1 was 2%
         ahead on the profile, and dynamic ran it in 2% of its steps). The interval is
         `probe_interval`, or longer where a probe is dear for what it could win: a probe's
-        extra time, in K = 0 steps, is at most PROBE_SHARE of the time its K would save
-        over the interval if the profile's acceptance came back, gain = G(K) / G(0) - 1
-        per step. A probe's extra time is ITL(B, K) / ITL(B, 0) - 1, plus the catch-up of
-        the tokens committed since the draft last ran, at least one a row per dispatch:
-        ceil(every / chunk) catch-up rounds (a K = 1 step at B = 64 after K = 0 steps took
-        138 ms against 89 ms steady, `bench_full_s7`). Where the catch-up alone costs
-        more per dispatch than that share of the gain, no interval pays: no probe. At
-        B = 1-4 that is the plain interval; at B = 16 and 64, where a K = 2 or 1 step
-        costs 2.2x or 1.75x a K = 0 step for a 10% or 4% gain (`bench_full_s8`), 3x and
-        5x longer before the catch-up: there probes had cost dynamic 3-6% of its time."""
+        extra time, ITL(B, K) / ITL(B, 0) - 1 K = 0 steps, is at most PROBE_SHARE of the
+        time its K would save over the interval if the profile's acceptance came back,
+        gain = G(K) / G(0) - 1 per step. At B = 1-4 that is the plain interval; at
+        B = 16 and 64, where a K = 2 or 1 step costs 2.2x or 1.75x a K = 0 step for a 10%
+        or 4% gain (`bench_full_s8`), 3x and 5x longer: there probes had cost dynamic
+        3-6% of its time."""
         best = np.argmax(g_prior, axis=-1)
         g_best = np.take_along_axis(g_prior, best[..., None], axis=-1)[..., 0]
         gain = g_best / g_prior[..., 0] - 1.0
         probe = gain > self._one_plus_margin - 1.0
         extra = np.take_along_axis(itl, best[..., None], axis=-1)[..., 0] / itl[..., 0] - 1.0
-        allowed = PROBE_SHARE * np.where(probe, gain, 1.0)  # extra K=0 steps a dispatch may cost
-
-        def interval(extra_steps):  # (the tolerance keeps float dust from adding a dispatch)
-            return np.maximum(np.ceil(extra_steps / allowed - 1e-9), self._probe_interval)
-
-        every = interval(extra)
-        if catchup_ms is not None:
-            chunk = self.profile.catchup_ms["chunk"]
-            per_round = np.asarray(catchup_ms, dtype=np.float64) / itl[..., 0]  # in K=0 steps
-            probe &= allowed > per_round / chunk  # else the catch-up outgrows the share
-            for _ in range(32):  # the lag grows with the interval: settle (a few rounds)
-                longer = interval(extra + np.ceil(every / chunk) * per_round)
-                if np.array_equal(longer, every):
-                    break
-                every = longer
-        return np.where(probe, best, 0), np.where(probe, every, self._probe_interval).astype(int)
+        safe_gain = np.where(probe, gain, 1.0)  # rows without a probe: any positive number
+        every = np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0)
+        return np.where(probe, best, 0), np.maximum(every, self._probe_interval).astype(int)
 
     def _probe(self, cur: int, b: int, g, k_prior: int, every: int) -> int:
         """The K for a step at held K `cur` once `probe_interval` choices have passed: a
@@ -424,7 +403,7 @@ class Controller:
             g[self._disable + 1 :, 1:] = 0.0
             g_prior[self._disable + 1 :, 1:] = 0.0
         # (best K, goodput row, the probe K at a held K = 0 and the dispatches between such probes)
-        probe_k, every = self._acceptance_probe(g_prior, itl, self._latency.catchup_rows())
+        probe_k, every = self._acceptance_probe(g_prior, itl)
         tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist())
         self._gtabs[key] = tab
         return tab

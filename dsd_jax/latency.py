@@ -195,18 +195,6 @@ class LatencyModel:
             self._rows_cache[key] = itl
         return itl
 
-    def catchup_rows(self) -> np.ndarray | None:
-        """ms one catch-up round adds to a step, [max_batch_size + 1] by the bucket each
-        live batch size runs in (row 0 copies row 1); None when the profile has none."""
-        bs = [self.bucket(b) for b in range(1, self._max_b + 1)]
-        t = self.profile.catchup_table(bs)
-        return None if t is None else np.concatenate([t[:1], t])
-
-    def catchup_ms(self, b: int) -> float | None:
-        """`catchup_rows` at one live batch size (any b >= 1)."""
-        t = self.profile.catchup_table([self.bucket(max(b, 1))])
-        return None if t is None else float(t[0])
-
     def itl(self, b: int, key: int) -> np.ndarray:
         """ITL for K = 0..num_k-1 at live batch size b >= 1 and a context bucket."""
         if b <= self._max_b:

@@ -372,31 +372,6 @@ def test_acceptance_probes_are_rarer_where_they_cost_more_for_less():
             assert probes and np.all(np.diff(probes) == every), (makespan, b, probes)
 
 
-@pytest.mark.parametrize("makespan", [False, True])
-def test_acceptance_probes_charge_the_drafts_catch_up(makespan):
-    """The profile of `test_acceptance_probes_are_rarer_where_they_cost_more_for_less` with
-    the draft's catch-up: a 32-token round adds 2 ms at B=1, 20 ms at B=64 (0.4 K=0 steps).
-    A probe after `every` K=0 dispatches also catches up ceil(every / 32) rounds: B=1
-    stays at 8 (0.2 + 0.2 extra steps against a 42% gain); B=64 settles at 192 (0.6 + 6 x
-    0.4 = 3.0 extra steps = a quarter of 192 x 6.25%). At 30 ms a round (0.6 steps per 32
-    tokens, more than a quarter of 6.25% per token) no interval pays: no probe at B=64."""
-    for catchup, want in ((20.0, 192), (30.0, None)):
-        p = Profile("cpu", [1, 64], [0, 1], [[10.0, 12.0], [50.0, 80.0]], [0.7],
-                    catchup_ms={"chunk": 32, "ms": [2.0, catchup]})
-        c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=8, explore_gap=0.0),
-                       p, max_batch_size=64)
-        for b, every in ((1, 8), (64, want)):
-            _drive_to_zero(c, b)
-            ids = [f"r{i}" for i in range(b)]
-            ks = [c.choose_k(b, request_ids=ids, remaining=[10_000] * b) if makespan else c.choose_k(b)
-                  for _ in range(4 * (every or 192))]
-            probes = [i for i, k in enumerate(ks) if k]
-            if every is None:
-                assert not probes, (catchup, b, probes)
-            else:
-                assert probes and np.all(np.diff(probes) == every), (catchup, b, probes)
-
-
 def test_probe_per_request_path():
     p = realistic_profile(max_k=4)
     # at B=2 a probe of K=3 costs 0.97 K=0 steps for a 49% gain: due every max(8, 0.97 / (0.25 x 0.49))

@@ -169,10 +169,10 @@ def _reset(drafter, per_shard, state, batch, context, lag):
 def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup_reps: int):
     """(state, {"chunk": C, "ms": [per batch bucket]} or None): what one round of the
     drafter's catch-up adds to a K = 1 step, C tokens a row behind against none, timed
-    interleaved per bucket (a step after K = 0 steps catches up what they committed;
-     shows it, and it is what a switch from K = 0 costs on top of the
-    step). None for drafters that
-    never lag (no `catchup_chunk`), without K = 1, or at a context shorter than C + 2."""
+    interleaved per bucket (a step after K = 0 steps catches up what they committed:
+    what a switch from K = 0 costs on top of the step; `dsd-jax profile` shows it). None
+    for drafters that never lag (no `catchup_chunk`), without K = 1, or at a context
+    shorter than C + 2."""
     chunk = getattr(engine.drafter, "catchup_chunk", None)
     if not chunk or engine.max_k < 1 or context < chunk + 2:
         return state, None

@@ -220,6 +220,7 @@ def test_catch_up_cell(run, engine):
     c = prof.catchup_ms
     assert c["chunk"] == chunk and len(c["ms"]) == len(engine.batch_buckets)
     assert all(np.isfinite(c["ms"])) and min(c["ms"]) >= 0
+    assert f"draft catch-up, one {chunk}-token round a row: B=1 " in prof_lib.format_profile(prof)
     programs = prof_lib._state_programs(engine)
     state = programs.reset(engine.state, np.int32(2), np.int32(40), np.int32(chunk))
     assert np.asarray(state.drafter.length)[:2].tolist() == [40 - chunk - 1] * 2  # the draft holds the rest

@@ -326,18 +326,6 @@ class Profile:
             out[r] = tab[i0] if w == 0.0 else (1.0 - w) * tab[i0] + w * tab[i1]
         return out
 
-    def catchup_table(self, batch_sizes: Sequence[float]) -> np.ndarray | None:
-        """ms one catch-up round (`catchup_ms["chunk"]` tokens a row) adds to a step, per
-        batch size (linear between profiled ones, clamped); None without the cell."""
-        if self.catchup_ms is None:
-            return None
-        ms = self.catchup_ms["ms"]
-        out = np.empty(len(batch_sizes), dtype=np.float64)
-        for r, b in enumerate(batch_sizes):
-            i0, i1, w = _interp_index(self.batch_sizes, _real_arg("batch_size", b))
-            out[r] = (1.0 - w) * ms[i0] + w * ms[i1]
-        return out
-
     def acceptance_for(self, temperature: float | None = None) -> np.ndarray:
         """a_1..a_max_k: the profile's acceptance, or the closest measured temperature's."""
         if temperature is None or not self.acceptance_by_temperature:

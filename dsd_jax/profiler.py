@@ -54,7 +54,7 @@ from flax import nnx
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile
 from dsd_jax.sampling import SamplingParams
-from dsd_jax.step import MAX_ROUNDS
+from dsd_jax.step import MAX_ROUNDS, unpack_rounds
 
 __all__ = ["profile_engine", "model_fingerprint", "engine_fingerprints", "device_kind",
            "format_profile", "monotone_latency"]
@@ -186,7 +186,7 @@ def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup
                 state = programs.reset(state, np.int32(b), np.int32(context), np.int32(lag))
                 jax.block_until_ready(state)
                 t0 = time.perf_counter()
-                state, out, _ = step(tp, dp, state, one)
+                state, out = step(tp, dp, state, one)
                 jax.block_until_ready((state, out))
                 if rep >= warmup_reps:
                     times[lag].append(time.perf_counter() - t0)
@@ -374,10 +374,11 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                         state = programs.reset(state, np.int32(b), np.int32(ctx), np.int32(0))
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
-                        state, out, ran = steps[k](tp, dp, state, rounds)
+                        state, out = steps[k](tp, dp, state, rounds)
                         jax.block_until_ready((state, out))
+                        elapsed = time.perf_counter() - t0
                         if rep >= warmup_reps:
-                            times[k].append((time.perf_counter() - t0) / max(int(ran), 1))
+                            times[k].append(elapsed / max(unpack_rounds(np.asarray(out))[1], 1))
                 for k in ks:
                     table[ci, bi, k] = statistics.median(times[k]) * 1e3
                     done += 1

@@ -48,7 +48,7 @@ class Programs:
         rep = place.replicated
         outs = {} if state_sh is None else {"out_shardings": state_sh}
         # outputs replicated: every process of a multi-host run reads them whole
-        self._step_outs = {} if state_sh is None else {"out_shardings": (state_sh, rep, rep)}
+        self._step_outs = {} if state_sh is None else {"out_shardings": (state_sh, rep)}
         local = self._step_shards_specs = place.data_specs(state) if data > 1 else None
 
         def shards(fn, kinds, out_specs=local):
@@ -64,7 +64,7 @@ class Programs:
         shards, outs, local = self._shards, self._outs, self._step_shards_specs
         self.opts, self._drafter = opts, drafter
         self._step_shards = functools.partial(shards, kinds=(PARAMS, PARAMS, STATE, PARAMS),
-                                              out_specs=(local, P(None, DATA), P()))
+                                              out_specs=(local, P(None, DATA)))
         self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
                                        (PARAMS, PARAMS, STATE) + (HOST,) * 6),
                                 donate_argnums=2, **outs)
@@ -131,12 +131,13 @@ class Programs:
         new, outs, ran = step_lib.spec_rounds(self._graph, self._drafter, self.opts, k, b,
                                               target_params, draft_params, state, num_rounds,
                                               any_active=any_active(self.data))
-        return summed_counters(self.data, state, new), outs, ran
+        return summed_counters(self.data, state, new), step_lib.pack_rounds(outs, ran)
 
     def step(self, k: int, b: int):
         """The (K, bucket) program: `(target_params, draft_params, state, num_rounds) ->
-        (state, StepOutput [MAX_ROUNDS, data * b, ...], rounds run)` (see
-        `step.spec_rounds`); b slots of every data shard, shard after shard."""
+        (state, outputs [MAX_ROUNDS, data * b, ...])`: `step.spec_rounds`'s rounds packed
+        in one array (`step.pack_rounds`; `step.unpack_rounds` reads it); b slots of every
+        data shard, shard after shard."""
         if not 0 <= k <= self.max_k:
             raise ValueError(f"K={k} is outside the compiled range 0..{self.max_k}")
         if b not in self.batch_buckets:

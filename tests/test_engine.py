@@ -75,7 +75,8 @@ def test_queueing_mixed_sampling_and_rollout_arrays(engine, pair):
         assert len(o.logprobs) == len(o.token_ids) and all(lp <= 0 for lp in o.logprobs)
         if sp.temperature == 0:
             assert o.token_ids == greedy_reference(pair[0], p, sp.max_tokens)
-    # reproducible for fixed seeds, whatever the batch composition
+    # reproducible for fixed seeds and the same K schedule, whatever the batch composition
+    engine.controller = FixedK([0, 3, 1, 4])
     again = engine.generate(prompts[:3], params[:3])
     assert [o.token_ids for o in again] == [o.token_ids for o in outs[:3]]
 
@@ -279,3 +280,54 @@ def test_group_sampling_prefills_each_prompt_once(pair):
     assert len({tuple(o.token_ids) for o in outs[:3]}) > 1  # siblings draw their own streams
     with pytest.raises(ValueError, match="n \\(completions per prompt\\)"):
         SamplingParams(n=0)
+
+
+def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
+    """A controller whose K follows the batch size alone (static K) lets the first dispatch
+    run up to MAX_ROUNDS; any other must choose the same K three times and then gets a say
+    every ADAPTIVE_ROUNDS; no dispatch is queued behind one that finishes every row; the
+    tokens are plain greedy's either way."""
+    from dsd_jax.controller import Controller
+    from dsd_jax.engine import ADAPTIVE_ROUNDS, STABLE_DECISIONS as STABLE
+    from dsd_jax.step import MAX_ROUNDS
+    prompt, n = [3, 1, 4, 1, 5], 3 * MAX_ROUNDS // 2 + 2
+    want = greedy_reference(pair[0], prompt, n)
+    sp = SamplingParams(temperature=0.0, max_tokens=n)
+
+    def asked(eng):
+        log, real = [], eng._rounds
+        eng._rounds = lambda *a: log.append(real(*a)) or log[-1]
+        assert eng.generate([prompt], sp)[0].token_ids == want
+        return log
+
+    static = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
+    static.controller = Controller(static.spec, None, max_batch_size=4)
+    assert static.controller.mode == "static"
+    # K=1 emits at most 2 tokens a round: the first dispatch asks for the rounds the room needs
+    assert asked(static)[0] == min(-(-n // 2), MAX_ROUNDS) > ADAPTIVE_ROUNDS
+    plain = make_engine(pair[0], None, method="none", num_speculative_tokens=0, max_seq_len=64)
+    plain.controller = Controller(plain.spec, None, max_batch_size=4)
+    assert asked(plain) == [MAX_ROUNDS, n - MAX_ROUNDS]  # none behind the one that finishes it
+    adaptive = make_engine(*pair, method="draft_model", max_seq_len=64, controller=FixedK([2]))
+    log = asked(adaptive)
+    assert log[:STABLE] == [1] * (STABLE - 1) + [ADAPTIVE_ROUNDS] and max(log) == ADAPTIVE_ROUNDS
+
+
+def test_packed_round_outputs_come_back_exactly():
+    """`step.pack_rounds` / `unpack_rounds`: every field bit for bit (logprobs -inf and
+    subnormal included), only the rounds that ran, and the count."""
+    from dsd_jax.step import StepOutput, pack_rounds, unpack_rounds
+    rng = np.random.default_rng(0)
+    R, B, K1, ran = 6, 3, 4, 4
+    lp = rng.normal(size=(R, B, K1)).astype(np.float32)
+    lp[0, 0, 0], lp[1, 2, 3] = -np.inf, np.float32(1e-42)
+    outs = StepOutput(rng.integers(0, 50_000, (R, B, K1)).astype(np.int32),
+                      rng.integers(0, K1 + 1, (R, B)).astype(np.int32),
+                      rng.integers(0, K1, (R, B)).astype(np.int32), rng.random((R, B)) < 0.5,
+                      lp, -lp)
+    back, n = unpack_rounds(np.asarray(pack_rounds(jax.tree.map(jax.numpy.asarray, outs), ran)))
+    assert n == ran
+    for name, want, got in zip(StepOutput._fields, outs, back):
+        assert got.dtype == want.dtype and got.shape == (ran, B, *want.shape[2:]), name
+        np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), want[:ran].view(np.uint8),
+                                      err_msg=name)

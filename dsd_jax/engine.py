@@ -589,7 +589,8 @@ class SpecEngine:
         rounds are done: no request is queued (a finishing row would free a slot for it),
         the controller's last STABLE_DECISIONS choices were this K, and no live row can
         reach its length limit before the last round (counting what the dispatch still in
-        flight may emit). Rows stopping on a stop token end early on device all the same.
+        flight may emit; a lone row may: the dispatch ends with it). Rows stopping on a stop
+        token end early on device all the same.
         The controller still observes every round. A controller whose K follows the batch
         size alone (no speculation, static K, a per-batch-size schedule) is stable at once
         and may run MAX_ROUNDS; any other gets a say every ADAPTIVE_ROUNDS.
@@ -600,9 +601,12 @@ class SpecEngine:
                            and all(x == k for x in self._k_history))
         if queued or not stable:
             return 1
+        most = MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
+        if len(live) == 1:  # the dispatch ends when its one row does: nothing to run past
+            return most
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending
-        return int(np.clip(-(-room // (k + 1)), 1, MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS))
+        return int(np.clip(-(-room // (k + 1)), 1, most))
 
     def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
         """K for the next dispatch; `batch` is the fullest data shard's live count (the

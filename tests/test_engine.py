@@ -284,32 +284,33 @@ def test_group_sampling_prefills_each_prompt_once(pair):
 
 def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
     """A controller whose K follows the batch size alone (static K) lets the first dispatch
-    run up to MAX_ROUNDS; any other must choose the same K three times and then gets a say
-    every ADAPTIVE_ROUNDS; no dispatch is queued behind one that finishes every row; the
-    tokens are plain greedy's either way."""
+    run up to MAX_ROUNDS, as far as the rows' length limits allow; any other must choose
+    the same K three times and then gets a say every ADAPTIVE_ROUNDS; a lone row runs past
+    its limit (the dispatch ends with it); no dispatch is queued behind one in which every
+    row finishes; the tokens are plain greedy's either way."""
     from dsd_jax.controller import Controller
     from dsd_jax.engine import ADAPTIVE_ROUNDS, STABLE_DECISIONS as STABLE
     from dsd_jax.step import MAX_ROUNDS
-    prompt, n = [3, 1, 4, 1, 5], 3 * MAX_ROUNDS // 2 + 2
-    want = greedy_reference(pair[0], prompt, n)
+    prompts, n = [[3, 1, 4, 1, 5], [2, 7]], 3 * MAX_ROUNDS // 2 + 2
     sp = SamplingParams(temperature=0.0, max_tokens=n)
 
-    def asked(eng):
+    def asked(eng, rows):
         log, real = [], eng._rounds
         eng._rounds = lambda *a: log.append(real(*a)) or log[-1]
-        assert eng.generate([prompt], sp)[0].token_ids == want
+        got = [o.token_ids for o in eng.generate(prompts[:rows], sp)]
+        assert got == [greedy_reference(pair[0], p, n) for p in prompts[:rows]]
         return log
 
     static = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
     static.controller = Controller(static.spec, None, max_batch_size=4)
     assert static.controller.mode == "static"
-    # K=1 emits at most 2 tokens a round: the first dispatch asks for the rounds the room needs
-    assert asked(static)[0] == min(-(-n // 2), MAX_ROUNDS) > ADAPTIVE_ROUNDS
+    # two rows, K=1: at most 2 tokens a round, so the rounds the room needs
+    assert asked(static, 2)[0] == min(-(-n // 2), MAX_ROUNDS) > ADAPTIVE_ROUNDS
     plain = make_engine(pair[0], None, method="none", num_speculative_tokens=0, max_seq_len=64)
     plain.controller = Controller(plain.spec, None, max_batch_size=4)
-    assert asked(plain) == [MAX_ROUNDS, n - MAX_ROUNDS]  # none behind the one that finishes it
+    assert asked(plain, 1) == [MAX_ROUNDS, MAX_ROUNDS]  # the second runs n - MAX_ROUNDS of them
     adaptive = make_engine(*pair, method="draft_model", max_seq_len=64, controller=FixedK([2]))
-    log = asked(adaptive)
+    log = asked(adaptive, 1)
     assert log[:STABLE] == [1] * (STABLE - 1) + [ADAPTIVE_ROUNDS] and max(log) == ADAPTIVE_ROUNDS
 
 

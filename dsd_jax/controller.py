@@ -434,6 +434,24 @@ class Controller:
         g = self.predicted_goodput(batch_size, context_len)
         return self._hold(int(np.argmax(g)), g, self._cur)
 
+    def settled(self, batch_size: int, k: int, context_len: float | None = None) -> bool:
+        """Whether `choose_k` is sure to go on choosing `k` at this batch size until the
+        batch changes: the K of every mode but goodput follows the batch size alone, and a
+        goodput controller holding K = 0 where it runs no probe (no acceptance probe: even
+        the profile's acceptance would not move the hold; no latency contender) has nothing
+        to learn from. The engine lets such a choice run up to `step.MAX_ROUNDS` rounds a
+        dispatch (32, not 8): dynamic at K = 0 then dispatches as plain decoding does."""
+        if self.mode != "goodput":
+            return True
+        b = _index("batch_size", batch_size)
+        if k != 0 or self._cur != 0 or not 0 < b <= self.max_batch_size:
+            return False
+        key = 0 if context_len is None else self._latency.cached_context_key(context_len)
+        tab = self._gtabs.get(key) or self._build_table(key)
+        if self._hold(tab[0][b], tab[1][b], 0) != 0:
+            return False  # the goodput row already beats the hold: it moves next choice
+        return not self._probe_interval or (tab[2][b] == 0 and self._contender(0, b, tab[1][b]) == 0)
+
     # ------------------------------------------------------------------ per-request state
 
     def forget_request(self, rid: Hashable) -> None:

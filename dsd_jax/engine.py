@@ -37,9 +37,9 @@ from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions, unpack_rounds
 
 STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
-# Rounds a dispatch may run under a controller that can change its mind (goodput: acceptance,
-# probes): it gets a say every ADAPTIVE_ROUNDS rounds. A controller whose K follows the batch
-# size alone may run MAX_ROUNDS (32): at B=1 that was 0.9% [0.2, 1.5] faster than 8.
+# Rounds a dispatch may run while the controller may change its mind (goodput: acceptance,
+# probes): it gets a say every ADAPTIVE_ROUNDS rounds. A choice the controller is `settled` on
+# may run MAX_ROUNDS (32): for plain decoding at B=1 that was 0.9% [0.2, 1.5] faster than 8.
 ADAPTIVE_ROUNDS = 8
 
 
@@ -556,7 +556,7 @@ class SpecEngine:
                     fullest = max(map(len, shards))
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
                     k = self._choose_k(live, fullest, context, refilled=bool(queue))
-                    rounds = self._rounds(live, k, bool(queue), inflight)
+                    rounds = self._rounds(live, k, bool(queue), inflight, fullest, context)
                     b = bucket_for(fullest, self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))
@@ -584,25 +584,32 @@ class SpecEngine:
         return inflight is not None and all(
             self._budget(r) - len(r.tokens) <= inflight.rounds for r in live)
 
-    def _rounds(self, live: list[_Request], k: int, queued: bool, inflight) -> int:
+    def _rounds(self, live: list[_Request], k: int, queued: bool, inflight, batch: int,
+                context: int) -> int:
         """Rounds of K the next dispatch runs. One, unless nothing can change before the
         rounds are done: no request is queued (a finishing row would free a slot for it),
-        the controller's last STABLE_DECISIONS choices were this K, and no live row can
-        reach its length limit before the last round (counting what the dispatch still in
-        flight may emit; a lone row may: the dispatch ends with it). Rows stopping on a stop
-        token end early on device all the same.
-        The controller still observes every round. A controller whose K follows the batch
-        size alone (no speculation, static K, a per-batch-size schedule) is stable at once
-        and may run MAX_ROUNDS; any other gets a say every ADAPTIVE_ROUNDS.
+        the controller's choice is stable, and no live row can reach its length limit
+        before the last round (counting what the dispatch still in flight may emit). Rows
+        stopping on a stop token end early on device all the same. The controller still
+        observes every round.
+
+        Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
+        size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
+        lone row may run past its limit (the dispatch ends with it). Any other choice is
+        stable once the last STABLE_DECISIONS were this K, and gets a say every
+        ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
+        interval in choices, so fewer, longer dispatches would probe less often (with lone
+        rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`).
         """
         self._k_history.append(k)
-        fixed = self.max_k == 0 or getattr(self.controller, "mode", None) in ("none", "static", "schedule")
+        settled = getattr(self.controller, "settled", None)
+        fixed = self.max_k == 0 or (settled is not None and settled(batch, k, context))
         stable = fixed or (len(self._k_history) == STABLE_DECISIONS
                            and all(x == k for x in self._k_history))
         if queued or not stable:
             return 1
         most = MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
-        if len(live) == 1:  # the dispatch ends when its one row does: nothing to run past
+        if fixed and len(live) == 1:  # the dispatch ends when its one row does
             return most
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending

@@ -193,8 +193,9 @@ def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: in
 def pack_rounds(outs: StepOutput, rounds) -> jax.Array:
     """A dispatch's outputs as one int32 array [R, B, 3 (K+1) + 4]: per round and row the
     tokens, logprobs and raw logprobs (bit patterns), n_emit, n_accepted, done and the
-    rounds run. The host reads one buffer back instead of seven: each read costs about
-    45 us of host CPU, which on a 2-core host slows the device computing beside it."""
+    rounds run. The host reads one buffer back instead of seven (on XLA:CPU 0.3 ms less
+    host CPU a dispatch, no wall-time difference measurable; on a GPU one device->host
+    copy instead of seven)."""
     bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32)
     per_row = jnp.stack([outs.n_emit, outs.n_accepted, outs.done.astype(jnp.int32),
                          jnp.broadcast_to(rounds, outs.n_emit.shape)], axis=-1)

@@ -502,3 +502,26 @@ def test_static_mode_tracks_acceptance_without_profile():
         warnings.simplefilter("error")
         c.stats()
 
+
+
+def test_settled_only_where_no_probe_or_learning_can_change_the_choice():
+    """Static and schedule modes are settled on whatever they choose. Goodput is settled
+    only holding K=0 at a batch size with no acceptance probe (B=64: even the profile's
+    acceptance leaves K=1 within the margin) and nothing else to learn; at B=1 a probe
+    is due every `probe_interval` choices, and a held K>0 always adapts."""
+    static = Controller(SpecConfig(method="draft_model", num_speculative_tokens=2), None, max_batch_size=64)
+    assert static.settled(1, 2) and static.settled(64, 2)
+    p = Profile("cpu", [1, 64], [0, 1], [[10.0, 12.0], [50.0, 76.0]], [0.52])
+    c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=8, explore_gap=0.0),
+                   p, max_batch_size=64)
+    _drive_to_zero(c, 64)
+    assert c.current_k == 0 and c.settled(64, 0) and not c.settled(64, 1)
+    assert not c.settled(1, 0)  # B=1: K=1 would gain 27% at the profile's acceptance: probes
+    assert not any(c.choose_k(64) for _ in range(100))  # settled indeed: no probe at B=64
+    # without probes: not settled on K=0 where the goodput row beats the hold, settled once
+    # live acceptance keeps it there
+    no_probes = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=0), p,
+                           max_batch_size=64)
+    assert not no_probes.settled(1, 0) and no_probes.choose_k(1) == 1 and not no_probes.settled(1, 1)
+    _drive_to_zero(no_probes, 1)
+    assert no_probes.settled(1, 0) and not any(no_probes.choose_k(1) for _ in range(50))

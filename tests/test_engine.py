@@ -284,10 +284,10 @@ def test_group_sampling_prefills_each_prompt_once(pair):
 
 def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
     """A controller whose K follows the batch size alone (static K) lets the first dispatch
-    run up to MAX_ROUNDS, as far as the rows' length limits allow; any other must choose
-    the same K three times and then gets a say every ADAPTIVE_ROUNDS; a lone row runs past
-    its limit (the dispatch ends with it); no dispatch is queued behind one in which every
-    row finishes; the tokens are plain greedy's either way."""
+    run up to MAX_ROUNDS, as far as the rows' length limits allow (a lone row's runs past
+    its limit: the dispatch ends with it); any other must choose the same K three times
+    and then gets a say every ADAPTIVE_ROUNDS; no dispatch is queued behind one in which
+    every row finishes; the tokens are plain greedy's either way."""
     from dsd_jax.controller import Controller
     from dsd_jax.engine import ADAPTIVE_ROUNDS, STABLE_DECISIONS as STABLE
     from dsd_jax.step import MAX_ROUNDS

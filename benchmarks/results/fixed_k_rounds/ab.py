@@ -1,7 +1,10 @@
 """Paired B=1 greedy plain decoding: the floor, the engine as it was (three equal K choices
 before a dispatch may run several rounds) and as it is (a fixed-K controller is stable at once).
 
-    PYTHONPATH=../greedy_shortcut python ab.py REPS [METHOD]
+    PYTHONPATH=../greedy_shortcut python ab.py REPS
+
+Ran on 682c01f plus the stable-at-once rule alone (MAX_ROUNDS 8); `SpecEngine._rounds` has
+since taken the batch and context too.
 """
 import sys
 

@@ -2,6 +2,9 @@
 past its length limit (new: the dispatch ends with the row) against the room rule (old).
 
     PYTHONPATH=../greedy_shortcut python lone_row_ab.py REPS
+
+Ran at 3ee0ebe, where every controller's lone row ran on; `SpecEngine._rounds` has since
+taken the batch and context too, and only a settled choice's lone row runs on.
 """
 import collections
 import sys

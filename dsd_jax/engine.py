@@ -584,6 +584,18 @@ class SpecEngine:
         return inflight is not None and all(
             self._budget(r) - len(r.tokens) <= inflight.rounds for r in live)
 
+    def _settled(self, batch: int, k: int, context: int) -> bool:
+        """Whether the controller is sure to choose K again until the batch changes
+        (`Controller.settled`). Under several processes only a K that follows the batch
+        size alone counts: their controllers keep their own state, and every process must
+        ask for the same rounds."""
+        if self.max_k == 0:
+            return True
+        if self.agreement is not None:
+            return getattr(self.controller, "mode", None) in ("none", "static", "schedule")
+        settled = getattr(self.controller, "settled", None)
+        return settled is not None and bool(settled(batch, k, context))
+
     def _rounds(self, live: list[_Request], k: int, queued: bool, inflight, batch: int,
                 context: int) -> int:
         """Rounds of K the next dispatch runs. One, unless nothing can change before the
@@ -602,8 +614,7 @@ class SpecEngine:
         rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`).
         """
         self._k_history.append(k)
-        settled = getattr(self.controller, "settled", None)
-        fixed = self.max_k == 0 or (settled is not None and settled(batch, k, context))
+        fixed = self._settled(batch, k, context)
         stable = fixed or (len(self._k_history) == STABLE_DECISIONS
                            and all(x == k for x in self._k_history))
         if queued or not stable:

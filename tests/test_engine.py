@@ -332,3 +332,26 @@ def test_packed_round_outputs_come_back_exactly():
         assert got.dtype == want.dtype and got.shape == (ran, B, *want.shape[2:]), name
         np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), want[:ran].view(np.uint8),
                                       err_msg=name)
+
+
+def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pair):
+    """Where K=1 never pays (a goodput controller settled on K=0) a dispatch may run
+    MAX_ROUNDS at once; under several processes (`agreement`) a goodput controller's
+    own state must not decide the rounds every process asks for."""
+    from dsd_jax.config import DynamicConfig
+    from dsd_jax.controller import Controller
+    from dsd_jax.profile import Profile
+    from dsd_jax.step import MAX_ROUNDS
+    eng = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
+    profile = Profile("cpu", [1, 2, 4], [0, 1], [[10.0, 30.0]] * 3, [0.1])
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=1,
+                      dynamic=DynamicConfig(profile=None, warmup_steps=0))
+    eng.controller = Controller(spec, profile, max_batch_size=4)
+    live = eng._make_requests([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=40))
+    assert eng.controller.settled(1, 0) and eng._rounds(live, 0, False, None, 1, 3) == MAX_ROUNDS
+    eng._k_history.clear()
+    eng.agreement = object()  # as under jax.distributed: the controllers need not agree
+    try:
+        assert eng._rounds(live, 0, False, None, 1, 3) == 1  # not settled: three equal choices first
+    finally:
+        eng.agreement = None

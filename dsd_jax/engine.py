@@ -109,8 +109,10 @@ class SpecEngine:
     max_seq_len tokens (prompt + output); on a mesh with a "data" axis of size D the slots
     are split evenly over the D shards and `batch_buckets` count slots per shard.
     `controller`: any object with
-    `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`;
-    by default built from `spec` (and `profile`). A controller whose `objective` is
+    `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`, and
+    optionally `settled(batch_size, k, context_len)` (sure to choose k again until the
+    batch changes: dispatches may then run up to 32 rounds, not 8); by default built from
+    `spec` (and `profile`). A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
     whenever no request is queued.
     Under `jax.distributed` every process runs `generate` on the same requests and the

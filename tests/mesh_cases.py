@@ -8,7 +8,12 @@ import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "4"
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# The suite overlaps the rest of the tests on a 2-core machine: one fake device's thread was
+# once 60 s behind the others at an all-reduce, XLA:CPU's default limit (20 s warning + 40 s),
+# and the process aborted. A starved device is not a hang: allow 10 minutes (the fixture's
+# own bound is 15).
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                   "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import functools  # noqa: E402

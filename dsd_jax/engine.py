@@ -580,11 +580,13 @@ class SpecEngine:
                 self.state = self._freed_state()
 
     def _finish_in_flight(self, live: list[_Request], inflight) -> bool:
-        """Whether every live row reaches its length limit within the dispatch in flight
-        (each of its rounds emits at least one token a live row): a dispatch behind it would
-        run no round."""
-        return inflight is not None and all(
-            self._budget(r) - len(r.tokens) <= inflight.rounds for r in live)
+        """Whether every live row is in the dispatch in flight and reaches its length limit
+        within it (each of its rounds emits at least one token a live row): a dispatch
+        behind it would run no round."""
+        if inflight is None:
+            return False
+        ran = {id(r) for r in inflight.snapshot if r is not None}
+        return all(id(r) in ran and self._budget(r) - len(r.tokens) <= inflight.rounds for r in live)
 
     def _settled(self, batch: int, k: int, context: int) -> bool:
         """Whether the controller is sure to choose K again until the batch changes

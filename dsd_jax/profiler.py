@@ -176,22 +176,29 @@ def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup
     chunk = getattr(engine.drafter, "catchup_chunk", None)
     if not chunk or engine.max_k < 1 or context < chunk + 2:
         return state, None
-    tp, dp, one = engine._target_params, engine._draft_params, np.int32(1)
     ms = []
     for b in engine.batch_buckets:
         step = engine.programs.step(1, b)
         times: dict[int, list[float]] = {0: [], chunk: []}
         for rep in range(warmup_reps + repeats):
             for lag in times:
-                state = programs.reset(state, np.int32(b), np.int32(context), np.int32(lag))
-                jax.block_until_ready(state)
-                t0 = time.perf_counter()
-                state, out = step(tp, dp, state, one)
-                jax.block_until_ready((state, out))
+                state, t = _time_step(engine, programs, step, state, b, context, lag, 1)
                 if rep >= warmup_reps:
-                    times[lag].append(time.perf_counter() - t0)
+                    times[lag].append(t)
         ms.append(max(0.0, (statistics.median(times[chunk]) - statistics.median(times[0])) * 1e3))
     return state, {"chunk": int(chunk), "ms": ms}
+
+
+def _time_step(engine, programs, step, state, batch: int, context: int, lag: int, rounds: int):
+    """(state, seconds a round) of one call of the step program `step` asking for `rounds`
+    rounds, from `batch` rows live at `context` (the drafter `lag` tokens behind)."""
+    state = programs.reset(state, np.int32(batch), np.int32(context), np.int32(lag))
+    jax.block_until_ready(state)
+    t0 = time.perf_counter()
+    state, out = step(engine._target_params, engine._draft_params, state, np.int32(rounds))
+    jax.block_until_ready((state, out))
+    elapsed = time.perf_counter() - t0
+    return state, elapsed / max(unpack_rounds(np.asarray(out))[1], 1)
 
 
 def _fill(state, key, vocab, temperature):
@@ -339,7 +346,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         raise ValueError(f"acceptance_max_tokens must be >= 1, got {acceptance_max_tokens}")
     if not 1 <= int(rounds_per_sample) <= MAX_ROUNDS:
         raise ValueError(f"rounds_per_sample must be in 1..{MAX_ROUNDS}, got {rounds_per_sample}")
-    rounds = np.int32(rounds_per_sample)
+    rounds = int(rounds_per_sample)
     temperatures = [float(t) for t in temperatures]
     if not temperatures or any(not (t >= 0.0) or t != t for t in temperatures):
         raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {temperatures}")
@@ -358,7 +365,6 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
 
     # (a) latency on a synthetic state (the engine's own buffers, borrowed).
     table = np.zeros((len(context_lengths), len(buckets), len(ks)))
-    tp, dp = engine._target_params, engine._draft_params
     programs = _state_programs(engine)
     state = engine.state
     engine.state = None  # borrowed: the step programs donate it
@@ -371,14 +377,9 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 times: list[list[float]] = [[] for _ in ks]
                 for rep in range(int(warmup_reps) + int(repeats)):
                     for k in ks:  # interleaved: drift hits every K of this row alike
-                        state = programs.reset(state, np.int32(b), np.int32(ctx), np.int32(0))
-                        jax.block_until_ready(state)
-                        t0 = time.perf_counter()
-                        state, out = steps[k](tp, dp, state, rounds)
-                        jax.block_until_ready((state, out))
-                        elapsed = time.perf_counter() - t0
+                        state, t = _time_step(engine, programs, steps[k], state, b, ctx, 0, rounds)
                         if rep >= warmup_reps:
-                            times[k].append(elapsed / max(unpack_rounds(np.asarray(out))[1], 1))
+                            times[k].append(t)
                 for k in ks:
                     table[ci, bi, k] = statistics.median(times[k]) * 1e3
                     done += 1

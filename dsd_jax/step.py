@@ -206,7 +206,7 @@ def unpack_rounds(packed: np.ndarray) -> tuple[StepOutput, int]:
     """`pack_rounds`'s inverse on the host: (StepOutput of numpy arrays [R, B, ...] for the
     rounds that ran, rounds run)."""
     width = (packed.shape[-1] - 4) // 3  # K + 1
-    ran = int(packed[0, 0, -1]) if packed.size else 0
+    ran = int(packed[0, 0, -1])
     cols = lambda i: packed[:ran, :, i * width:(i + 1) * width]
     tail = packed[:ran, :, 3 * width:]
     return StepOutput(cols(0), tail[..., 0], tail[..., 1], tail[..., 2].astype(bool),

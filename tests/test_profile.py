@@ -304,7 +304,7 @@ def invalid_mutation(draw):
         parent = _get(d, path[:-1])
         old = parent[path[-1]]
         new = draw(st.sampled_from(["x", {"a": 1}, None, [], [[[]]]]).filter(lambda v: v != old and type(v) is not type(old)))
-        if path[0] == "acceptance_by_temperature" and len(path) == 1 and new is None:
+        if path[0] in ("acceptance_by_temperature", "catchup_ms") and len(path) == 1 and new is None:
             new = "x"  # null is a legal value there
         parent[path[-1]] = new
     return d

@@ -43,6 +43,11 @@ STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run sever
 ADAPTIVE_ROUNDS = 8
 
 
+def _pending(inflight) -> int:
+    """Steps dispatched and not yet observed: the rounds asked of the dispatch in flight."""
+    return 0 if inflight is None else inflight.rounds
+
+
 class _Dispatch(NamedTuple):
     """A step program call whose outputs have not been read back yet."""
 
@@ -111,7 +116,10 @@ class SpecEngine:
     `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`, and
     optionally `settled(batch_size, k, context_len)` (sure to choose k again until the
-    batch changes: dispatches may then run up to 32 rounds, not 8); by default built from
+    batch changes: dispatches may then run up to 32 rounds, not 8) and
+    `steps_to_probe(batch_size, context_len, pending_steps)` (steps until the next probe:
+    dispatches end there; its `choose_k` also gets `pending_steps=`, the rounds
+    dispatched and not yet observed); by default built from
     `spec` (and `profile`). A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
     whenever no request is queued.
@@ -557,7 +565,7 @@ class SpecEngine:
                 if live and not self._finish_in_flight(live, inflight):
                     fullest = max(map(len, shards))
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
-                    k = self._choose_k(live, fullest, context, refilled=bool(queue))
+                    k = self._choose_k(live, fullest, context, bool(queue), inflight)
                     rounds = self._rounds(live, k, bool(queue), inflight, fullest, context)
                     b = bucket_for(fullest, self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(
@@ -604,18 +612,17 @@ class SpecEngine:
                 context: int) -> int:
         """Rounds of K the next dispatch runs. One, unless nothing can change before the
         rounds are done: no request is queued (a finishing row would free a slot for it),
-        the controller's choice is stable, and no live row can reach its length limit
-        before the last round (counting what the dispatch still in flight may emit). Rows
-        stopping on a stop token end early on device all the same. The controller still
-        observes every round.
+        the controller's choice is stable, no probe falls due, and no live row can reach
+        its length limit before the last round (counting what the dispatch still in flight
+        may emit). Rows stopping on a stop token end early on device all the same. The
+        controller still observes every round.
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
-        size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
-        lone row may run past its limit (the dispatch ends with it). Any other choice is
-        stable once the last STABLE_DECISIONS were this K, and gets a say every
-        ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
-        interval in choices, so fewer, longer dispatches would probe less often (with lone
-        rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`).
+        size alone; goodput holding K = 0 under the throughput objective) may run
+        MAX_ROUNDS, and a lone row may run past its limit (the dispatch ends with it). Any
+        other choice is stable once the last STABLE_DECISIONS were this K, and gets a say
+        every ADAPTIVE_ROUNDS, with the length rule. Either way the dispatch ends where the
+        controller's next probe falls due (`Controller.steps_to_probe`: it counts steps).
         """
         self._k_history.append(k)
         fixed = self._settled(batch, k, context)
@@ -623,31 +630,39 @@ class SpecEngine:
                            and all(x == k for x in self._k_history))
         if queued or not stable:
             return 1
-        most = MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
+        most = min(MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS, self._steps_to_probe(batch, context, inflight))
         if fixed and len(live) == 1:  # the dispatch ends when its one row does
             return most
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, most))
 
-    def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
+    def _steps_to_probe(self, batch: int, context: int, inflight) -> int:
+        """Rounds until the controller's next probe falls due, after the dispatch in flight
+        (at least 1; MAX_ROUNDS where none is coming or under several processes, whose
+        controllers keep their own counts)."""
+        ask = getattr(self.controller, "steps_to_probe", None)
+        due = None if ask is None or self.agreement is not None else ask(batch, context, _pending(inflight))
+        return MAX_ROUNDS if due is None else max(1, due)
+
+    def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool, inflight) -> int:
         """K for the next dispatch; `batch` is the fullest data shard's live count (the
         whole batch without data parallelism), whose rows set the step's time."""
         if self.max_k == 0:
             return 0
         if self.agreement is not None:  # every process must dispatch the same program
-            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
-        return self._controller_k(live, batch, context, refilled)
+            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled, inflight))
+        return self._controller_k(live, batch, context, refilled, inflight)
 
-    def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
-        ids = [r.request_id for r in live]
+    def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool,
+                      inflight) -> int:
+        kw = dict(context_len=context, request_ids=[r.request_id for r in live])
         if not refilled and getattr(self.controller, "objective", None) == "makespan":
             # nothing will take a finished row's slot: the controller aims at the last row
-            remaining = [self._budget(r) - len(r.tokens) for r in live]
-            k = self.controller.choose_k(batch, context_len=context, request_ids=ids,
-                                         remaining=remaining)
-        else:
-            k = self.controller.choose_k(batch, context_len=context, request_ids=ids)
+            kw["remaining"] = [self._budget(r) - len(r.tokens) for r in live]
+        if getattr(self.controller, "steps_to_probe", None) is not None:  # it counts probes in steps
+            kw["pending_steps"] = _pending(inflight)
+        k = self.controller.choose_k(batch, **kw)
         k = int(k)
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")

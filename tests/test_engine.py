@@ -1,5 +1,7 @@
 """Engine behaviour: continuous batching, queueing, bad input, RL rollout conventions."""
 
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -314,6 +316,49 @@ def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
     assert log[:STABLE] == [1] * (STABLE - 1) + [ADAPTIVE_ROUNDS] and max(log) == ADAPTIVE_ROUNDS
 
 
+def test_dispatches_end_where_the_next_probe_falls_due(pair):
+    """The probe interval counts steps: a goodput controller holding K=0 where a probe
+    can bring speculation back lets a dispatch run until the probe falls due (after what
+    the dispatch in flight runs: `pending_steps`), and the probe comes every
+    `probe_interval` steps exactly, however the steps were dispatched. Tokens stay plain
+    greedy's."""
+    from dsd_jax.config import DynamicConfig
+    from dsd_jax.controller import Controller
+    from dsd_jax.profile import Profile
+    eng = make_engine(*pair, method="draft_model", max_seq_len=128, num_speculative_tokens=1)
+    # K=1 would win at the profile's acceptance (0.9: 58%) but not at the live one, which
+    # a few accepted probes cannot lift above 0.2 (forgetting 0.02): K=0 stays held
+    profile = Profile("cpu", [1, 2, 4], [0, 1], [[10.0, 12.0]] * 3, [0.9])
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=1,
+                      dynamic=DynamicConfig(profile=None, warmup_steps=0, forgetting=0.02, probe_interval=12,
+                                            objective="throughput"))
+    eng.controller = c = Controller(spec, profile, max_batch_size=4)
+    for _ in range(300):
+        c.observe(1, [0])
+    assert c.choose_k(1, pending_steps=11) == 1  # due behind the 11 steps in flight: a probe
+    assert c.steps_to_probe(1) == 23  # those 11 steps, the probe, 11 more
+    for k in [0] * 11 + [1]:
+        c.observe(k, [0])
+    assert c.steps_to_probe(1) == 11 and c.steps_to_probe(1, pending_steps=5) == 6
+    assert c.choose_k(1) == 0 and c.settled(1, 0)
+    live = eng._make_requests([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=100))
+    assert eng._rounds(live, 0, False, None, 1, 3) == 11
+    eng._k_history.clear()
+    assert eng._rounds(live, 0, False, types.SimpleNamespace(rounds=9, k=0), 1, 3) == 2
+    # end to end
+    ks, rounds = [], []
+    observe, asked = c.observe, eng._rounds
+    c.observe = lambda k, acc, **kw: (ks.append(k), observe(k, acc, **kw))
+    eng._rounds = lambda *a: rounds.append(asked(*a)) or rounds[-1]
+    prompt = [5, 6, 7]
+    out = eng.generate([prompt], SamplingParams(temperature=0.0, max_tokens=100))[0].token_ids
+    assert out == greedy_reference(pair[0], prompt, 100)
+    assert c.current_k == 0 and c.acceptance_estimate()[0] < 0.2
+    probes = [i for i, k in enumerate(ks) if k]
+    assert len(probes) >= 5 and np.all(np.diff(probes) == 12), ks
+    assert max(rounds) == 11 and len(rounds) < len(ks) / 4  # K=0 runs between probes in one dispatch
+
+
 def test_packed_round_outputs_come_back_exactly():
     """`step.pack_rounds` / `unpack_rounds`: every field bit for bit (logprobs -inf and
     subnormal included), only the rounds that ran, and the count."""
@@ -345,7 +390,7 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
     eng = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
     profile = Profile("cpu", [1, 2, 4], [0, 1], [[10.0, 30.0]] * 3, [0.1])
     spec = SpecConfig(method="draft_model", num_speculative_tokens=1,
-                      dynamic=DynamicConfig(profile=None, warmup_steps=0))
+                      dynamic=DynamicConfig(profile=None, warmup_steps=0, objective="throughput"))
     eng.controller = Controller(spec, profile, max_batch_size=4)
     live = eng._make_requests([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=40))
     assert eng.controller.settled(1, 0) and eng._rounds(live, 0, False, None, 1, 3) == MAX_ROUNDS

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from dsd_jax.acceptance import expected_max_normal
 from dsd_jax.controller import Controller
+from dsd_jax.profile import Profile
 from test_controller import goodput_spec, random_profile, realistic_profile
 
 
@@ -135,21 +136,33 @@ def test_makespan_objective_finishes_uneven_groups_sooner():
 
 
 def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
-    """Half the rows accept 0.9 of drafts, half 0.4 (geometric): the mean row would
-    speculate, the slow rows gain less than a step costs at B=8. Shrunk toward the mean,
-    eight fresh rows all look average, so early groups start speculating; once
-    finished requests have shown how far rows differ, a fresh group starts at K = 0."""
-    p = realistic_profile(max_k=4, acceptance=(0.6, 0.45, 0.35, 0.25))
-    c = Controller(goodput_spec(max_k=4, warmup_steps=0), p, max_batch_size=8)
-    assert 1.9 / p.itl_ms(8, 1) > 1.0 / p.itl_ms(8, 0) > 1.4 / p.itl_ms(8, 1)
-    rng = np.random.default_rng(0)
-    first_steps = []  # the K held (probes aside) in each group's first four steps
-    for g in range(12):
-        rate = {f"g{g}r{i}": 0.9 if i % 2 else 0.4 for i in range(8)}
-        steps = _decode_group(c, dict.fromkeys(rate, 48), lambda r, k: min(rng.geometric(1 - rate[r]) - 1, k))
-        first_steps.append([held for _, _, held in steps][:4])
-    assert any(map(any, first_steps[:3])) and not any(map(any, first_steps[6:])), first_steps
-    assert c._requests.spread()[1] > 0.1  # white-box: the spread it learnt (0.25 between the two kinds)
+    """Half the rows accept 0.9 of drafts, half 0.4: the mean row would speculate, the
+    slow rows gain less than a step costs at B=8. Shrunk toward the mean, eight fresh rows
+    all look average, so the first group starts speculating; once finished requests
+    have shown how far rows differ, a fresh group starts at K = 0, at about the same
+    global acceptance. (Deterministic: an earlier version let probes and random
+    acceptance teach it, and held in 3 of 10 seeds.)"""
+    p = Profile("cpu", [1, 8], [0, 1], [[10.0, 11.0], [10.0, 14.4]], [0.65])
+    c = Controller(goodput_spec(max_k=1, warmup_steps=0, probe_interval=0), p, max_batch_size=8)
+
+    def fresh_group(g):
+        ids = [f"g{g}r{i}" for i in range(8)]
+        k = c.choose_k(8, request_ids=ids, remaining=[48] * 8)
+        for r in ids:
+            c.forget_request(r)
+        return k
+
+    assert fresh_group(0) == 1
+    fast, slow = [1] * 9 + [0], [1, 0, 1, 0, 0, 1, 0, 1, 0, 0]  # 0.9 and 0.4 of drafts accepted
+    for g in range(1, 9):
+        ids = [f"g{g}r{i}" for i in range(8)]
+        for s in range(20):
+            c.observe(1, [(fast if i % 2 else slow)[s % 10] for i in range(8)], request_ids=ids)
+        for r in ids:
+            c.forget_request(r)
+    assert abs(c.acceptance_estimate()[0] - 0.65) < 0.03
+    assert c._requests.spread()[1] > 0.15  # white-box: the spread it learnt (0.25 between the two kinds)
+    assert fresh_group(9) == 0
 
 
 def test_bad_remaining_is_refused():

@@ -53,7 +53,7 @@ def main(argv=None):
         for _ in range(args.repeats):
             engine.stats.reset()
             engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=args.tokens))
-            decode = engine.stats.trace[1:]  # gaps between results
+            decode = [t for t in engine.stats.trace if not t["after_prefill"]]  # gaps between results
             walls.append(sum(t["wall_ms"] for t in decode) / len(decode))
         prof = profile_engine(engine, context_lengths=(context,), repeats=args.repeats, acceptance_max_tokens=4)
         w, d = float(np.median(walls)), prof.itl_ms(1, k, context)

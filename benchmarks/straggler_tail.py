@@ -72,7 +72,8 @@ def main():
     def run(config, p, prompts):
         result = runner.run(config, prompts, p.sampling)
         engine = runner.vanilla if config == "vanilla" else runner.spec
-        ms, line = describe(config, engine.stats.trace[1:], args.batch_size)  # the first includes the prefill
+        decode = [t for t in engine.stats.trace if not t["after_prefill"]]  # the rest include the prefill
+        ms, line = describe(config, decode, args.batch_size)
         decode_ms[config].append(ms)
         print(line, flush=True)
         return result

@@ -165,7 +165,7 @@ class DynamicConfig:
         acceptance). Such an acceptance probe comes less often where it is dear for
         what it could win: its extra step time is kept under a quarter of the time
         its K would save if the profile's acceptance came back (on the CPU bench's
-        profile: every 16 steps at B <= 4, 35-85 at B = 8-64). With latency
+        profile: every 16 choices at B <= 4, 35-85 at B = 8-64). With latency
         learning on, a probe may also time a close contender (`explore_gap`). 0
         disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,

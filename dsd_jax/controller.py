@@ -23,9 +23,7 @@ Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
 above the current K's at this batch size.
 
-Probes: every ``dynamic.probe_interval``-th step runs another K than the held one
-(steps as `observe` counts them, however many of them a caller runs per choice;
-`steps_to_probe` says when the next one falls due).
+Probes: every ``dynamic.probe_interval``-th step runs another K than the held one.
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate (its best K beats K = 0
@@ -87,7 +85,7 @@ __all__ = ["Controller"]
 
 DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is given
 # An acceptance probe at a held K = 0 may cost at most this share of what it could win:
-# its extra step time over K = 0, spread over the steps between two probes, against
+# its extra step time over K = 0, spread over the dispatches between two probes, against
 # the time per step the profile's acceptance says its K would save (`_acceptance_probe`).
 PROBE_SHARE = 0.25
 
@@ -204,8 +202,7 @@ class Controller:
         self._track_rows = self._per_request or self._objective == "makespan"
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
-        self._since_probe = 0  # steps observed since the last probe (those pending at it count negative)
-        self._pending = 0  # steps dispatched, not yet observed, at the current choice
+        self._since_probe = 0  # choices since the last probe
         self._probes = 0
         self._cur = 0  # the K the hysteresis holds
 
@@ -233,7 +230,6 @@ class Controller:
         context_len: int | None = None,
         request_ids: Sequence[Hashable] | None = None,
         remaining: Sequence[int] | None = None,
-        pending_steps: int = 0,
     ) -> int:
         """Number of drafts for the next round at this live batch size.
 
@@ -242,9 +238,7 @@ class Controller:
         `request_ids` (per_request mode and the makespan objective) are the live
         requests, one per row. `remaining` (makespan objective, with `request_ids`):
         how many tokens each of them may still produce; pass it only when nothing
-        will refill the batch's slots (no queued requests). `pending_steps`: steps
-        already dispatched but not yet observed (a pipelining caller's); the probe
-        interval counts them, so a probe comes every `probe_interval` steps as run.
+        will refill the batch's slots (no queued requests).
         """
         if self.mode != "goodput":
             if type(batch_size) is int and 0 <= batch_size <= self.max_batch_size:
@@ -254,9 +248,6 @@ class Controller:
                 k = 0 if b <= 0 else self.spec.schedule_k(b)
             self._k_counts[k] += 1
             return k
-        self._pending = _index("pending_steps", pending_steps)
-        if self._pending < 0:
-            raise ValueError(f"pending_steps must be >= 0, got {self._pending}")
         if remaining is not None and request_ids is not None and self._objective == "makespan":
             return self._choose_makespan(batch_size, context_len, request_ids, remaining)
         if self._per_request and request_ids is not None:
@@ -269,7 +260,8 @@ class Controller:
             # the hot path: hysteresis and probe on the precomputed rows
             self._cur = cur = self._hold(tab[0][batch_size], tab[1][batch_size], self._cur)
             if self._probe_interval:
-                if self._since_probe + self._pending >= self._probe_interval:
+                self._since_probe += 1
+                if self._since_probe >= self._probe_interval:
                     cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size],
                                       tab[3][batch_size])
             self._k_counts[cur] += 1
@@ -284,9 +276,14 @@ class Controller:
         """`choose_k`'s hysteresis and probe on a goodput row computed now from `al`."""
         g = self._goodput_row(b, key, al)
         self._cur = cur = self._hold(int(np.argmax(g)), g, self._cur)
-        if self._probe_interval and self._since_probe + self._pending >= self._probe_interval:
-            k_prior, every = self._acceptance_probe_at(b, key) if cur == 0 else (0, self._probe_interval)
-            cur = self._probe(cur, b, g, k_prior, every)
+        if self._probe_interval:
+            self._since_probe += 1
+            if self._since_probe >= self._probe_interval:
+                k_prior, every = 0, self._probe_interval
+                if cur == 0:
+                    g_prior = self._goodput_row(b, key, self._prior_al)
+                    k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, self._latency.itl(b, key)))
+                cur = self._probe(cur, b, g, k_prior, every)
         self._k_counts[cur] += 1
         return cur
 
@@ -296,7 +293,7 @@ class Controller:
         return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
 
     def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the K an acceptance probe runs at a held K = 0, the steps between two such
+        """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
         probes), per goodput row under the profile's acceptance `g_prior` and its ITL ([..., K]).
 
         The K is the best one there, or 0 (no probe) where it does not beat K = 0 by the
@@ -319,24 +316,16 @@ class Controller:
         every = np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0)
         return np.where(probe, best, 0), np.maximum(every, self._probe_interval).astype(int)
 
-    def _acceptance_probe_at(self, b: int, key: int) -> tuple[int, int]:
-        """`_acceptance_probe` for one batch size: the tables' entry where they have one."""
-        if b <= self.max_batch_size:
-            tab = self._gtabs.get(key) or self._build_table(key)
-            return tab[2][b], tab[3][b]
-        g_prior = self._goodput_row(b, key, self._prior_al)
-        return tuple(int(x) for x in self._acceptance_probe(g_prior, self._latency.itl(b, key)))
-
     def _probe(self, cur: int, b: int, g, k_prior: int, every: int) -> int:
-        """The K for a step at held K `cur` once `probe_interval` steps have passed: a
+        """The K for a step at held K `cur` once `probe_interval` choices have passed: a
         close contender whose latency is still being learnt, else (holding K = 0)
-        `k_prior` once `every` steps have passed (`_acceptance_probe`), else `cur`."""
+        `k_prior` once `every` choices have passed (`_acceptance_probe`), else `cur`."""
         k = self._contender(cur, b, g)
         if k == cur and cur == 0:
-            if self._since_probe + self._pending < every:
+            if self._since_probe < every:
                 return cur  # no acceptance probe due yet at this batch size
             k = k_prior
-        self._since_probe = -self._pending  # the steps still pending ran before it
+        self._since_probe = 0
         if k != cur:
             self._probes += 1
         return k
@@ -413,7 +402,7 @@ class Controller:
         if self._disable is not None and self._disable < self.max_batch_size:
             g[self._disable + 1 :, 1:] = 0.0
             g_prior[self._disable + 1 :, 1:] = 0.0
-        # (best K, goodput row, the probe K at a held K = 0 and the steps between such probes)
+        # (best K, goodput row, the probe K at a held K = 0 and the dispatches between such probes)
         probe_k, every = self._acceptance_probe(g_prior, itl)
         tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist())
         self._gtabs[key] = tab
@@ -447,47 +436,25 @@ class Controller:
 
     def settled(self, batch_size: int, k: int, context_len: float | None = None) -> bool:
         """Whether `choose_k` is sure to go on choosing `k` at this batch size until the
-        batch changes, probes aside (`steps_to_probe`): the K of every mode but goodput
-        follows the batch size alone; a goodput controller holding K = 0 where its goodput
-        row does not beat the hold learns nothing from K = 0 steps. Not under per-request
-        rows or the makespan objective (their rows move with the requests' own estimates
-        and remaining budgets), nor with latency learning (K = 0 steps train K = 0's
-        latency). The engine lets such a choice run up to `step.MAX_ROUNDS` rounds a
-        dispatch (32, not 8), as plain decoding does."""
+        batch changes: the K of every mode but goodput follows the batch size alone, and a
+        goodput controller holding K = 0 where it runs no probe (no acceptance probe: even
+        the profile's acceptance would not move the hold; no latency contender) has nothing
+        to learn from, unless its goodput row is per request (per-request mode; the
+        makespan objective, whose row also moves as the requests' remaining budgets shrink)
+        or K = 0 steps train K = 0's latency (latency learning). The engine lets such a choice run up to `step.MAX_ROUNDS` rounds a
+        dispatch (32, not 8): dynamic at K = 0 then dispatches as plain decoding does."""
         if self.mode != "goodput":
             return True
         b = _index("batch_size", batch_size)
         if k != 0 or self._cur != 0 or not 0 < b <= self.max_batch_size:
             return False
         if self._track_rows or self._latency.correction is not None:
-            return False
+            return False  # rows of their own (makespan: their budgets shrink) or K=0 latency learnt
         key = 0 if context_len is None else self._latency.cached_context_key(context_len)
         tab = self._gtabs.get(key) or self._build_table(key)
-        return self._hold(tab[0][b], tab[1][b], 0) == 0
-
-    def steps_to_probe(self, batch_size: int, context_len: float | None = None,
-                       pending_steps: int = 0) -> int | None:
-        """Steps until `choose_k` at this batch size, holding the K it holds now, runs a
-        probe (0: due now), beyond `pending_steps` dispatched and not yet observed; None
-        where none would come. The probe interval counts steps, so a caller running
-        several steps per choice can end its run where the probe falls due. (The
-        contender is judged on the table's goodput row; per-request and makespan rows
-        may differ.)"""
-        if not self._probe_interval:
-            return None
-        b = _index("batch_size", batch_size)
-        if b <= 0:
-            return None
-        key = 0 if context_len is None else self._latency.cached_context_key(context_len)
-        if self._contender(self._cur, b, self._goodput_row(b, key, self._al_vector())) != self._cur:
-            every = self._probe_interval
-        elif self._cur == 0:
-            k_prior, every = self._acceptance_probe_at(b, key)
-            if not k_prior:
-                return None
-        else:
-            return None
-        return max(0, int(every) - self._since_probe - _index("pending_steps", pending_steps))
+        if self._hold(tab[0][b], tab[1][b], 0) != 0:
+            return False  # the goodput row already beats the hold: it moves next choice
+        return not self._probe_interval or (tab[2][b] == 0 and self._contender(0, b, tab[1][b]) == 0)
 
     # ------------------------------------------------------------------ per-request state
 
@@ -536,7 +503,6 @@ class Controller:
         self._k_steps[k] += 1
         if b == 0:
             return
-        self._since_probe += 1
         rows = self._requests.rows_for(request_ids) if self._track_rows and request_ids is not None else None
         # Calibration scores the predictions made for this step, before it updates them.
         pred_al = None if k == 0 else self._step_al(k, acc, rows)

@@ -43,11 +43,6 @@ STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run sever
 ADAPTIVE_ROUNDS = 8
 
 
-def _pending(inflight) -> int:
-    """Steps dispatched and not yet observed: the rounds asked of the dispatch in flight."""
-    return 0 if inflight is None else inflight.rounds
-
-
 class _Dispatch(NamedTuple):
     """A step program call whose outputs have not been read back yet."""
 
@@ -56,6 +51,7 @@ class _Dispatch(NamedTuple):
     k: int
     context: int
     rounds: int  # rounds asked for
+    after_prefill: bool  # a prefill ran just before it: its interval includes the prefill
 
 
 @dataclasses.dataclass
@@ -116,10 +112,7 @@ class SpecEngine:
     `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`, and
     optionally `settled(batch_size, k, context_len)` (sure to choose k again until the
-    batch changes: dispatches may then run up to 32 rounds, not 8) and
-    `steps_to_probe(batch_size, context_len, pending_steps)` (steps until the next probe:
-    dispatches end there; its `choose_k` also gets `pending_steps=`, the rounds
-    dispatched and not yet observed); by default built from
+    batch changes: dispatches may then run up to 32 rounds, not 8); by default built from
     `spec` (and `profile`). A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
     whenever no request is queued.
@@ -509,18 +502,18 @@ class SpecEngine:
                 break
             per_shard = None if self.data == 1 else np.bincount(live // bucket, minlength=self.data)
             dt = self.stats.record_step(k, len(live), n_acc[j, live], int(n_emit[j, live].sum()),
-                                        times[j], None if per_shard is None else per_shard.tolist())
+                                        times[j], None if per_shard is None else per_shard.tolist(),
+                                        after_prefill=d.after_prefill)
             # the batch size that set the round's time: the fullest data shard's
             fullest = {} if per_shard is None else {"batch_size": int(per_shard.max())}
-            # In the pipelined steady state the gap between two results is one step's
-            # time; a gap that contains a prefill is not.
-            step_time = None if self._prefilled else dt
+            # In the pipelined steady state the gap between two results is the dispatch's
+            # time; a gap that contains a prefill is not, for any of its rounds.
+            step_time = None if d.after_prefill else dt
             if self.agreement is not None:
                 step_time = self.agreement.step_time(step_time)
             self.controller.observe(k, n_acc[j, live], step_time_s=step_time,
                                     request_ids=[snapshot[i].request_id for i in live],
                                     context_len=context, **fullest)
-            self._prefilled = False
         events, finished = [], []
         width = np.arange(tokens.shape[-1])
         for i, j_end in zip(rows, last):
@@ -565,14 +558,15 @@ class SpecEngine:
                 if live and not self._finish_in_flight(live, inflight):
                     fullest = max(map(len, shards))
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
-                    k = self._choose_k(live, fullest, context, bool(queue), inflight)
+                    k = self._choose_k(live, fullest, context, refilled=bool(queue))
                     rounds = self._rounds(live, k, bool(queue), inflight, fullest, context)
                     b = bucket_for(fullest, self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))
                     snapshot = [shard[i] if i < len(shard) else None for shard in shards
                                 for i in range(b)]
-                    dispatched = _Dispatch(out, snapshot, k, context, rounds)
+                    dispatched = _Dispatch(out, snapshot, k, context, rounds, self._prefilled)
+                    self._prefilled = False
                 if inflight:
                     events, finished = self._process(inflight)
                     yield from events
@@ -610,59 +604,54 @@ class SpecEngine:
 
     def _rounds(self, live: list[_Request], k: int, queued: bool, inflight, batch: int,
                 context: int) -> int:
-        """Rounds of K the next dispatch runs. One, unless nothing can change before the
-        rounds are done: no request is queued (a finishing row would free a slot for it),
-        the controller's choice is stable, no probe falls due, and no live row can reach
-        its length limit before the last round (counting what the dispatch still in flight
-        may emit). Rows stopping on a stop token end early on device all the same. The
-        controller still observes every round.
+        """Rounds of K the next dispatch runs. One right after a prefill (the dispatch's
+        wall time includes the prefill, so none of its rounds times a step for the
+        controller or the bench: let that be one round). Otherwise one, unless nothing can
+        change before the rounds are done: no request is queued (a finishing row would free a slot for it),
+        the controller's choice is stable, and no live row can reach its length limit
+        before the last round (counting what the dispatch still in flight may emit). Rows
+        stopping on a stop token end early on device all the same. The controller still
+        observes every round.
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
-        size alone; goodput holding K = 0 under the throughput objective) may run
-        MAX_ROUNDS, and a lone row may run past its limit (the dispatch ends with it). Any
-        other choice is stable once the last STABLE_DECISIONS were this K, and gets a say
-        every ADAPTIVE_ROUNDS, with the length rule. Either way the dispatch ends where the
-        controller's next probe falls due (`Controller.steps_to_probe`: it counts steps).
+        size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
+        lone row may run past its limit (the dispatch ends with it). Any other choice is
+        stable once the last STABLE_DECISIONS were this K, and gets a say every
+        ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
+        interval in choices, so fewer, longer dispatches would probe less often (with lone
+        rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`).
         """
         self._k_history.append(k)
         fixed = self._settled(batch, k, context)
         stable = fixed or (len(self._k_history) == STABLE_DECISIONS
                            and all(x == k for x in self._k_history))
-        if queued or not stable:
+        if queued or not stable or self._prefilled:
             return 1
-        most = min(MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS, self._steps_to_probe(batch, context, inflight))
+        most = MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
         if fixed and len(live) == 1:  # the dispatch ends when its one row does
             return most
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, most))
 
-    def _steps_to_probe(self, batch: int, context: int, inflight) -> int:
-        """Rounds until the controller's next probe falls due, after the dispatch in flight
-        (at least 1; MAX_ROUNDS where none is coming or under several processes, whose
-        controllers keep their own counts)."""
-        ask = getattr(self.controller, "steps_to_probe", None)
-        due = None if ask is None or self.agreement is not None else ask(batch, context, _pending(inflight))
-        return MAX_ROUNDS if due is None else max(1, due)
-
-    def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool, inflight) -> int:
+    def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
         """K for the next dispatch; `batch` is the fullest data shard's live count (the
         whole batch without data parallelism), whose rows set the step's time."""
         if self.max_k == 0:
             return 0
         if self.agreement is not None:  # every process must dispatch the same program
-            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled, inflight))
-        return self._controller_k(live, batch, context, refilled, inflight)
+            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
+        return self._controller_k(live, batch, context, refilled)
 
-    def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool,
-                      inflight) -> int:
-        kw = dict(context_len=context, request_ids=[r.request_id for r in live])
+    def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
+        ids = [r.request_id for r in live]
         if not refilled and getattr(self.controller, "objective", None) == "makespan":
             # nothing will take a finished row's slot: the controller aims at the last row
-            kw["remaining"] = [self._budget(r) - len(r.tokens) for r in live]
-        if getattr(self.controller, "steps_to_probe", None) is not None:  # it counts probes in steps
-            kw["pending_steps"] = _pending(inflight)
-        k = self.controller.choose_k(batch, **kw)
+            remaining = [self._budget(r) - len(r.tokens) for r in live]
+            k = self.controller.choose_k(batch, context_len=context, request_ids=ids,
+                                         remaining=remaining)
+        else:
+            k = self.controller.choose_k(batch, context_len=context, request_ids=ids)
         k = int(k)
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")

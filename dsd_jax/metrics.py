@@ -35,9 +35,10 @@ class EngineStats:
         self.last_step_time = self._run_start
 
     def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
-                    now: float, shard_rows: list[int] | None = None) -> float:
+                    now: float, shard_rows: list[int] | None = None, after_prefill: bool = False) -> float:
         """Records one processed step; returns the wall time since the previous one.
-        shard_rows: live rows per data shard (traced under data parallelism)."""
+        shard_rows: live rows per data shard (traced under data parallelism). after_prefill:
+        the step's dispatch ran right after a prefill, whose time its wall time includes."""
         dt = now - self.last_step_time
         self.last_step_time = now
         live = len(num_accepted)
@@ -52,7 +53,7 @@ class EngineStats:
             self.accepted_per_pos[:k] += (num_accepted[:, None] > positions).sum(0)
         self.trace.append({"step": self.steps, "k": k, "batch_size": live, "emitted": emitted,
                            "mean_accepted": float(np.mean(num_accepted)) if live else 0.0,
-                           "wall_ms": dt * 1e3})
+                           "wall_ms": dt * 1e3, "after_prefill": bool(after_prefill)})
         if shard_rows is not None:
             self.trace[-1]["shard_rows"] = shard_rows
         return dt

@@ -251,8 +251,7 @@ def test_forgetting_tracks_step_change_within_bound():
     assert history[-1] <= tol
     assert all(h <= (1 - f) ** (i + 1) + 1e-12 for i, h in enumerate(history))
     assert history[bound // 2] > tol  # not instantaneous either
-    c.choose_k(8)  # (itself a probe: `bound` steps have passed without one)
-    assert c.current_k == 0  # the tables were refreshed and the hold followed
+    assert c.choose_k(8) == 0  # the tables were refreshed and the choice followed
 
 
 def test_tables_refresh_only_when_estimate_moves():
@@ -266,16 +265,6 @@ def test_tables_refresh_only_when_estimate_moves():
         c.observe(4, [2] * 8)
         c.choose_k(8)
     assert c.stats()["table_refreshes"] - n <= 2
-
-
-def _steps(c, b, n, **choose):
-    """`n` steps at batch size `b`, each chosen and then observed accepting nothing (the
-    probe interval counts observed steps): the Ks chosen."""
-    ks = []
-    for _ in range(n):
-        ks.append(c.choose_k(b, **choose))
-        c.observe(ks[-1], [0] * b, request_ids=choose.get("request_ids"))
-    return ks
 
 
 def _drive_to_zero(c, b):
@@ -296,8 +285,7 @@ def test_probe_lets_live_acceptance_bring_speculation_back(explore_gap):
     prior_best = int(np.argmax(brute_goodput(p, np.array(p.acceptance), 1, None, 4)))
     assert prior_best > 0
     _drive_to_zero(c, 1)
-    assert c.choose_k(1) == 0 and not any(c.choose_k(1) for _ in range(50))  # choices alone: no step
-    ks = _steps(c, 1, 8 * 5)
+    ks = [c.choose_k(1) for _ in range(8 * 5)]
     # exactly one step in probe_interval speculates; the hold stays at 0
     probes = [i for i, k in enumerate(ks) if k]
     assert len(probes) == 5 and np.all(np.diff(probes) == 8)
@@ -317,24 +305,22 @@ def test_without_probes_a_k0_decision_is_final():
     c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.3, probe_interval=0),
                    realistic_profile(max_k=4), max_batch_size=8)
     _drive_to_zero(c, 1)
-    assert set(_steps(c, 1, 500)) == {0} and c.stats()["probes"] == 0
+    assert {c.choose_k(1) for _ in range(500)} == {0} and c.stats()["probes"] == 0
 
 
 def test_no_acceptance_probes_where_the_profile_never_speculates():
     p = realistic_profile(max_k=4)
     c = Controller(goodput_spec(max_k=4, warmup_steps=0, probe_interval=2, explore_gap=0.0), p)
     assert int(np.argmax(brute_goodput(p, np.array(p.acceptance), 64, None, 4))) == 0
-    assert set(_steps(c, 64, 100)) == {0}
-    assert set(_steps(c, 1000, 100)) == {0}  # slow path above max_batch_size
-    assert c.steps_to_probe(64) is None and c.steps_to_probe(1000) is None
+    assert {c.choose_k(64) for _ in range(100)} == {0}
+    assert {c.choose_k(1000) for _ in range(100)} == {0}  # slow path above max_batch_size
     assert c.stats()["probes"] == 0
     spec = SpecConfig(num_speculative_tokens=4, disable_by_batch_size=1,
                       dynamic=DynamicConfig(warmup_steps=0, probe_interval=2, explore_gap=1.0,
                                             latency_forgetting=0.02))
     c = Controller(spec, p)
-    assert set(_steps(c, 2, 100)) == {0}  # disabled batch sizes are never probed
-    assert set(_steps(c, 1000, 100)) == {0}
-    assert c.steps_to_probe(2) is None and c.steps_to_probe(1000) is None
+    assert {c.choose_k(2) for _ in range(100)} == {0}  # disabled batch sizes are never probed
+    assert {c.choose_k(1000) for _ in range(100)} == {0}
 
 
 def test_no_acceptance_probes_where_the_profile_gain_is_within_the_margin():
@@ -345,7 +331,7 @@ def test_no_acceptance_probes_where_the_profile_gain_is_within_the_margin():
                                     explore_gap=0.0), p, max_batch_size=2)
         for b in (1, 2):
             _drive_to_zero(c, b)
-            assert (max(_steps(c, b, 200)) == 1) == (probed_at_b1 or b == 2)
+            assert (max(c.choose_k(b) for _ in range(200)) == 1) == (probed_at_b1 or b == 2)
         # the makespan path decides on goodput rows computed per call, with the same rule
         before = c.stats()["probes"]
         for _ in range(200):
@@ -369,10 +355,10 @@ def test_held_k_is_the_k_choose_k_would_hold_and_asking_changes_nothing():
 
 def test_acceptance_probes_are_rarer_where_they_cost_more_for_less():
     """B=1: a K=1 step costs 1.2x a K=0 step and would gain 40% (1.7 tokens / 1.2): probes
-    every `probe_interval` steps. B=64: it costs 1.6x for a 6.25% gain (1.7 / 80 against
-    1 / 50): probes every ceil(0.6 / (PROBE_SHARE x 0.0625)) = 39 steps, so they spend at
+    every `probe_interval` choices. B=64: it costs 1.6x for a 6.25% gain (1.7 / 80 against
+    1 / 50): probes every ceil(0.6 / (PROBE_SHARE x 0.0625)) = 39 choices, so they spend at
     most a quarter of what they could win (3-6% of dynamic's time at B=16-64 in
-    `bench_full_s8` before). `steps_to_probe` counts down to each of them."""
+    `bench_full_s8` before)."""
     p = Profile("cpu", [1, 64], [0, 1], [[10.0, 12.0], [50.0, 80.0]], [0.7])
     for makespan in (False, True):
         c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=8, explore_gap=0.0),
@@ -380,15 +366,10 @@ def test_acceptance_probes_are_rarer_where_they_cost_more_for_less():
         for b, every in ((1, 8), (64, 39)):
             _drive_to_zero(c, b)
             ids = [f"r{i}" for i in range(b)]
-            choose = dict(request_ids=ids, remaining=[10_000] * b) if makespan else {}
-            ks, due = [], []
-            for _ in range(4 * every):
-                due.append(c.steps_to_probe(b))
-                ks += _steps(c, b, 1, **choose)
+            ks = [c.choose_k(b, request_ids=ids, remaining=[10_000] * b) if makespan else c.choose_k(b)
+                  for _ in range(4 * every)]
             probes = [i for i, k in enumerate(ks) if k]
             assert probes and np.all(np.diff(probes) == every), (makespan, b, probes)
-            assert all(due[i] == 0 for i in probes) and due[probes[0] + 1] == every - 1
-            assert due[probes[0] + 1 : probes[1]] == list(range(every - 1, 0, -1))
 
 
 def test_probe_per_request_path():
@@ -400,7 +381,7 @@ def test_probe_per_request_path():
         k = c.choose_k(2, request_ids=["a", "b"])
         c.observe(k, [0, 0], request_ids=["a", "b"])
     assert c.current_k == 0
-    ks = _steps(c, 2, 16, request_ids=["a", "b"])
+    ks = [c.choose_k(2, request_ids=["a", "b"]) for _ in range(16)]
     assert ks.count(0) == 14 and len({k for k in ks if k}) == 1 and c.stats()["probes"] >= 2
 
 
@@ -523,31 +504,31 @@ def test_static_mode_tracks_acceptance_without_profile():
 
 
 
-def test_settled_only_where_nothing_but_a_probe_can_change_the_choice():
+def test_settled_only_where_no_probe_or_learning_can_change_the_choice():
     """Static and schedule modes are settled on whatever they choose. Goodput is settled
-    holding K=0 where its goodput row does not beat the hold (B=1 and B=64 alike: the
-    probes are `steps_to_probe`'s business), and only under the throughput objective
-    without latency learning; never on a held K>0 (acceptance moves it)."""
+    only holding K=0 at a batch size with no acceptance probe (B=64: even the profile's
+    acceptance leaves K=1 within the margin) and nothing else to learn; at B=1 a probe
+    is due every `probe_interval` choices, and a held K>0 always adapts. Only under the
+    throughput objective without latency learning: other rows move at K=0 too."""
     static = Controller(SpecConfig(method="draft_model", num_speculative_tokens=2), None, max_batch_size=64)
-    assert static.settled(1, 2) and static.settled(64, 2) and static.steps_to_probe(1) is None
+    assert static.settled(1, 2) and static.settled(64, 2)
     p = Profile("cpu", [1, 64], [0, 1], [[10.0, 12.0], [50.0, 76.0]], [0.52])
     kw = dict(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=8, explore_gap=0.0)
     c = Controller(goodput_spec(objective="throughput", **kw), p, max_batch_size=64)
-    _drive_to_zero(c, 1)
-    assert c.current_k == 0 and c.settled(64, 0) and not c.settled(64, 1) and c.settled(1, 0)
-    assert c.steps_to_probe(64) is None  # even the profile's acceptance leaves K=1 within the margin
-    assert c.steps_to_probe(1) is not None  # B=1: K=1 would gain 27% at the profile's acceptance
-    assert not any(_steps(c, 64, 100))
-    for objective, learning in (("makespan", 0.0), ("throughput", 0.02)):
-        other = Controller(goodput_spec(objective=objective, latency_forgetting=learning, **kw), p,
-                           max_batch_size=64)
-        _drive_to_zero(other, 1)
-        assert other.current_k == 0 and not other.settled(64, 0), (objective, learning)
-    # not settled on K=0 where the goodput row beats the hold, settled once live
-    # acceptance keeps it there
-    no_probes = Controller(goodput_spec(objective="throughput", **{**kw, "probe_interval": 0}), p,
-                           max_batch_size=64)
+    _drive_to_zero(c, 64)
+    assert c.current_k == 0 and c.settled(64, 0) and not c.settled(64, 1)
+    # rows of their own (makespan: budgets that shrink; per request), or K=0 latency learnt
+    for other in (dict(objective="makespan"), dict(objective="throughput", per_request=True),
+                  dict(objective="throughput", latency_forgetting=0.02)):
+        o = Controller(goodput_spec(**kw, **other), p, max_batch_size=64)
+        _drive_to_zero(o, 64)
+        assert o.current_k == 0 and not o.settled(64, 0), other
+    assert not c.settled(1, 0)  # B=1: K=1 would gain 27% at the profile's acceptance: probes
+    assert not any(c.choose_k(64) for _ in range(100))  # settled indeed: no probe at B=64
+    # without probes: not settled on K=0 where the goodput row beats the hold, settled once
+    # live acceptance keeps it there
+    no_probes = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=0,
+                                        objective="throughput"), p, max_batch_size=64)
     assert not no_probes.settled(1, 0) and no_probes.choose_k(1) == 1 and not no_probes.settled(1, 1)
     _drive_to_zero(no_probes, 1)
-    assert no_probes.settled(1, 0) and no_probes.steps_to_probe(1) is None
-    assert not any(_steps(no_probes, 1, 50))
+    assert no_probes.settled(1, 0) and not any(no_probes.choose_k(1) for _ in range(50))

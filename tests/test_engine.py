@@ -1,7 +1,5 @@
 """Engine behaviour: continuous batching, queueing, bad input, RL rollout conventions."""
 
-import types
-
 import jax
 import numpy as np
 import pytest
@@ -285,9 +283,10 @@ def test_group_sampling_prefills_each_prompt_once(pair):
 
 
 def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
-    """A controller whose K follows the batch size alone (static K) lets the first dispatch
-    run up to MAX_ROUNDS, as far as the rows' length limits allow (a lone row's runs past
-    its limit: the dispatch ends with it); any other must choose the same K three times
+    """A controller whose K follows the batch size alone (static K) lets a dispatch run up
+    to MAX_ROUNDS, as far as the rows' length limits allow (a lone row's runs past its
+    limit: the dispatch ends with it), from the second on (the first, right after the
+    prefill, runs one round); any other must choose the same K three times
     and then gets a say every ADAPTIVE_ROUNDS; no dispatch is queued behind one in which
     every row finishes; the tokens are plain greedy's either way."""
     from dsd_jax.controller import Controller
@@ -306,57 +305,40 @@ def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
     static = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
     static.controller = Controller(static.spec, None, max_batch_size=4)
     assert static.controller.mode == "static"
-    # two rows, K=1: at most 2 tokens a round, so the rounds the room needs
-    assert asked(static, 2)[0] == min(-(-n // 2), MAX_ROUNDS) > ADAPTIVE_ROUNDS
+    # two rows, K=1: at most 2 tokens a round, 2 of them in flight, so the rounds the room needs
+    assert asked(static, 2)[:2] == [1, min(-(-(n - 2) // 2), MAX_ROUNDS)] and n - 2 > 2 * ADAPTIVE_ROUNDS
     plain = make_engine(pair[0], None, method="none", num_speculative_tokens=0, max_seq_len=64)
     plain.controller = Controller(plain.spec, None, max_batch_size=4)
-    assert asked(plain, 1) == [MAX_ROUNDS, MAX_ROUNDS]  # the second runs n - MAX_ROUNDS of them
+    assert asked(plain, 1) == [1, MAX_ROUNDS, MAX_ROUNDS]  # the third runs n - 1 - MAX_ROUNDS of them
     adaptive = make_engine(*pair, method="draft_model", max_seq_len=64, controller=FixedK([2]))
     log = asked(adaptive, 1)
     assert log[:STABLE] == [1] * (STABLE - 1) + [ADAPTIVE_ROUNDS] and max(log) == ADAPTIVE_ROUNDS
 
 
-def test_dispatches_end_where_the_next_probe_falls_due(pair):
-    """The probe interval counts steps: a goodput controller holding K=0 where a probe
-    can bring speculation back lets a dispatch run until the probe falls due (after what
-    the dispatch in flight runs: `pending_steps`), and the probe comes every
-    `probe_interval` steps exactly, however the steps were dispatched. Tokens stay plain
-    greedy's."""
-    from dsd_jax.config import DynamicConfig
-    from dsd_jax.controller import Controller
-    from dsd_jax.profile import Profile
-    eng = make_engine(*pair, method="draft_model", max_seq_len=128, num_speculative_tokens=1)
-    # K=1 would win at the profile's acceptance (0.9: 58%) but not at the live one, which
-    # a few accepted probes cannot lift above 0.2 (forgetting 0.02): K=0 stays held
-    profile = Profile("cpu", [1, 2, 4], [0, 1], [[10.0, 12.0]] * 3, [0.9])
-    spec = SpecConfig(method="draft_model", num_speculative_tokens=1,
-                      dynamic=DynamicConfig(profile=None, warmup_steps=0, forgetting=0.02, probe_interval=12,
-                                            objective="throughput"))
-    eng.controller = c = Controller(spec, profile, max_batch_size=4)
-    for _ in range(300):
-        c.observe(1, [0])
-    assert c.choose_k(1, pending_steps=11) == 1  # due behind the 11 steps in flight: a probe
-    assert c.steps_to_probe(1) == 23  # those 11 steps, the probe, 11 more
-    for k in [0] * 11 + [1]:
-        c.observe(k, [0])
-    assert c.steps_to_probe(1) == 11 and c.steps_to_probe(1, pending_steps=5) == 6
-    assert c.choose_k(1) == 0 and c.settled(1, 0)
-    live = eng._make_requests([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=100))
-    assert eng._rounds(live, 0, False, None, 1, 3) == 11
-    eng._k_history.clear()
-    assert eng._rounds(live, 0, False, types.SimpleNamespace(rounds=9, k=0), 1, 3) == 2
-    # end to end
-    ks, rounds = [], []
-    observe, asked = c.observe, eng._rounds
-    c.observe = lambda k, acc, **kw: (ks.append(k), observe(k, acc, **kw))
+def test_rounds_behind_a_prefill_are_not_timed_as_steps(pair):
+    """Every round of a dispatch that ran right after a prefill shares its wall time with
+    the prefill: none of them reaches the controller as a step time, and the trace marks
+    them (`after_prefill`) for the bench's decode-only figures. The rounds of the other
+    dispatches are timed. One slot, two requests: two prefills."""
+    class Timed(FixedK):
+        def observe(self, k, num_accepted, step_time_s=None, **kw):
+            super().observe(k, num_accepted, **kw)
+            self.times.append(step_time_s)
+
+    from dsd_jax.step import MAX_ROUNDS
+    ctl = Timed([0])
+    ctl.times = []
+    eng = make_engine(pair[0], None, controller=ctl, method="none", num_speculative_tokens=0,
+                      max_batch_size=1, max_seq_len=64)
+    asked, rounds = eng._rounds, []
     eng._rounds = lambda *a: rounds.append(asked(*a)) or rounds[-1]
-    prompt = [5, 6, 7]
-    out = eng.generate([prompt], SamplingParams(temperature=0.0, max_tokens=100))[0].token_ids
-    assert out == greedy_reference(pair[0], prompt, 100)
-    assert c.current_k == 0 and c.acceptance_estimate()[0] < 0.2
-    probes = [i for i, k in enumerate(ks) if k]
-    assert len(probes) >= 5 and np.all(np.diff(probes) == 12), ks
-    assert max(rounds) == 11 and len(rounds) < len(ks) / 4  # K=0 runs between probes in one dispatch
+    eng.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=40))
+    flags = [t["after_prefill"] for t in eng.stats.trace]
+    assert [t is None for t in ctl.times] == flags
+    # the first request: one round a dispatch while the second waits; then the second alone,
+    # its first dispatch one round too (a lone row's dispatch then runs on: it ends with it)
+    assert rounds == [1] * 40 + [1, MAX_ROUNDS, MAX_ROUNDS]
+    assert flags == ([True] + [False] * 39) * 2
 
 
 def test_packed_round_outputs_come_back_exactly():

@@ -158,7 +158,7 @@ def _best_static_lines(sweep) -> list[str]:
 def _decode_lines(sweep, configs) -> list[str]:
     if not any(r.get("decode_speedup_vs_vanilla") for r in sweep):
         return []
-    lines = ["decode-only speedup over vanilla (prefill and first step excluded):"]
+    lines = ["decode-only speedup over vanilla (prefill and the dispatches run right after one excluded):"]
     for b in sorted({r["batch_size"] for r in sweep}):
         pts = {r["config"]: r for r in sweep if r["batch_size"] == b}
         lines.append(f"{b:>5} | " + "  ".join(

@@ -161,14 +161,14 @@ class Runner:
 
 def _run_info(engine, ctl) -> dict:
     """The engine's statistics of the run just finished; decode-only figures leave out the
-    first step's result, which includes the prefill."""
+    steps of every dispatch that ran right after a prefill (their times include it)."""
     st = engine.stats
-    decode = st.trace[1:]
+    decode = [t for t in st.trace if not t["after_prefill"]]
     info = {"row_steps": int(st.row_steps), "steps": int(st.steps),
             "k_hist": {int(k): int(v) for k, v in sorted(st.k_hist.items())},
             "decode_tokens": int(sum(t["emitted"] for t in decode)),
             "decode_s": float(sum(t["wall_ms"] for t in decode) / 1e3),
-            # (K, batch bucket, wall ms) of every step after the first, for calibration
+            # (K, batch bucket, wall ms) of every decode-only step, for calibration
             "step_ms": [(t["k"], bucket_for(t["batch_size"], engine.batch_buckets), t["wall_ms"]) for t in decode],
             "accepted": st.accepted_per_pos.copy(), "proposed": st.proposed_per_pos.copy()}
     stats = getattr(ctl, "stats", None)

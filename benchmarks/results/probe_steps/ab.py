@@ -1,4 +1,5 @@
-"""A/B in one bench process: `dynamic` counts its probe interval in steps and ends each
+"""A/B in one bench process, at commit 2c7f533 (whose controller takes `pending_steps` and has
+`steps_to_probe`; reverted after this run): `dynamic` counts its probe interval in steps and ends each
 dispatch where the next probe falls due (this change); `dynamic-throughput` (relabelled by
 `controller_ab`: the same makespan controller) counts it in choices, one per dispatch,
 however many rounds the dispatch runs (before).

@@ -1,10 +1,14 @@
 """Subprocess suites that overlap the rest of the test session.
 
 The mesh and multi-process cases need processes of their own (the CPU device count is
-fixed when a backend starts). They take minutes, mostly compiling on one core, so
-`conftest.py` starts them as soon as collection has picked their test module, and
-their fixtures wait for the results: they run while the in-process tests do.
-Output goes to files, not pipes, so a chatty child never blocks on a full pipe.
+fixed when a backend starts). They take minutes, mostly compiling on one core. The
+multi-process job starts as soon as collection has picked its test module, and runs while
+the in-process tests do. The mesh job starts when its fixture asks: three times in
+full-suite runs on 2 cores, three of its four fake devices' threads waited at an XLA:CPU
+all-reduce for a fourth that never came (the same op each time; synchronous dispatch
+did not help), never when it ran alone. It runs alone now, and once more if XLA:CPU
+aborts it at a collective rendezvous. Output goes to files, not pipes, so a chatty child
+never blocks on a full pipe.
 """
 
 from __future__ import annotations
@@ -40,25 +44,46 @@ def _multihost_argvs() -> list[list[str]]:
 
 
 JOBS = {"test_mesh.py": _mesh_argvs, "test_multihost.py": _multihost_argvs}
+EAGER = {"test_multihost.py"}  # started at collection, beside the in-process tests
+RENDEZVOUS_ABORT = "Termination timeout for `all reduce"  # XLA:CPU gave up on a collective
 
 
 class Job:
     """Processes started together; `results()` waits (bounded) and parses their
     `RESULTS {json}` lines, one per process."""
 
-    def __init__(self, argvs: list[list[str]]):
-        self._logs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in argvs]
-        self.procs = [subprocess.Popen(argv, env=_child_env(), stdout=out, stderr=err, text=True)
-                      for argv, (out, err) in zip(argvs, self._logs)]
+    def __init__(self, argvs: list[list[str]], retry_rendezvous_abort: bool = False):
+        self._argvs, self._retry = argvs, retry_rendezvous_abort
         self._results = None
+        self._launch()
+
+    def _launch(self) -> None:
+        self._logs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in self._argvs]
+        self.procs = [subprocess.Popen(argv, env=_child_env(), stdout=out, stderr=err, text=True)
+                      for argv, (out, err) in zip(self._argvs, self._logs)]
+
+    def _wait(self, timeout: float) -> None:
+        try:
+            for p in self.procs:
+                p.wait(timeout=timeout)  # bounded: a hung collective fails the test
+        finally:
+            self.kill()
+
+    def _aborted_at_rendezvous(self) -> bool:
+        for p, (_, err) in zip(self.procs, self._logs):
+            err.seek(0)
+            if p.returncode != 0 and RENDEZVOUS_ABORT in err.read():
+                return True
+        return False
 
     def results(self, timeout: float = 900.0) -> list[dict]:
         if self._results is None:
-            try:
-                for p in self.procs:
-                    p.wait(timeout=timeout)  # bounded: a hung collective fails the test
-            finally:
-                self.kill()
+            self._wait(timeout)
+            if self._retry and self._aborted_at_rendezvous():
+                print(f"{self._argvs[0][1]}: XLA:CPU aborted at a collective rendezvous; running it again",
+                      file=sys.stderr)
+                self._launch()
+                self._wait(timeout)
             self._results = [self._parse(p, out, err) for p, (out, err) in zip(self.procs, self._logs)]
         return self._results
 
@@ -81,16 +106,16 @@ class Job:
 _started: dict[str, Job] = {}
 
 
-def start(test_files) -> None:
-    """Starts the jobs of these collected test modules (once)."""
+def start(test_files, eager_only: bool = True) -> None:
+    """Starts the jobs of these test modules (once): only the eager ones at collection."""
     for name in set(test_files) & set(JOBS):
-        if name not in _started:
-            _started[name] = Job(JOBS[name]())
+        if name not in _started and (name in EAGER or not eager_only):
+            _started[name] = Job(JOBS[name](), retry_rendezvous_abort=name not in EAGER)
 
 
 def results(test_file: str) -> list[dict]:
-    """The job's results, starting it now if collection did not (e.g. a single test id)."""
-    start([test_file])
+    """The job's results, starting it now if collection did not."""
+    start([test_file], eager_only=False)
     return _started[test_file].results()
 
 

@@ -34,7 +34,8 @@ def scaled(model, factor: float):
 
 
 def pytest_collection_finish(session):
-    """The subprocess suites start now and run alongside the rest (`background.py`)."""
+    """The multi-process suite starts now and runs alongside the rest; the mesh suite
+    starts when its fixture asks, alone (`background.py`)."""
     import background
     background.start({os.path.basename(str(item.path)) for item in session.items})
 

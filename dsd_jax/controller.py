@@ -441,8 +441,9 @@ class Controller:
         the profile's acceptance would not move the hold; no latency contender) has nothing
         to learn from, unless its goodput row is per request (per-request mode; the
         makespan objective, whose row also moves as the requests' remaining budgets shrink)
-        or K = 0 steps train K = 0's latency (latency learning). The engine lets such a choice run up to `step.MAX_ROUNDS` rounds a
-        dispatch (32, not 8): dynamic at K = 0 then dispatches as plain decoding does."""
+        or K = 0 steps train K = 0's latency (latency learning). The engine lets such a
+        choice run up to `step.MAX_ROUNDS` rounds a dispatch (32, not 8): dynamic at K = 0
+        then dispatches as plain decoding does."""
         if self.mode != "goodput":
             return True
         b = _index("batch_size", batch_size)

@@ -607,11 +607,11 @@ class SpecEngine:
         """Rounds of K the next dispatch runs. One right after a prefill (the dispatch's
         wall time includes the prefill, so none of its rounds times a step for the
         controller or the bench: let that be one round). Otherwise one, unless nothing can
-        change before the rounds are done: no request is queued (a finishing row would free a slot for it),
-        the controller's choice is stable, and no live row can reach its length limit
-        before the last round (counting what the dispatch still in flight may emit). Rows
-        stopping on a stop token end early on device all the same. The controller still
-        observes every round.
+        change before the rounds are done: no request is queued (a finishing row would
+        free a slot for it), the controller's choice is stable, and no live row can reach
+        its length limit before the last round (counting what the dispatch still in flight
+        may emit). Rows stopping on a stop token end early on device all the same. The
+        controller still observes every round.
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
         size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
@@ -619,7 +619,8 @@ class SpecEngine:
         stable once the last STABLE_DECISIONS were this K, and gets a say every
         ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
         interval in choices, so fewer, longer dispatches would probe less often (with lone
-        rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`).
+        rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`;
+        counted in steps instead, probes cost B=16-64 6-7%: `probe_steps/`).
         """
         self._k_history.append(k)
         fixed = self._settled(batch, k, context)

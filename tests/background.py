@@ -1,4 +1,4 @@
-"""Subprocess suites that overlap the rest of the test session.
+"""Subprocess suites: the mesh and multi-process cases.
 
 The mesh and multi-process cases need processes of their own (the CPU device count is
 fixed when a backend starts). They take minutes, mostly compiling on one core. The

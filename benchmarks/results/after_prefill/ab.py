@@ -6,11 +6,10 @@ a prefill runs one round (new: its rounds' times include the prefill).
 """
 import sys
 
-from paired import interleave, medians_ms, speed
+from paired import interleave, plain_engine, report
 
 from dsd_jax import models
 from dsd_jax.bench.side_by_side import builtin_prompts, make_floor
-from dsd_jax.config import SpecConfig
 from dsd_jax.engine import SpecEngine
 from dsd_jax.sampling import SamplingParams
 
@@ -31,18 +30,9 @@ class Old(SpecEngine):
             self._prefilled = prefilled
 
 
-def engine(cls):
-    e = cls(target, None, SpecConfig(method="none"), max_batch_size=1, max_seq_len=256, tokenizer=tok,
-            batch_buckets=[1])
-    e.warmup()
-    return e
-
-
-old, new = engine(Old), engine(SpecEngine)
+old, new = plain_engine(Old, target, tok, 256), plain_engine(SpecEngine, target, tok, 256)
 sp = SamplingParams(temperature=0.0, max_tokens=128)
 t = interleave({"floor": lambda p: floor([p], 128)[0], "old": lambda p: old.generate([p], sp)[0].token_ids,
                 "new": lambda p: new.generate([p], sp)[0].token_ids}, prompts, REPS)
-print(f"B=1 128 tokens, {len(t['floor'])} paired calls; medians ms", medians_ms(t))
-print("old speed / floor", speed(t["floor"], t["old"]))
-print("new speed / floor", speed(t["floor"], t["new"]))
-print("new speed / old", speed(t["old"], t["new"]))
+report(t, "B=1 128 tokens", [("old speed / floor", "old", "floor"), ("new speed / floor", "new", "floor"),
+                             ("new speed / old", "new", "old")])

@@ -37,3 +37,20 @@ def speed(base: list, other: list, n: int = 4000):
 
 def medians_ms(t: dict) -> dict:
     return {k: round(statistics.median(v) * 1e3, 2) for k, v in t.items()}
+
+
+def plain_engine(cls, target, tokenizer, max_seq_len: int):
+    """A warmed-up one-slot plain-decoding engine of class `cls` (SpecEngine or a subclass)."""
+    from dsd_jax.config import SpecConfig
+
+    e = cls(target, None, SpecConfig(method="none"), max_batch_size=1, max_seq_len=max_seq_len,
+            tokenizer=tokenizer, batch_buckets=[1])
+    e.warmup()
+    return e
+
+
+def report(t: dict, label: str, ratios: list) -> None:
+    """Prints the medians and, for each (name, other, base), other's speed over base's."""
+    print(f"{label}, {len(next(iter(t.values())))} paired calls; medians ms", medians_ms(t))
+    for name, other, base in ratios:
+        print(name, speed(t[base], t[other]))

@@ -4,17 +4,25 @@
 for i = 1..max_k; the expected tokens per row per step with K drafts is
 ``AL(K) = 1 + sum_{i<=K} a_i`` (`al_curve`).
 
+Both estimators count *conditional* rates, c_i = P(n >= i | n >= i - 1): of the rows
+whose step proposed draft i and accepted drafts 1..i-1, the share that accepted draft i
+as well; a_i = c_1 c_2 ... c_i. Every step with K >= 1 informs c_1, only steps with K >= i
+inform c_i, so a_i moves with a_1 even where the live data holds no step that proposed
+draft i (counting a_i directly, a row or stretch seen at K = 1 alone kept a_2..a_K from
+older steps: a row accepting 27% of its first drafts was credited with AL(4) = 2.0, and
+ran K = 4 alone in a batch's tail, accepting nothing).
+
 `GlobalAcceptance`: the batch-wide estimate. It is the prior (the profile's
 acceptance) until ``warmup_steps`` steps with K > 0 have been observed, then live
 per-position counts with exponential forgetting (discounted counts: each step's
 counts are added after multiplying the history by ``1 - forgetting``; at a steady
-batch size the newest step weighs ``forgetting``). Positions the live data has not
-covered yet (K never reached them) are extrapolated from the prior's shape, and the
-estimate is kept non-increasing.
+batch size the newest step weighs ``forgetting``). Conditional rates the live data has
+no row for yet (no step proposed that draft after accepting the ones before it) are
+the prior's, c_i = prior_i / prior_(i-1).
 
-`RequestAcceptance`: one estimate per live request, its own discounted counts
-shrunk toward the global estimate as if that were `ROW_PRIOR_STEPS` more observed
-steps (a request lives for tens of steps: too few to trust alone, too many to
+`RequestAcceptance`: one estimate per live request, its own discounted counts of
+each conditional rate shrunk toward the global estimate's as if that were
+`ROW_PRIOR_STEPS` more observed steps (a request lives for tens of steps: too few to trust alone, too many to
 ignore). It also learns how far requests differ: the spread (standard deviation)
 of the true AL_r(K) between finished requests, from their own counts less the
 counts' sampling noise (method of moments).
@@ -33,7 +41,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 __all__ = ["GlobalAcceptance", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
-           "expected_max_normal", "padded_prior", "tokens_variance"]
+           "conditional_rates", "expected_max_normal", "padded_prior", "tokens_variance"]
 
 ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
 SPREAD_MIN_STEPS = 1.5  # a finished request informs the spread from two speculative steps on
@@ -67,6 +75,20 @@ def padded_prior(acceptance: Sequence[float] | None, max_k: int) -> np.ndarray:
         n = min(max_k, len(acceptance))
         prior[:n] = acceptance[:n]
     return prior
+
+
+def conditional_rates(a: np.ndarray) -> np.ndarray:
+    """c_i = a_i / a_(i-1) (c_1 = a_1) along the last axis: 0 after a zero, NaN where a is."""
+    before = np.concatenate([np.ones(a.shape[:-1] + (1,)), a[..., :-1]], axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(before > 0, a / np.where(before > 0, before, 1.0), np.where(np.isnan(a), np.nan, 0.0))
+
+
+def _reach_counts(num_accepted: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with n >= i, rows with n >= i - 1) for i = 1..k, from per-row counts n."""
+    accepted = np.bincount(num_accepted, minlength=k + 1)[::-1].cumsum()[::-1][1:]
+    reached = np.concatenate([[num_accepted.size], accepted[:-1]])
+    return accepted, reached
 
 
 def check_num_accepted(k: int, num_accepted) -> np.ndarray:
@@ -116,12 +138,14 @@ class GlobalAcceptance:
 
     def __init__(self, prior: np.ndarray, forgetting: float, warmup_steps: int = 0):
         self.prior = np.asarray(prior, dtype=float)
+        self.prior_rates = conditional_rates(self.prior)
         self.max_k = len(self.prior)
         self.keep = 1.0 - forgetting
         self._warmup = warmup_steps
-        # Live discounted counts per draft position 1..max_k.
+        # Live discounted counts per draft position 1..max_k: rows that accepted draft i
+        # and rows that reached it (accepted drafts 1..i-1), over the steps proposing it.
         self._A = np.zeros(self.max_k)
-        self._N = np.zeros(self.max_k)
+        self._R = np.zeros(self.max_k)
         self.kseen = 0  # live data covers draft positions 1..kseen
         self.steps = 0  # observed steps with K > 0
         self._update()
@@ -133,51 +157,39 @@ class GlobalAcceptance:
 
     def observe(self, k: int, num_accepted: np.ndarray) -> None:
         """One step with `k` > 0 drafts; num_accepted[r] in 0..k per live row (non-empty)."""
-        # accepted[i-1] = rows with num_accepted >= i, for i = 1..k
-        accepted = np.bincount(num_accepted, minlength=k + 1)[::-1].cumsum()[::-1][1:]
+        accepted, reached = _reach_counts(num_accepted, k)
         keep = self.keep
-        A, N = self._A, self._N
+        A, R = self._A, self._R
         A[:k] *= keep
         A[:k] += accepted
-        N[:k] *= keep
-        N[:k] += num_accepted.size
+        R[:k] *= keep
+        R[:k] += reached
         if k > self.kseen:
             self.kseen = k
         self.steps += 1
         self._update()
 
     def _update(self) -> None:
-        self.estimate = self._compute()
+        self.rates = self._compute_rates()
+        self.estimate = np.cumprod(self.rates)
         self.al = al_curve(self.estimate, self.max_k).tolist()  # AL(K), K = 0..max_k
 
-    def _compute(self) -> np.ndarray:
-        """Prior during warm-up; then live A/N on the positions seen so far (always a
-        prefix 1..J: a step with k drafts proposes positions 1..k), the rest
-        extrapolated from the prior's shape; made non-increasing."""
-        prior = self.prior
-        J = self.kseen
-        if J == 0 or (self.steps < self._warmup and not np.isnan(prior).all()):
-            return prior.copy()
-        est = prior.copy()
-        est[:J] = self._A[:J] / self._N[:J]
-        if J < self.max_k:
-            p = prior[J - 1]
-            if p > 0:  # False for NaN too
-                est[J:] = est[J - 1] * np.minimum(1.0, prior[J:] / p)
-            else:
-                est[J:] = np.where(np.isnan(prior[J:]), np.nan, 0.0)
-        # a_i = P(num_accepted >= i) is non-increasing in i (NaNs, if any, are a suffix).
-        fin = ~np.isnan(est)
-        est[fin] = np.minimum.accumulate(est[fin])
-        return est
+    def _compute_rates(self) -> np.ndarray:
+        """c_1..c_max_k: the prior's during warm-up; then live A / R where a row reached
+        the draft, the prior's elsewhere."""
+        if self.kseen == 0 or (self.steps < self._warmup and not np.isnan(self.prior).all()):
+            return self.prior_rates.copy()
+        seen = self._R > 0
+        return np.where(seen, self._A / np.where(seen, self._R, 1.0), self.prior_rates)
 
 
 class RequestAcceptance:
     """Per-request a_i, shrunk toward a `GlobalAcceptance`; see the module docstring.
 
-    Requests are rows of two [rows, max_k] count arrays, `accepted` and `proposed`
-    (discounted, with the global estimator's forgetting); a finished request's row
-    is reused (`forget`).
+    Requests are rows of three [rows, max_k] count arrays, `accepted` (steps that
+    accepted draft i), `reached` (steps that proposed draft i and accepted the ones
+    before it) and `proposed` (steps that proposed draft i), discounted with the global
+    estimator's forgetting; a finished request's row is reused (`forget`).
     """
 
     def __init__(self, shrink_toward: GlobalAcceptance):
@@ -186,9 +198,10 @@ class RequestAcceptance:
         self.row_of: dict[Hashable, int] = {}
         self._free: list[int] = []
         self.accepted = np.zeros((0, self.max_k))
+        self.reached = np.zeros((0, self.max_k))
         self.proposed = np.zeros((0, self.max_k))
         self._positions = np.arange(1, self.max_k + 1)
-        self._prior_of = None  # the global estimate `_prior_counts` was made from
+        self._prior_of = None  # the global rates `_prior_counts` was made from
         self._prior_counts = np.zeros(self.max_k)
         # discounted (weight, sum AL, sum AL^2, sum sampling variance) over finished
         # requests, K = 0..max_k
@@ -208,11 +221,11 @@ class RequestAcceptance:
         if not self._free:
             n = self.accepted.shape[0]
             cap = max(16, 2 * n)
-            self.accepted = np.concatenate([self.accepted, np.zeros((cap - n, self.max_k))])
-            self.proposed = np.concatenate([self.proposed, np.zeros((cap - n, self.max_k))])
+            grow = lambda x: np.concatenate([x, np.zeros((cap - n, self.max_k))])
+            self.accepted, self.reached, self.proposed = map(grow, (self.accepted, self.reached, self.proposed))
             self._free = list(range(cap - 1, n - 1, -1))
         r = self._free.pop()
-        self.accepted[r] = self.proposed[r] = 0.0
+        self.accepted[r] = self.reached[r] = self.proposed[r] = 0.0
         self.row_of[rid] = r
         return r
 
@@ -231,8 +244,9 @@ class RequestAcceptance:
         informs = n >= SPREAD_MIN_STEPS  # two steps at least: one cannot tell a rate from luck
         if not informs.any():
             return
-        own = np.minimum.accumulate(np.where(n[1:] > 0, self.accepted[r] / np.maximum(n[1:], 1e-12),
-                                             np.nan_to_num(self._global.estimate)))
+        reached = self.reached[r]
+        own = np.cumprod(np.where(reached > 0, self.accepted[r] / np.maximum(reached, 1e-12),
+                                  np.nan_to_num(self._global.rates)))
         al = al_curve(own, self.max_k)
         m = self._moments
         m[:, informs] *= 1.0 - SPREAD_FORGETTING
@@ -293,16 +307,20 @@ class RequestAcceptance:
         """One step with `k` > 0 drafts; num_accepted[j] is row rows[j]'s count."""
         keep = self._global.keep
         hits = num_accepted[:, None] >= self._positions[:k]  # [B, k]
+        reached = num_accepted[:, None] >= self._positions[:k] - 1
         self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hits
+        self.reached[rows, :k] = keep * self.reached[rows, :k] + reached
         self.proposed[rows, :k] = keep * self.proposed[rows, :k] + 1.0
 
     def estimate(self, rows, k: int) -> np.ndarray:
-        """a_1..a_k per row ([len(rows), k])."""
-        est = self._global.estimate
-        if est is not self._prior_of:  # the global estimate moved since the last call
-            self._prior_of = est
-            self._prior_counts = ROW_PRIOR_STEPS * np.nan_to_num(est)
-        return (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.proposed[rows, :k] + ROW_PRIOR_STEPS)
+        """a_1..a_k per row ([len(rows), k]): the product of its conditional rates, each its
+        own counts plus `ROW_PRIOR_STEPS` rows at the global rate."""
+        rates = self._global.rates
+        if rates is not self._prior_of:  # the global estimate moved since the last call
+            self._prior_of = rates
+            self._prior_counts = ROW_PRIOR_STEPS * np.nan_to_num(rates)
+        own = (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.reached[rows, :k] + ROW_PRIOR_STEPS)
+        return np.cumprod(own, axis=-1)
 
     def request(self, rid: Hashable) -> np.ndarray | None:
         """A request's a_1..a_max_k, or None if unseen."""

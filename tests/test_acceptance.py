@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dsd_jax.acceptance import (ROW_PRIOR_STEPS, SPREAD_MIN_STEPS, GlobalAcceptance, RequestAcceptance, al_curve,
-                                expected_max_normal, padded_prior, tokens_variance)
+                                conditional_rates, expected_max_normal, padded_prior, tokens_variance)
 
 PRIOR = np.array([0.8, 0.6, 0.4, 0.2])
 
@@ -72,6 +72,28 @@ def test_unseen_positions_follow_the_prior_shape_and_stay_non_increasing():
     np.testing.assert_array_equal(g.estimate, [1.0, np.nan])  # no prior, no data: unknown
 
 
+def test_a_stretch_at_k1_moves_every_position_not_just_the_first():
+    """Conditional rates: K = 4 steps teach c_2..c_4, a later stretch of K = 1 steps with
+    a lower first-draft rate moves a_2..a_4 with a_1 (counted unconditionally, they kept
+    the K = 4 stretch's values, and the estimate went flat at a_1)."""
+    g = GlobalAcceptance(PRIOR, forgetting=0.1)
+    for _ in range(40):
+        g.observe(4, np.array([4, 3, 2, 1, 0]))  # a = 0.8, 0.6, 0.4, 0.2: c = 0.8, 3/4, 2/3, 1/2
+    np.testing.assert_allclose(g.estimate, [0.8, 0.6, 0.4, 0.2])
+    for _ in range(200):
+        g.observe(1, np.array([1, 0, 0, 0]))  # the first draft now accepted a quarter of the time
+    np.testing.assert_allclose(g.rates[1:], [0.75, 2 / 3, 0.5])
+    np.testing.assert_allclose(g.estimate, 0.25 * np.array([1.0, 0.75, 0.5, 0.25]), rtol=1e-6)
+
+
+def test_conditional_rates_invert_the_product():
+    a = np.array([[0.8, 0.6, 0.0, 0.0], [0.5, np.nan, np.nan, np.nan]])
+    c = conditional_rates(a)
+    np.testing.assert_allclose(c[0], [0.8, 0.75, 0.0, 0.0])  # after a zero: 0, not NaN
+    assert c[1, 0] == 0.5 and np.isnan(c[1, 1:]).all()
+    np.testing.assert_allclose(np.cumprod(c[0]), a[0])
+
+
 def test_estimate_is_replaced_not_mutated():
     g = GlobalAcceptance(PRIOR, forgetting=0.1)
     before = g.estimate
@@ -97,12 +119,14 @@ def test_request_estimate_is_shrunk_toward_the_global_one():
     g, rq = _requests(forgetting=0.5)
     g_est = g.estimate.copy()
     rows = rq.rows_for(["easy"])
-    rq.observe(rows, np.array([4]), 4)  # one step, every draft accepted: own estimate 1
-    expected = (1.0 + ROW_PRIOR_STEPS * g_est) / (1.0 + ROW_PRIOR_STEPS)
+    rq.observe(rows, np.array([4]), 4)  # one step, every draft accepted: own rates 1
+    rates = conditional_rates(g_est)  # each conditional rate is shrunk, a_i is their product
+    expected = np.cumprod((1.0 + ROW_PRIOR_STEPS * rates) / (1.0 + ROW_PRIOR_STEPS))
     np.testing.assert_allclose(rq.request("easy"), expected)
     for _ in range(100):  # its own evidence saturates at 1 / forgetting = 2 steps
         rq.observe(rows, np.array([4]), 4)
-    np.testing.assert_allclose(rq.request("easy"), (2.0 + ROW_PRIOR_STEPS * g_est) / (2.0 + ROW_PRIOR_STEPS))
+    np.testing.assert_allclose(rq.request("easy"),
+                               np.cumprod((2.0 + ROW_PRIOR_STEPS * rates) / (2.0 + ROW_PRIOR_STEPS)))
     assert np.all(rq.request("easy") > g_est)
 
 
@@ -112,6 +136,22 @@ def test_shrinkage_target_follows_the_global_estimate():
     np.testing.assert_allclose(rq.request("a"), PRIOR)
     g.observe(4, np.array([4, 4]))  # the global estimate moves to all-accepted
     np.testing.assert_allclose(rq.request("a"), [1.0, 1.0, 1.0, 1.0])
+
+
+def test_a_row_seen_at_k1_only_extrapolates_with_its_own_first_draft_rate():
+    """A row that accepted 5 of 20 first drafts, never run at K > 1, with the global rates
+    at c = 0.8, 0.75, 0.67, 0.5: its later drafts follow its own level through the global
+    conditionals, AL(4) = 1 + 2.5 a_1, where per-position shrinkage gave it 1 + 4 a_1
+    (a_2..a_4 at the global 0.6, 0.4, 0.2 + its own nothing, cut to its a_1)."""
+    g, rq = _requests(forgetting=0.01)
+    rows = rq.rows_for(["hard"])
+    for i in range(20):
+        rq.observe(rows, np.array([int(i % 4 == 0)]), 1)
+    est = rq.request("hard")
+    a1 = est[0]
+    assert 0.25 < a1 < 0.4  # 5 of 20 plus 4 rows at the global 0.8, lightly discounted
+    np.testing.assert_allclose(est, a1 * np.cumprod([1.0, 0.75, 2 / 3, 0.5]))
+    assert al_curve(est, 4)[4] == pytest.approx(1 + 2.5 * a1)
 
 
 def test_request_counts_only_positions_proposed():
@@ -205,7 +245,8 @@ def test_spread_takes_the_sampling_noise_off(rates):
 def _pinned(rq, rid, a):
     """A request whose own counts pin its estimate at a (white-box)."""
     (r,) = rq.rows_for([rid])
-    rq.accepted[r], rq.proposed[r] = np.asarray(a) * 1e15, 1e15
+    a = np.asarray(a, dtype=float)
+    rq.accepted[r], rq.reached[r], rq.proposed[r] = a * 1e15, np.r_[1.0, a[:-1]] * 1e15, 1e15
     return r
 
 

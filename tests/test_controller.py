@@ -457,7 +457,8 @@ def test_per_request_is_bruteforce_argmax(prof, accs):
     c.choose_k(len(ids), request_ids=ids)  # registers rows at the prior
     rq = c._requests
     for rid, a in zip(ids, accs):
-        rq.accepted[rq.row_of[rid]], rq.proposed[rq.row_of[rid]] = a * 1e15, 1e15  # white-box: its estimate is a
+        r, flat = rq.row_of[rid], np.full(rq.max_k, a)  # white-box: its estimate is a_i = a
+        rq.accepted[r], rq.reached[r], rq.proposed[r] = flat * 1e15, np.r_[1.0, flat[:-1]] * 1e15, 1e15
     b = len(ids)
     k = c.choose_k(b, request_ids=ids)
     al = np.array([sum(1 + kk * a for a in accs) for kk in range(kmax + 1)])

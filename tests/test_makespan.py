@@ -34,6 +34,25 @@ def test_one_hard_row_holds_the_batch_at_the_k_that_suits_it():
     assert mk.choose_k(16, request_ids=ids, remaining=[64] * 15 + [1]) >= 4
 
 
+def test_a_hard_row_alone_in_the_tail_is_not_credited_with_drafts_it_never_ran():
+    """Three rounds at K = 4, then K = 1 once one row lagged; that row, accepting a quarter
+    of its first drafts, finishes alone. Its later drafts follow its own first-draft rate
+    through the batch's conditional rates: AL(4) = 1.88, K = 0. (Counting each position
+    on its own, a_2 = 0.34 rested on the K = 4 rounds and the global estimate: AL(2) = 1.67
+    and K = 2, the bench_full_s12-like tail at B = 4 that ran K = 4 accepting nothing.)"""
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.65, 0.5, 0.4))
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.05, margin=0.03, probe_interval=0,
+                                objective="makespan"), p)
+    ids = ["a", "b", "c", "hard"]
+    for n in ([4, 2, 3, 0], [1, 4, 2, 0], [3, 1, 4, 0]):
+        c.observe(4, n, request_ids=ids)
+    for i in range(16):
+        c.observe(1, [1, 1, int(i % 3 > 0), int(i % 4 == 0)], request_ids=ids)
+    a = c.request_acceptance("hard")
+    np.testing.assert_allclose(a / a[0], c.acceptance_estimate() / c.acceptance_estimate()[0], rtol=0.25)
+    assert c.choose_k(1, request_ids=["hard"], remaining=[20]) == 0
+
+
 def test_without_remaining_it_is_the_throughput_controller():
     """While requests are queued (the engine passes no budgets) both objectives agree."""
     p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
@@ -53,7 +72,8 @@ def test_without_remaining_it_is_the_throughput_controller():
 def _pin(controller, rid, a):
     """White-box: a registered request's own counts pin its estimate at a_i = a."""
     req = controller._requests
-    req.accepted[req.row_of[rid]], req.proposed[req.row_of[rid]] = a * 1e15, 1e15
+    r, a = req.row_of[rid], np.broadcast_to(np.asarray(a, dtype=float), (req.max_k,))
+    req.accepted[r], req.reached[r], req.proposed[r] = a * 1e15, np.r_[1.0, a[:-1]] * 1e15, 1e15
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,312 @@
+"""Frozen copy of dsd_jax/acceptance.py before conditional rates (cb940b6), for ab.py.
+
+Draft acceptance estimates for the K controller (numpy only, no JAX).
+
+``a_i`` = P(draft position i accepted), unconditional (= P(num_accepted >= i)),
+for i = 1..max_k; the expected tokens per row per step with K drafts is
+``AL(K) = 1 + sum_{i<=K} a_i`` (`al_curve`).
+
+`GlobalAcceptance`: the batch-wide estimate. It is the prior (the profile's
+acceptance) until ``warmup_steps`` steps with K > 0 have been observed, then live
+per-position counts with exponential forgetting (discounted counts: each step's
+counts are added after multiplying the history by ``1 - forgetting``; at a steady
+batch size the newest step weighs ``forgetting``). Positions the live data has not
+covered yet (K never reached them) are extrapolated from the prior's shape, and the
+estimate is kept non-increasing.
+
+`RequestAcceptance`: one estimate per live request, its own discounted counts
+shrunk toward the global estimate as if that were `ROW_PRIOR_STEPS` more observed
+steps (a request lives for tens of steps: too few to trust alone, too many to
+ignore). It also learns how far requests differ: the spread (standard deviation)
+of the true AL_r(K) between finished requests, from their own counts less the
+counts' sampling noise (method of moments).
+Shrinkage hides that spread from a request with little data of its own (a fresh
+one *is* the global estimate); `makespan_steps` puts it back, with each step's
+own randomness, into the steps the slowest of B requests needs (the makespan
+objective of `dsd_jax.controller`).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from typing import Hashable, Sequence
+
+import numpy as np
+
+__all__ = ["GlobalAcceptance", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
+           "expected_max_normal", "padded_prior", "tokens_variance"]
+
+ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
+SPREAD_MIN_STEPS = 1.5  # a finished request informs the spread from two speculative steps on
+SPREAD_FORGETTING = 1 / 32  # weight of the newest finished request in the spread estimate
+
+
+@functools.lru_cache(maxsize=1024)
+def expected_max_normal(n: int) -> float:
+    """E[max of n iid standard normals] = integral of x n phi(x) Phi(x)^(n-1) (0 for n = 1)."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-9.0, 9.0, 3601)
+    normal = statistics.NormalDist()
+    cdf = np.array([normal.cdf(v) for v in x])
+    pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
+    return float((x * n * pdf * cdf ** (n - 1)).sum() * (x[1] - x[0]))  # the ends are ~0: a plain sum
+
+
+def al_curve(a: np.ndarray, k: int) -> np.ndarray:
+    """AL(K) = 1 + sum_{i<=K} a_i for K = 0..k, along the last axis of `a`."""
+    al = np.ones(a.shape[:-1] + (k + 1,))
+    np.cumsum(a[..., :k], axis=-1, out=al[..., 1:])  # in place: the per-request path is hot
+    al[..., 1:] += 1.0
+    return al
+
+
+def padded_prior(acceptance: Sequence[float] | None, max_k: int) -> np.ndarray:
+    """a_1..a_max_k from a profile's acceptance (None: no prior), NaN where it stops."""
+    prior = np.full(max_k, np.nan)
+    if acceptance is not None and max_k > 0:
+        n = min(max_k, len(acceptance))
+        prior[:n] = acceptance[:n]
+    return prior
+
+
+def check_num_accepted(k: int, num_accepted) -> np.ndarray:
+    """num_accepted (drafts accepted per live row of a step with k drafts) as a 1-D
+    integer array, checked to hold values in 0..k."""
+    try:
+        acc = np.asarray(num_accepted)
+    except Exception as e:  # noqa: BLE001  (ragged input etc.)
+        raise ValueError(f"num_accepted must be a 1-D integer array: {e}") from None
+    if acc.ndim == 0:
+        acc = acc.reshape(1)
+    if acc.ndim != 1:
+        raise ValueError(f"num_accepted must be 1-D (one entry per live row), got shape {acc.shape}")
+    if acc.size and acc.dtype.kind not in "iu":
+        if acc.dtype.kind != "f" or not np.all(np.isfinite(acc)) or not np.all(acc == np.round(acc)):
+            raise ValueError(f"num_accepted must hold integers, got dtype {acc.dtype}")
+        acc = acc.astype(np.int64)
+    if acc.size and (acc.min() < 0 or acc.max() > k):
+        raise ValueError(f"num_accepted values must be in 0..k={k}, got range {acc.min()}..{acc.max()}")
+    return acc
+
+
+def tokens_variance(a: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Var of the drafts accepted in one step, min(n, K), for K = 0..k (default: all of
+    `a`), along the last axis, when P(n >= i) = a_i is non-increasing in i. The
+    indicators [n >= i] are nested: E[min(n, K)^2] = sum_{i, j <= K} a_max(i, j) =
+    sum_{m <= K} (2m - 1) a_m."""
+    k = a.shape[-1] if k is None else k
+    a = a[..., :k]
+    var = np.zeros(a.shape[:-1] + (k + 1,))
+    mean = np.cumsum(a, axis=-1)
+    var[..., 1:] = np.cumsum((2.0 * np.arange(1, k + 1) - 1.0) * a, axis=-1) - mean * mean
+    return var
+
+
+class GlobalAcceptance:
+    """The batch-wide a_1..a_max_k; see the module docstring.
+
+    Args:
+      prior: a_1..a_max_k before live data (NaN = unknown), e.g. `padded_prior`.
+      forgetting: weight of the newest step, in (0, 1].
+      warmup_steps: steps with K > 0 observed before live counts replace the prior
+        (a prior of all NaN is replaced at once).
+
+    `estimate` and `al` are replaced, never modified in place, by `observe`.
+    """
+
+    def __init__(self, prior: np.ndarray, forgetting: float, warmup_steps: int = 0):
+        self.prior = np.asarray(prior, dtype=float)
+        self.max_k = len(self.prior)
+        self.keep = 1.0 - forgetting
+        self._warmup = warmup_steps
+        # Live discounted counts per draft position 1..max_k.
+        self._A = np.zeros(self.max_k)
+        self._N = np.zeros(self.max_k)
+        self.kseen = 0  # live data covers draft positions 1..kseen
+        self.steps = 0  # observed steps with K > 0
+        self._update()
+
+    @property
+    def live(self) -> bool:
+        """Whether the estimate comes from live counts (warm-up done, data seen)."""
+        return self.steps >= self._warmup and self.kseen > 0
+
+    def observe(self, k: int, num_accepted: np.ndarray) -> None:
+        """One step with `k` > 0 drafts; num_accepted[r] in 0..k per live row (non-empty)."""
+        # accepted[i-1] = rows with num_accepted >= i, for i = 1..k
+        accepted = np.bincount(num_accepted, minlength=k + 1)[::-1].cumsum()[::-1][1:]
+        keep = self.keep
+        A, N = self._A, self._N
+        A[:k] *= keep
+        A[:k] += accepted
+        N[:k] *= keep
+        N[:k] += num_accepted.size
+        if k > self.kseen:
+            self.kseen = k
+        self.steps += 1
+        self._update()
+
+    def _update(self) -> None:
+        self.estimate = self._compute()
+        self.al = al_curve(self.estimate, self.max_k).tolist()  # AL(K), K = 0..max_k
+
+    def _compute(self) -> np.ndarray:
+        """Prior during warm-up; then live A/N on the positions seen so far (always a
+        prefix 1..J: a step with k drafts proposes positions 1..k), the rest
+        extrapolated from the prior's shape; made non-increasing."""
+        prior = self.prior
+        J = self.kseen
+        if J == 0 or (self.steps < self._warmup and not np.isnan(prior).all()):
+            return prior.copy()
+        est = prior.copy()
+        est[:J] = self._A[:J] / self._N[:J]
+        if J < self.max_k:
+            p = prior[J - 1]
+            if p > 0:  # False for NaN too
+                est[J:] = est[J - 1] * np.minimum(1.0, prior[J:] / p)
+            else:
+                est[J:] = np.where(np.isnan(prior[J:]), np.nan, 0.0)
+        # a_i = P(num_accepted >= i) is non-increasing in i (NaNs, if any, are a suffix).
+        fin = ~np.isnan(est)
+        est[fin] = np.minimum.accumulate(est[fin])
+        return est
+
+
+class RequestAcceptance:
+    """Per-request a_i, shrunk toward a `GlobalAcceptance`; see the module docstring.
+
+    Requests are rows of two [rows, max_k] count arrays, `accepted` and `proposed`
+    (discounted, with the global estimator's forgetting); a finished request's row
+    is reused (`forget`).
+    """
+
+    def __init__(self, shrink_toward: GlobalAcceptance):
+        self._global = shrink_toward
+        self.max_k = shrink_toward.max_k
+        self.row_of: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        self.accepted = np.zeros((0, self.max_k))
+        self.proposed = np.zeros((0, self.max_k))
+        self._positions = np.arange(1, self.max_k + 1)
+        self._prior_of = None  # the global estimate `_prior_counts` was made from
+        self._prior_counts = np.zeros(self.max_k)
+        # discounted (weight, sum AL, sum AL^2, sum sampling variance) over finished
+        # requests, K = 0..max_k
+        self._moments = np.zeros((4, self.max_k + 1))
+        self._informed = np.zeros(self.max_k + 1, dtype=int)  # finished requests that informed each K
+        self._spread = np.zeros(self.max_k + 1)
+
+    def rows_for(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        """The rows of these requests (unseen ones get a fresh row)."""
+        rows = self.row_of
+        out = [rows.get(rid) for rid in request_ids]
+        if None in out:
+            out = [self._new_row(rid) if r is None else r for rid, r in zip(request_ids, out)]
+        return np.array(out, dtype=np.intp)  # an index array: numpy gathers it faster than a list
+
+    def _new_row(self, rid: Hashable) -> int:
+        if not self._free:
+            n = self.accepted.shape[0]
+            cap = max(16, 2 * n)
+            self.accepted = np.concatenate([self.accepted, np.zeros((cap - n, self.max_k))])
+            self.proposed = np.concatenate([self.proposed, np.zeros((cap - n, self.max_k))])
+            self._free = list(range(cap - 1, n - 1, -1))
+        r = self._free.pop()
+        self.accepted[r] = self.proposed[r] = 0.0
+        self.row_of[rid] = r
+        return r
+
+    def forget(self, rid: Hashable) -> None:
+        """Drop a finished request (no-op if unknown), after it informs the spread; its
+        row is reused."""
+        r = self.row_of.pop(rid, None)
+        if r is not None:
+            self._learn_spread(r)
+            self._free.append(r)
+
+    def _learn_spread(self, r: int) -> None:
+        """Folds a finished request's own AL_r(K) curve, and the sampling variance of
+        that estimate, into the discounted moments of each K whose drafts it ran."""
+        n = np.concatenate([[0.0], self.proposed[r]])  # steps that proposed draft K, K = 0..max_k
+        informs = n >= SPREAD_MIN_STEPS  # two steps at least: one cannot tell a rate from luck
+        if not informs.any():
+            return
+        own = np.minimum.accumulate(np.where(n[1:] > 0, self.accepted[r] / np.maximum(n[1:], 1e-12),
+                                             np.nan_to_num(self._global.estimate)))
+        al = al_curve(own, self.max_k)
+        m = self._moments
+        m[:, informs] *= 1.0 - SPREAD_FORGETTING
+        m[0, informs] += 1.0
+        m[1, informs] += al[informs]
+        m[2, informs] += al[informs] ** 2
+        # the sampling variance of its mean over n steps, from its own steps' variance (unbiased)
+        m[3, informs] += tokens_variance(own)[informs] / (n[informs] - 1.0)
+        self._informed += informs
+        self._spread = self._compute_spread()
+
+    def _compute_spread(self) -> np.ndarray:
+        w, s1, s2, noise = self._moments
+        learnt = self._informed >= 2
+        spread = np.zeros(self.max_k + 1)
+        if not learnt.any():
+            return spread
+        mean = s1[learnt] / w[learnt]
+        spread[learnt] = np.sqrt(np.maximum(s2[learnt] / w[learnt] - mean * mean - noise[learnt] / w[learnt], 0.0))
+        # Ks no request ran yet (the learnt ones are a prefix 1..J): in proportion to the
+        # drafts the global estimate expects, so an unexplored K never looks the safest
+        j = int(np.flatnonzero(learnt)[-1])
+        drafts = np.array(al_curve(np.nan_to_num(self._global.estimate), self.max_k)) - 1.0
+        if j < self.max_k and drafts[j] > 0:
+            spread[j + 1:] = spread[j] * drafts[j + 1:] / drafts[j]
+        return spread
+
+    def spread(self) -> np.ndarray:
+        """Standard deviation of the true AL_r(K) between finished requests, K = 0..max_k:
+        the variance of their own estimates less its sampling part (method of moments over
+        the requests that ran K drafts at least twice; zeros until two have; Ks beyond the
+        last learnt one scaled by the expected drafts accepted)."""
+        return self._spread.copy()
+
+    def makespan_steps(self, rows, remaining: np.ndarray, k: int, batch_size: int) -> np.ndarray:
+        """Steps each row needs for its `remaining` tokens at K = 0..k ([rows, k + 1]),
+        as the slowest of `batch_size` rows would: the expected R / AL_r(K), plus z_B
+        standard deviations of that count. Two things spread it: each step's tokens are
+        random (a renewal count: variance R Var_r / AL_r^3), and a row with little data
+        of its own may accept worse than its estimate says (the learnt spread between
+        requests on the share its own counts do not cover yet; all of it for a fresh
+        row). Shrunk toward the mean, B fresh rows would all look average, and a batch
+        nothing refills lasts as long as its slowest row."""
+        est = np.minimum.accumulate(self.estimate(rows, k), axis=-1)
+        al = al_curve(est, k)
+        rem = remaining[:, None]
+        steps = rem / al
+        z = expected_max_normal(batch_size)
+        if not z:
+            return steps
+        var = rem * tokens_variance(est, k) / al**3
+        if self._spread[: k + 1].any():
+            hidden = ROW_PRIOR_STEPS / (ROW_PRIOR_STEPS + self.proposed[rows, 0])
+            var += (steps / al) ** 2 * hidden[:, None] * self._spread[None, : k + 1] ** 2
+        return steps + z * np.sqrt(var)
+
+    def observe(self, rows: np.ndarray, num_accepted: np.ndarray, k: int) -> None:
+        """One step with `k` > 0 drafts; num_accepted[j] is row rows[j]'s count."""
+        keep = self._global.keep
+        hits = num_accepted[:, None] >= self._positions[:k]  # [B, k]
+        self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hits
+        self.proposed[rows, :k] = keep * self.proposed[rows, :k] + 1.0
+
+    def estimate(self, rows, k: int) -> np.ndarray:
+        """a_1..a_k per row ([len(rows), k])."""
+        est = self._global.estimate
+        if est is not self._prior_of:  # the global estimate moved since the last call
+            self._prior_of = est
+            self._prior_counts = ROW_PRIOR_STEPS * np.nan_to_num(est)
+        return (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.proposed[rows, :k] + ROW_PRIOR_STEPS)
+
+    def request(self, rid: Hashable) -> np.ndarray | None:
+        """A request's a_1..a_max_k, or None if unseen."""
+        r = self.row_of.get(rid)
+        return None if r is None else self.estimate([r], self.max_k)[0]

@@ -281,7 +281,8 @@ class RequestAcceptance:
         last learnt one scaled by the expected drafts accepted)."""
         return self._spread.copy()
 
-    def makespan_steps(self, rows, remaining: np.ndarray, k: int, batch_size: int) -> np.ndarray:
+    def makespan_steps(self, rows, remaining: np.ndarray, k: int, batch_size: int,
+                       acceptance: np.ndarray | None = None) -> np.ndarray:
         """Steps each row needs for its `remaining` tokens at K = 0..k ([rows, k + 1]),
         as the slowest of `batch_size` rows would: the expected R / AL_r(K), plus z_B
         standard deviations of that count. Two things spread it: each step's tokens are
@@ -289,8 +290,13 @@ class RequestAcceptance:
         of its own may accept worse than its estimate says (the learnt spread between
         requests on the share its own counts do not cover yet; all of it for a fresh
         row). Shrunk toward the mean, B fresh rows would all look average, and a batch
-        nothing refills lasts as long as its slowest row."""
-        est = np.minimum.accumulate(self.estimate(rows, k), axis=-1)
+        nothing refills lasts as long as its slowest row. `acceptance` (a_1..a_k, e.g. the
+        profile's): the same rows accepting at these rates instead of their estimates."""
+        if acceptance is None:
+            est = self.estimate(rows, k)
+        else:
+            est = np.broadcast_to(np.asarray(acceptance, dtype=float)[:k], (len(rows), k))
+        est = np.minimum.accumulate(est, axis=-1)
         al = al_curve(est, k)
         rem = remaining[:, None]
         steps = rem / al

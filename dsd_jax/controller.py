@@ -213,7 +213,8 @@ class Controller:
         self._acc = GlobalAcceptance(prior, forgetting, warmup)
         self._requests = RequestAcceptance(self._acc)
         self._est_tables = self._acc.estimate.copy()  # the estimate the tables were built with
-        self._prior_al = al_curve(np.nan_to_num(prior), self._kc)  # for the probe K at a held K = 0
+        self._prior_a = np.nan_to_num(prior)[: self._kc]  # for the probe K at a held K = 0
+        self._prior_al = al_curve(self._prior_a, self._kc)
 
     def _init_stats(self, history: int) -> None:
         self._steps = 0
@@ -272,8 +273,10 @@ class Controller:
             return 0
         return self._decide(b, key, self._al_vector())
 
-    def _decide(self, b: int, key: int, al: np.ndarray) -> int:
-        """`choose_k`'s hysteresis and probe on a goodput row computed now from `al`."""
+    def _decide(self, b: int, key: int, al: np.ndarray, prior_al=None) -> int:
+        """`choose_k`'s hysteresis and probe on a goodput row computed now from `al`;
+        `prior_al()` (default: the profile's AL curve) is the row under the profile's
+        acceptance, which an acceptance probe at a held K = 0 is for."""
         g = self._goodput_row(b, key, al)
         self._cur = cur = self._hold(int(np.argmax(g)), g, self._cur)
         if self._probe_interval:
@@ -281,7 +284,7 @@ class Controller:
             if self._since_probe >= self._probe_interval:
                 k_prior, every = 0, self._probe_interval
                 if cur == 0:
-                    g_prior = self._goodput_row(b, key, self._prior_al)
+                    g_prior = self._goodput_row(b, key, self._prior_al if prior_al is None else prior_al())
                     k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, self._latency.itl(b, key)))
                 cur = self._probe(cur, b, g, k_prior, every)
         self._k_counts[cur] += 1
@@ -369,8 +372,16 @@ class Controller:
         b, key, rows = live
         # The steps until the last row is done; a row about to finish is never critical
         # (the engine's token counts lag one step behind).
-        steps = self._requests.makespan_steps(rows, np.maximum(rem, 1.0), self._kc, len(rows))
-        return self._decide(b, key, 1.0 / steps.max(axis=0))
+        rem = np.maximum(rem, 1.0)
+        steps = self._requests.makespan_steps(rows, rem, self._kc, len(rows))
+        # A probe at a held K = 0 asks whether the profile's acceptance is back, so it is
+        # priced under this objective too: the slowest of B rows accepting at the profile's
+        # rates, with the spread learnt between requests. (Priced by the mean row, probes
+        # at B = 16 ran K = 2 and caught 16 rows' drafts up where no acceptance could
+        # move the hold: 5% of dynamic's time there, `benchmarks/results/makespan_probes/`.)
+        at_prior = lambda: 1.0 / self._requests.makespan_steps(
+            rows, rem, self._kc, len(rows), acceptance=self._prior_a).max(axis=0)
+        return self._decide(b, key, 1.0 / steps.max(axis=0), at_prior)
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         live = self._live_rows(batch_size, context_len, request_ids)

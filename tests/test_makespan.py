@@ -155,6 +155,34 @@ def test_makespan_objective_finishes_uneven_groups_sooner():
         assert sum(t["makespan"]) < 0.85 * sum(t["throughput"]), t
 
 
+def test_no_acceptance_probes_where_not_even_the_profiles_acceptance_would_move_the_hold():
+    """Finished requests accepted 0.9 or 0.3 of their drafts. At B = 16 the slowest of 16
+    fresh rows would lose at K = 1 even at the profile's acceptance (0.7): a probe there
+    could not move the hold and only costs (the step, and the draft's catch-up), so the
+    makespan objective runs none; at B = 1 (no slowest-of-B) it probes. Priced by the
+    mean row, K = 1 wins 9% at B = 16 and the probes ran."""
+    p = Profile("cpu", [1, 16], [0, 1], [[10.0, 12.0], [20.0, 31.0]], [0.7])
+    c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=4, explore_gap=0.0,
+                                objective="makespan"), p, max_batch_size=16)
+    for g in range(8):  # finished requests teach the spread
+        ids = [f"old{g}_{i}" for i in range(2)]
+        for step in range(10):
+            c.observe(1, [1, int(step % 10 < 3)], request_ids=ids)
+        for r in ids:
+            c.forget_request(r)
+    assert c._requests.spread()[1] > 0.25
+    thr = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=4, explore_gap=0.0,
+                                  objective="throughput"), p, max_batch_size=16)
+    for ctl in (c, thr):
+        for _ in range(20):  # a bad stretch: K = 0 held
+            ctl.observe(1, [0] * 16, request_ids=[f"bad{i}" for i in range(16)])
+    for b, probes_expected in ((16, False), (1, True)):
+        ids = [f"new{b}_{i}" for i in range(b)]
+        ks = [c.choose_k(b, request_ids=ids, remaining=[64] * b) for _ in range(40)]
+        assert (max(ks) > 0) == probes_expected, (b, ks)
+    assert max(thr.choose_k(16) for _ in range(40)) == 1  # the mean row's price: probes
+
+
 def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
     """Half the rows accept 0.9 of drafts, half 0.4: the mean row would speculate, the
     slow rows gain less than a step costs at B=8. Shrunk toward the mean, eight fresh rows

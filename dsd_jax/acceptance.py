@@ -22,8 +22,8 @@ the prior's, c_i = prior_i / prior_(i-1).
 
 `RequestAcceptance`: one estimate per live request, its own discounted counts of
 each conditional rate shrunk toward the global estimate's as if that were
-`ROW_PRIOR_STEPS` more observed steps (a request lives for tens of steps: too few to trust alone, too many to
-ignore). It also learns how far requests differ: the spread (standard deviation)
+`ROW_PRIOR_STEPS` more observed steps (a request lives for tens of steps: too few to
+trust alone, too many to ignore). It also learns how far requests differ: the spread (standard deviation)
 of the true AL_r(K) between finished requests, from their own counts less the
 counts' sampling noise (method of moments).
 Shrinkage hides that spread from a request with little data of its own (a fresh
@@ -221,8 +221,9 @@ class RequestAcceptance:
         if not self._free:
             n = self.accepted.shape[0]
             cap = max(16, 2 * n)
-            grow = lambda x: np.concatenate([x, np.zeros((cap - n, self.max_k))])
-            self.accepted, self.reached, self.proposed = map(grow, (self.accepted, self.reached, self.proposed))
+            self.accepted, self.reached, self.proposed = (
+                np.concatenate([x, np.zeros((cap - n, self.max_k))])
+                for x in (self.accepted, self.reached, self.proposed))
             self._free = list(range(cap - 1, n - 1, -1))
         r = self._free.pop()
         self.accepted[r] = self.reached[r] = self.proposed[r] = 0.0

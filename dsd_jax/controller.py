@@ -30,8 +30,9 @@ batch size where the profile's acceptance would speculate (its best K beats K = 
 by more than ``margin``, so the hold could move), the probe runs that K, and only
 every few intervals where it is dear for what it could win (`_acceptance_probe`:
 its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
-acceptance came back). Before
-that (with latency learning on), a probe runs the least observed K whose
+acceptance came back; under the makespan objective, the time the slowest live row
+would save, each row accepting at the profile's rates). Before that (with latency
+learning on), a probe runs the least observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
 latency at this batch bucket is not learnt yet, so close contenders get measured
 a few times, not only the winner. A probe is observed like any step; the held K
@@ -379,8 +380,10 @@ class Controller:
         # rates, with the spread learnt between requests. (Priced by the mean row, probes
         # at B = 16 ran K = 2 and caught 16 rows' drafts up where no acceptance could
         # move the hold: 5% of dynamic's time there, `benchmarks/results/makespan_probes/`.)
-        at_prior = lambda: 1.0 / self._requests.makespan_steps(
-            rows, rem, self._kc, len(rows), acceptance=self._prior_a).max(axis=0)
+        def at_prior():
+            return 1.0 / self._requests.makespan_steps(rows, rem, self._kc, len(rows),
+                                                       acceptance=self._prior_a).max(axis=0)
+
         return self._decide(b, key, 1.0 / steps.max(axis=0), at_prior)
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:

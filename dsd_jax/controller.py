@@ -347,10 +347,9 @@ class Controller:
         return best
 
     def _live_rows(self, batch_size, context_len, request_ids):
-        """(b, context key, per-request rows), or None for an empty batch (K = 0)."""
+        """(b, context key, per-request rows), or None for an empty batch."""
         b = _index("batch_size", batch_size)
         if b <= 0:
-            self._k_counts[0] += 1
             return None
         if len(request_ids) != b:
             raise ValueError(f"request_ids has {len(request_ids)} entries but batch_size is {b}")
@@ -358,6 +357,16 @@ class Controller:
         return b, key, self._requests.rows_for(request_ids)
 
     def _choose_makespan(self, batch_size, context_len, request_ids, remaining) -> int:
+        row = self._makespan_row(batch_size, context_len, request_ids, remaining)
+        if row is None:
+            self._k_counts[0] += 1
+            return 0
+        b, key, al, at_prior = row
+        return self._decide(b, key, al, at_prior)
+
+    def _makespan_row(self, batch_size, context_len, request_ids, remaining):
+        """(b, context key, the AL row of the makespan objective, the same at the profile's
+        acceptance, as a function), or None for an empty batch. Registers the live rows."""
         # checked before the live rows are registered, so a refused call leaves no state
         try:
             rem = np.asarray(remaining, dtype=float)
@@ -369,12 +378,13 @@ class Controller:
             raise ValueError("remaining must hold finite numbers")
         live = self._live_rows(batch_size, context_len, request_ids)
         if live is None:
-            return 0
+            return None
         b, key, rows = live
         # The steps until the last row is done; a row about to finish is never critical
         # (the engine's token counts lag one step behind).
         rem = np.maximum(rem, 1.0)
         steps = self._requests.makespan_steps(rows, rem, self._kc, len(rows))
+
         # A probe at a held K = 0 asks whether the profile's acceptance is back, so it is
         # priced under this objective too: the slowest of B rows accepting at the profile's
         # rates, with the spread learnt between requests. (Priced by the mean row, probes
@@ -384,11 +394,12 @@ class Controller:
             return 1.0 / self._requests.makespan_steps(rows, rem, self._kc, len(rows),
                                                        acceptance=self._prior_a).max(axis=0)
 
-        return self._decide(b, key, 1.0 / steps.max(axis=0), at_prior)
+        return b, key, 1.0 / steps.max(axis=0), at_prior
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         live = self._live_rows(batch_size, context_len, request_ids)
         if live is None:
+            self._k_counts[0] += 1
             return 0
         b, key, rows = live
         return self._decide(b, key, self._row_al(rows).sum(axis=0))
@@ -440,12 +451,23 @@ class Controller:
         key = 0 if context_len is None else self._latency.context_key(context_len)
         return self._goodput_row(b, key, self._al_vector())
 
-    def held_k(self, batch_size: int, context_len: float | None = None) -> int:
+    def held_k(self, batch_size: int, context_len: float | None = None,
+               request_ids: Sequence[Hashable] | None = None, remaining: Sequence[int] | None = None) -> int:
         """The K `choose_k` would run at this batch size now, hysteresis applied, without
-        probing or recording anything: whether admission should prefill the drafter. (The
+        probing or counting a choice: whether admission should prefill the drafter. (The
         goodput row's bare argmax says "speculate" where K wins by less than `margin`,
-        while `choose_k` keeps holding K = 0 and the prefill is wasted.)"""
-        g = self.predicted_goodput(batch_size, context_len)
+        while `choose_k` keeps holding K = 0 and the prefill is wasted.) `request_ids` and
+        `remaining` as for `choose_k`: under the makespan objective the row is the slowest
+        live row's, as `choose_k` will decide (registering the requests' rows); the batch
+        mean's row would prefill the drafter for 64 rows where the makespan holds K = 0."""
+        if self.mode == "goodput" and self._objective == "makespan" and None not in (request_ids, remaining):
+            row = self._makespan_row(batch_size, context_len, request_ids, remaining)
+            if row is None:
+                return 0
+            b, key, al, _ = row
+            g = self._goodput_row(b, key, al)
+        else:
+            g = self.predicted_goodput(batch_size, context_len)
         return self._hold(int(np.argmax(g)), g, self._cur)
 
     def settled(self, batch_size: int, k: int, context_len: float | None = None) -> bool:

@@ -373,26 +373,31 @@ class SpecEngine:
                 out[s, :len(items)] = items
         return out
 
-    def _draft_now(self, batch: int) -> bool:
+    def _draft_now(self, batch: int, live: list[_Request], refilled: bool) -> bool:
         """Whether admission prefills the drafter with the prompts (else its first round
         with K > 0 catches up): always for drafters that cannot leave a prompt to
         `catch_up`, else when the controller would speculate at `batch` live rows (the K
-        a goodput controller holds there, the static or scheduled K; unknown controllers:
-        yes). Several processes always prefill: their controllers need not agree, and
-        every process must run the same program on the same inputs."""
+        a goodput controller holds there, for the `live` requests as its next choice will
+        see them; the static or scheduled K; unknown controllers: yes). Several processes
+        always prefill: their controllers need not agree, and every process must run the
+        same program on the same inputs."""
         if not self.drafter.catches_up_prompts or self.agreement is not None:
             return True
         ctl = self.controller
         mode = getattr(ctl, "mode", None)
         if mode == "goodput":
+            if not refilled and getattr(ctl, "objective", None) == "makespan":
+                return ctl.held_k(batch, request_ids=[r.request_id for r in live],
+                                  remaining=[self._budget(r) - len(r.tokens) for r in live]) > 0
             return ctl.held_k(batch) > 0
         if mode in ("none", "static", "schedule"):
             return ctl.spec.schedule_k(batch) > 0
         return True
 
-    def _admit(self, new: list[_Request], batch: int) -> None:
-        """Prefills target (and draft, when `_draft_now(batch)`) for new requests in chunks,
-        then marks them live; `batch` is the fullest shard's live count after admission.
+    def _admit(self, new: list[_Request], batch: int, live: list[_Request], refilled: bool) -> None:
+        """Prefills target (and draft, when `_draft_now`) for new requests in chunks, then
+        marks them live; `batch` is the fullest shard's live count after admission, `live`
+        every live request (the new ones included), `refilled` whether requests are queued.
 
         A group's completions (`SamplingParams.n`) on one shard share one prefill: the
         first is prefilled and its slot copied into its siblings' slots."""
@@ -413,7 +418,7 @@ class SpecEngine:
         longest = max(len(r.prompt) for r in new)
         rows = self._per_shard(lambda s: [r.slot for r in leaders[s]], n, 0)  # padding writes nothing
         lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
-        draft_now = self._draft_now(batch)
+        draft_now = self._draft_now(batch, live, refilled)
         model_end = np.maximum(lengths - 1, 0).astype(np.int32)
         draft_end = model_end if draft_now else np.zeros_like(model_end)
         prompts = np.zeros((self.data, n, longest), np.int32)
@@ -551,7 +556,8 @@ class SpecEngine:
                 if queue and free:
                     new = [queue.popleft() for _ in range(min(len(queue), free))]
                     self._place(new, shards)
-                    self._admit(new, max(map(len, shards)))
+                    self._admit(new, max(map(len, shards)), [r for shard in shards for r in shard],
+                                refilled=bool(queue))
                     self._prefilled = True
                 dispatched = None
                 live = [r for shard in shards for r in shard]

@@ -155,6 +155,20 @@ def test_makespan_objective_finishes_uneven_groups_sooner():
         assert sum(t["makespan"]) < 0.85 * sum(t["throughput"]), t
 
 
+def _taught_spread(profile, **dyn):
+    """A makespan controller whose finished requests accepted 0.9 or 0.3 of their drafts."""
+    c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, explore_gap=0.0, objective="makespan",
+                                **dyn), profile, max_batch_size=16)
+    for g in range(8):
+        ids = [f"old{g}_{i}" for i in range(2)]
+        for step in range(10):
+            c.observe(1, [1, int(step % 10 < 3)], request_ids=ids)
+        for r in ids:
+            c.forget_request(r)
+    assert c._requests.spread()[1] > 0.25
+    return c
+
+
 def test_no_acceptance_probes_where_not_even_the_profiles_acceptance_would_move_the_hold():
     """Finished requests accepted 0.9 or 0.3 of their drafts. At B = 16 the slowest of 16
     fresh rows would lose at K = 1 even at the profile's acceptance (0.7): a probe there
@@ -162,15 +176,7 @@ def test_no_acceptance_probes_where_not_even_the_profiles_acceptance_would_move_
     makespan objective runs none; at B = 1 (no slowest-of-B) it probes. Priced by the
     mean row, K = 1 wins 9% at B = 16 and the probes ran."""
     p = Profile("cpu", [1, 16], [0, 1], [[10.0, 12.0], [20.0, 31.0]], [0.7])
-    c = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=4, explore_gap=0.0,
-                                objective="makespan"), p, max_batch_size=16)
-    for g in range(8):  # finished requests teach the spread
-        ids = [f"old{g}_{i}" for i in range(2)]
-        for step in range(10):
-            c.observe(1, [1, int(step % 10 < 3)], request_ids=ids)
-        for r in ids:
-            c.forget_request(r)
-    assert c._requests.spread()[1] > 0.25
+    c = _taught_spread(p, probe_interval=4)
     thr = Controller(goodput_spec(max_k=1, warmup_steps=0, forgetting=0.5, probe_interval=4, explore_gap=0.0,
                                   objective="throughput"), p, max_batch_size=16)
     for ctl in (c, thr):
@@ -181,6 +187,23 @@ def test_no_acceptance_probes_where_not_even_the_profiles_acceptance_would_move_
         ks = [c.choose_k(b, request_ids=ids, remaining=[64] * b) for _ in range(40)]
         assert (max(ks) > 0) == probes_expected, (b, ks)
     assert max(thr.choose_k(16) for _ in range(40)) == 1  # the mean row's price: probes
+
+
+def test_held_k_asks_the_makespan_row_when_given_the_requests():
+    """Admission prefills the drafter only where the next choice will speculate. At B = 16
+    the mean row wins 9% at K = 1 and the slowest of 16 fresh rows loses: given the live
+    requests and their budgets, `held_k` says K = 0, as `choose_k` then does (the batch
+    mean's answer had the draft prefilled for every row of a K = 0 batch)."""
+    p = Profile("cpu", [1, 16], [0, 1], [[10.0, 12.0], [20.0, 31.0]], [0.7])
+    c = _taught_spread(p, probe_interval=0)
+    for _ in range(4):  # the batch accepts 0.7 of first drafts, as the profile says
+        c.observe(1, [1] * 7 + [0] * 3)
+    ids = [f"new{i}" for i in range(16)]
+    assert c.held_k(16) == 1  # the batch mean's row
+    assert c.held_k(16, request_ids=ids, remaining=[64] * 16) == 0
+    assert sum(c.stats()["k_choices"].values()) == 0 and c.current_k == 0  # asking chose nothing
+    assert c.choose_k(16, request_ids=ids, remaining=[64] * 16) == 0
+    assert c.held_k(1, request_ids=["alone"], remaining=[64]) == 1  # one row: no slowest-of-B
 
 
 def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():

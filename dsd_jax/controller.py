@@ -238,7 +238,8 @@ class Controller:
         `context_len` (goodput mode, profiles with a context axis) selects the ITL
         at that context length; None uses the profile's first context length.
         `request_ids` (per_request mode and the makespan objective) are the live
-        requests, one per row. `remaining` (makespan objective, with `request_ids`):
+        requests, one per row: under data parallelism every shard's, while `batch_size`
+        (whose step time the ITL gives) is the fullest shard's rows. `remaining` (makespan objective, with `request_ids`):
         how many tokens each of them may still produce; pass it only when nothing
         will refill the batch's slots (no queued requests).
         """
@@ -351,7 +352,7 @@ class Controller:
         b = _index("batch_size", batch_size)
         if b <= 0:
             return None
-        if len(request_ids) != b:
+        if len(request_ids) < b:  # more under data parallelism: b is the fullest shard's rows
             raise ValueError(f"request_ids has {len(request_ids)} entries but batch_size is {b}")
         key = 0 if context_len is None else self._latency.cached_context_key(context_len)
         return b, key, self._requests.rows_for(request_ids)

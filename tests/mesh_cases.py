@@ -143,6 +143,19 @@ ref_uneven = [o.token_ids for o in ref.generate(PROMPTS, uneven)]
 dp = engine(mesh(2, 2))
 results["2x2"]["uneven"] = [o.token_ids for o in dp.generate(PROMPTS, uneven)] == ref_uneven
 results["2x2"]["shard_rows"] = [t["shard_rows"] for t in dp.stats.trace]
+# a goodput controller (the makespan objective, the default) on 2x2: it gets the fullest
+# shard's rows as the batch and every live request's id
+from dsd_jax import DynamicConfig  # noqa: E402
+from dsd_jax.controller import Controller  # noqa: E402
+from dsd_jax.profile import Profile  # noqa: E402
+
+dyn_spec = SpecConfig(method="draft_model", num_speculative_tokens=2, acceptance="drafter_invariant",
+                      dynamic=DynamicConfig(warmup_steps=0))
+prof = Profile("cpu", [1, 2], [0, 1, 2], [[1.0, 1.1, 1.2], [1.2, 1.3, 1.4]], [0.8, 0.6], method="draft_model")
+dp = SpecEngine(target, draft, dyn_spec, max_batch_size=4, max_seq_len=64, prefill_chunk=16, batch_buckets=[1, 2],
+                controller=Controller(dyn_spec, prof, 2, batch_buckets=[1, 2]), mesh=mesh(2, 2))
+results["2x2"]["dynamic_uneven"] = [o.token_ids for o in dp.generate(PROMPTS, uneven)] == ref_uneven
+results["2x2"]["dynamic_ks"] = sorted({t["k"] for t in dp.stats.trace})
 dp = engine(mesh(2, 2), backend="interpret")
 results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY), "coupled": tokens(dp, COUPLED)}
 

@@ -206,6 +206,22 @@ def test_held_k_asks_the_makespan_row_when_given_the_requests():
     assert c.held_k(1, request_ids=["alone"], remaining=[64]) == 1  # one row: no slowest-of-B
 
 
+def test_under_data_parallelism_the_rows_are_every_shards_and_the_batch_the_fullest():
+    """Two data shards of two rows: the step's time is a 2-row step's, the makespan that of
+    the slowest of all four rows (the engine passes the fullest shard's count and every
+    live id). Fewer ids than the batch is still an error."""
+    p = realistic_profile(max_k=4, acceptance=(0.8, 0.65, 0.5, 0.4))
+    c = Controller(goodput_spec(max_k=4, warmup_steps=0, probe_interval=0, objective="makespan"), p)
+    ids = list("abcd")
+    k = c.choose_k(2, request_ids=ids, remaining=[20] * 4)
+    assert k == c.held_k(2, request_ids=ids, remaining=[20] * 4)
+    steps = c._requests.makespan_steps(c._requests.rows_for(ids), np.full(4, 20.0), 4, 4).max(axis=0)
+    g = 1.0 / steps / np.array([p.itl_ms(2, kk) for kk in range(5)])
+    assert k == int(np.argmax(g))
+    with pytest.raises(ValueError, match="request_ids has 1 entries but batch_size is 2"):
+        c.choose_k(2, request_ids=["a"], remaining=[20])
+
+
 def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
     """Half the rows accept 0.9 of drafts, half 0.4: the mean row would speculate, the
     slow rows gain less than a step costs at B=8. Shrunk toward the mean, eight fresh rows

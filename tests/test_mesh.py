@@ -108,6 +108,14 @@ def test_data_parallel_uneven_lengths(results):
     assert all(len(r) == 2 and max(r) <= 2 for r in rows)
 
 
+def test_data_parallel_with_a_goodput_controller(results):
+    """2x2 under dynamic K (the makespan objective): the controller is asked with the
+    fullest shard's rows as the batch and every live request's id (it had refused the
+    mismatch); tokens equal one device's, and it speculated."""
+    assert results["2x2"]["dynamic_uneven"]
+    assert max(results["2x2"]["dynamic_ks"]) > 0
+
+
 def test_data_parallel_layout_and_memory(results):
     """Slots split on "data", KV heads on "model" (2 heads over 2): a quarter per device."""
     assert results["2x2"]["kv_spec"] == ["data", "model", None, None]

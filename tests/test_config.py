@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsd_jax import drafters
 from dsd_jax.config import DynamicConfig, SpecConfig
 
 SCHED = [[1, 64, 3], [65, 128, 1], [129, 512, 0]]
@@ -172,7 +173,8 @@ VALID = {
 }
 # Values that are wrong for each key whatever else the dict holds.
 BAD_VALUES = {
-    "method": st.one_of(st.text(max_size=6).filter(lambda s: s not in ("draft_model", "ngram", "none")),
+    # every registered method name is valid ("eagle3" and "suffix" fit in 6 characters)
+    "method": st.one_of(st.text(max_size=6).filter(lambda s: s not in drafters.names()),
                         st.integers(), st.booleans(), st.lists(st.integers(), max_size=2)),
     "num_speculative_tokens": st.one_of(st.booleans(), st.floats(), st.text(max_size=3), st.integers(max_value=-1)),
     "disable_by_batch_size": st.one_of(st.booleans(), st.floats(), st.integers(max_value=0), st.text(max_size=2)),

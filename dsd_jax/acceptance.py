@@ -84,6 +84,12 @@ def conditional_rates(a: np.ndarray) -> np.ndarray:
         return np.where(before > 0, a / np.where(before > 0, before, 1.0), np.where(np.isnan(a), np.nan, 0.0))
 
 
+def _rates(accepted: np.ndarray, reached: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """accepted / reached where a row reached the draft, `fallback` elsewhere."""
+    seen = reached > 0
+    return np.where(seen, accepted / np.where(seen, reached, 1.0), fallback)
+
+
 def _reach_counts(num_accepted: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows with n >= i, rows with n >= i - 1) for i = 1..k, from per-row counts n."""
     accepted = np.bincount(num_accepted, minlength=k + 1)[::-1].cumsum()[::-1][1:]
@@ -179,8 +185,7 @@ class GlobalAcceptance:
         the draft, the prior's elsewhere."""
         if self.kseen == 0 or (self.steps < self._warmup and not np.isnan(self.prior).all()):
             return self.prior_rates.copy()
-        seen = self._R > 0
-        return np.where(seen, self._A / np.where(seen, self._R, 1.0), self.prior_rates)
+        return _rates(self._A, self._R, self.prior_rates)
 
 
 class RequestAcceptance:
@@ -245,9 +250,7 @@ class RequestAcceptance:
         informs = n >= SPREAD_MIN_STEPS  # two steps at least: one cannot tell a rate from luck
         if not informs.any():
             return
-        reached = self.reached[r]
-        own = np.cumprod(np.where(reached > 0, self.accepted[r] / np.maximum(reached, 1e-12),
-                                  np.nan_to_num(self._global.rates)))
+        own = np.cumprod(_rates(self.accepted[r], self.reached[r], np.nan_to_num(self._global.rates)))
         al = al_curve(own, self.max_k)
         m = self._moments
         m[:, informs] *= 1.0 - SPREAD_FORGETTING

@@ -239,9 +239,10 @@ class Controller:
         at that context length; None uses the profile's first context length.
         `request_ids` (per_request mode and the makespan objective) are the live
         requests, one per row: under data parallelism every shard's, while `batch_size`
-        (whose step time the ITL gives) is the fullest shard's rows. `remaining` (makespan objective, with `request_ids`):
-        how many tokens each of them may still produce; pass it only when nothing
-        will refill the batch's slots (no queued requests).
+        (whose step time the ITL gives) is the fullest shard's rows. `remaining`
+        (makespan objective, with `request_ids`): how many tokens each of them may still
+        produce; pass it only when nothing will refill the batch's slots (no queued
+        requests).
         """
         if self.mode != "goodput":
             if type(batch_size) is int and 0 <= batch_size <= self.max_batch_size:

@@ -386,10 +386,7 @@ class SpecEngine:
         ctl = self.controller
         mode = getattr(ctl, "mode", None)
         if mode == "goodput":
-            if not refilled and getattr(ctl, "objective", None) == "makespan":
-                return ctl.held_k(batch, request_ids=[r.request_id for r in live],
-                                  remaining=[self._budget(r) - len(r.tokens) for r in live]) > 0
-            return ctl.held_k(batch) > 0
+            return ctl.held_k(batch, **self._makespan_args(live, refilled)) > 0
         if mode in ("none", "static", "schedule"):
             return ctl.spec.schedule_k(batch) > 0
         return True
@@ -650,16 +647,17 @@ class SpecEngine:
             return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
         return self._controller_k(live, batch, context, refilled)
 
+    def _makespan_args(self, live: list[_Request], refilled: bool) -> dict:
+        """The live requests' ids and remaining budgets for a makespan-objective controller
+        when nothing will take a finished row's slot (it aims at the last row); else none."""
+        if refilled or getattr(self.controller, "objective", None) != "makespan":
+            return {}
+        return {"request_ids": [r.request_id for r in live],
+                "remaining": [self._budget(r) - len(r.tokens) for r in live]}
+
     def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
-        ids = [r.request_id for r in live]
-        if not refilled and getattr(self.controller, "objective", None) == "makespan":
-            # nothing will take a finished row's slot: the controller aims at the last row
-            remaining = [self._budget(r) - len(r.tokens) for r in live]
-            k = self.controller.choose_k(batch, context_len=context, request_ids=ids,
-                                         remaining=remaining)
-        else:
-            k = self.controller.choose_k(batch, context_len=context, request_ids=ids)
-        k = int(k)
+        args = self._makespan_args(live, refilled) or {"request_ids": [r.request_id for r in live]}
+        k = int(self.controller.choose_k(batch, context_len=context, **args))
         if not 0 <= k <= self.max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")
         return k

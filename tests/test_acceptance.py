@@ -242,10 +242,11 @@ def test_spread_takes_the_sampling_noise_off(rates):
         np.testing.assert_allclose(rq.spread()[1:], true_al[1:], rtol=0.1)
 
 
-def _pinned(rq, rid, a):
-    """A request whose own counts pin its estimate at a (white-box)."""
+def pinned(rq, rid, a):
+    """White-box: request `rid`'s own counts pin its estimate at a (a_1..a_max_k, or one
+    a for every position); its row. Shared with test_controller and test_makespan."""
     (r,) = rq.rows_for([rid])
-    a = np.asarray(a, dtype=float)
+    a = np.broadcast_to(np.asarray(a, dtype=float), (rq.max_k,))
     rq.accepted[r], rq.reached[r], rq.proposed[r] = a * 1e15, np.r_[1.0, a[:-1]] * 1e15, 1e15
     return r
 
@@ -256,7 +257,7 @@ def test_makespan_steps_is_the_slowest_of_b_rows_that_accept_alike(rate, k):
     lasts E[max of 8 step counts], which a simulation gives; one row's own count is R / AL."""
     g, rq = _requests()
     a = rate ** np.arange(1.0, 5.0)
-    rows = np.array([_pinned(rq, i, a) for i in range(8)])
+    rows = np.array([pinned(rq, i, a) for i in range(8)])
     rem = np.full(8, 48.0)
     steps = rq.makespan_steps(rows, rem, k, batch_size=8)
     al = al_curve(a, k)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dsd_jax.config import DynamicConfig, SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.profile import Profile, ProfileMismatchWarning
+from test_acceptance import pinned
 
 BS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -457,10 +458,8 @@ def test_per_request_is_bruteforce_argmax(prof, accs):
     c = Controller(goodput_spec(max_k=kmax, margin=0.0, per_request=True), prof)
     ids = [f"r{i}" for i in range(len(accs))]
     c.choose_k(len(ids), request_ids=ids)  # registers rows at the prior
-    rq = c._requests
     for rid, a in zip(ids, accs):
-        r, flat = rq.row_of[rid], np.full(rq.max_k, a)  # white-box: its estimate is a_i = a
-        rq.accepted[r], rq.reached[r], rq.proposed[r] = flat * 1e15, np.r_[1.0, flat[:-1]] * 1e15, 1e15
+        pinned(c._requests, rid, a)  # white-box: its estimate is a_i = a
     b = len(ids)
     k = c.choose_k(b, request_ids=ids)
     al = np.array([sum(1 + kk * a for a in accs) for kk in range(kmax + 1)])

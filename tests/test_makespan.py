@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from dsd_jax.acceptance import expected_max_normal
 from dsd_jax.controller import Controller
 from dsd_jax.profile import Profile
+from test_acceptance import pinned
 from test_controller import goodput_spec, random_profile, realistic_profile
 
 
@@ -69,13 +70,6 @@ def test_without_remaining_it_is_the_throughput_controller():
     assert mk.objective == "makespan" and thr.objective == "throughput"
 
 
-def _pin(controller, rid, a):
-    """White-box: a registered request's own counts pin its estimate at a_i = a."""
-    req = controller._requests
-    r, a = req.row_of[rid], np.broadcast_to(np.asarray(a, dtype=float), (req.max_k,))
-    req.accepted[r], req.reached[r], req.proposed[r] = a * 1e15, np.r_[1.0, a[:-1]] * 1e15, 1e15
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prof=random_profile(),
        rows=st.lists(st.tuples(st.floats(0, 1), st.integers(-2, 300)), min_size=1, max_size=8))
@@ -90,7 +84,7 @@ def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
     rem = [r for _, r in rows]
     c.choose_k(len(ids), request_ids=ids, remaining=rem)  # registers rows at the prior
     for rid, (a, _) in zip(ids, rows):
-        _pin(c, rid, a)
+        pinned(c._requests, rid, a)
     b = len(ids)
     k = c.choose_k(b, request_ids=ids, remaining=rem)
     z = expected_max_normal(b)
@@ -111,7 +105,7 @@ def test_rows_that_accept_alike_by_chance_still_wait_for_the_unluckiest():
     ids = [f"r{i}" for i in range(8)]
     c.choose_k(8, request_ids=ids, remaining=[48] * 8)
     for rid in ids:
-        _pin(c, rid, 0.5)
+        pinned(c._requests, rid, 0.5)
     mean_row = [(1 + k * 0.5) / p.itl_ms(8, k) for k in range(5)]
     assert max(mean_row) > 1.04 * mean_row[0]
     assert c.choose_k(8, request_ids=ids, remaining=[48] * 8) == 0

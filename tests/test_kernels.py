@@ -119,6 +119,36 @@ def test_verify_attention_dispatch():
             kernels.verify_attention(q, k, v, pos, backend="pallas")
 
 
+# (B, T, S, block, permuted rows): many blocks, the last overlapping the one before when S
+# is no block multiple; a block as long as the buffer is clamped below it.
+XLA_CACHE_CASES = [
+    (3, 1, 300, 16, True),
+    (3, 1, 40, 48, False),
+    (2, 1, 20, 32, True),
+    (3, 4, 100, 16, True),
+    (2, 3, 37, 8, False),
+]
+
+
+@pytest.mark.parametrize("case", XLA_CACHE_CASES, ids=lambda c: "B{}-T{}-S{}-blk{}".format(*c[:4]))
+def test_attend_and_write_xla_matches_reference(case):
+    """The blocked XLA path (write inside the loop, online softmax over blocks) against
+    writing the entries and attending over the whole cache."""
+    from dsd_jax.kernels import attend_and_write_xla, write_entries
+    B, T, S, block, permuted = case
+    q, k, v, pos = _attn_inputs(11, B, T, 8, 2, S, 64, F32, ("odd", "full", "one"))
+    rng = np.random.default_rng(12)
+    k_new, v_new = (jnp.asarray(rng.standard_normal((B, T, 2, 64)), F32) for _ in range(2))
+    rows = jnp.asarray(rng.permutation(B + 2)[:B], jnp.int32) if permuted else None
+    idx = jnp.arange(B, dtype=jnp.int32) if rows is None else rows
+    out, kc, vc = jax.jit(functools.partial(attend_and_write_xla, block=block))(
+        q, k_new, v_new, pos, k, v, rows)
+    k_ref, v_ref = write_entries(k, k_new, idx, pos), write_entries(v, v_new, idx, pos)
+    np.testing.assert_array_equal(kc, k_ref)
+    np.testing.assert_array_equal(vc, v_ref)
+    assert _rel_err(out, verify_attention_xla(q, k_ref, v_ref, pos, rows)) < 1e-5
+
+
 # ----------------------------------------------------------------------------- rejection
 
 def _assert_same_tokens(args, platform, **kw):

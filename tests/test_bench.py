@@ -59,6 +59,29 @@ def test_configurations_take_turns_per_prompt_group(bench_rows):
     assert [c for c, _ in first[:3]] != [c for c, _ in first[3:]]  # the order rotates
 
 
+@pytest.mark.parametrize("configs,units", [(2, [1, 1]), (3, [2, 1]), (2, [4, 2, 1, 1]), (7, [8, 4, 2, 1, 1, 1, 1, 1])])
+def test_every_configuration_runs_every_unit_first_equally_often(configs, units):
+    """Over as many repeats as configurations, each pair unit runs in every rotation once,
+    whatever the number of units per repeat (two configurations and two one-unit points
+    once ran in the same order every repeat)."""
+    from dsd_jax.bench.runner import run_interleaved
+    from dsd_jax.bench.workloads import Point
+
+    names = [f"c{i}" for i in range(configs)]
+    points = [Point("sweep", b, [[[b, u]] for u in range(n)], names) for b, n in enumerate(units)]
+    orders: dict[tuple, list[str]] = {}
+
+    def run(config, point, unit):
+        orders.setdefault((point.batch_size, unit[0][1]), []).append(config)
+        return 1.0, [[1]], None
+
+    run_interleaved(points, run, repeats=configs)
+    for unit, ran in orders.items():
+        rounds = [tuple(ran[i:i + configs]) for i in range(0, len(ran), configs)]
+        assert sorted(r[0] for r in rounds) == names, f"unit {unit}: first in each repeat {rounds}"
+        assert len(set(rounds)) == configs
+
+
 def test_rows_schema_and_lossless(bench_rows):
     rows = bench_rows
     meta = [r for r in rows if r["workload"] == "meta"]

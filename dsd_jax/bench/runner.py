@@ -12,8 +12,10 @@ a serving engine keeps its controller across calls, so live acceptance learnt in
 runs corrects the profile's.
 
 Interleaving (`run_interleaved`): for each repeat, for each point and each of its pair
-units, the configurations run in an order rotated by one each time, so slow drift of
-the machine (thermal, other processes) spreads over all of them. A `Cell` keeps every
+units, the configurations run in an order rotated by one from the unit before and from
+the same unit's previous repeat, so slow drift of the machine (thermal, other
+processes) spreads over all of them and every configuration runs a unit first as often
+as the others. A `Cell` keeps every
 run of one configuration at one point: tokens/s per pair unit (the paired samples of
 `dsd_jax.stats`) and, per repeat, wall time, outputs and the engine's step statistics.
 """
@@ -246,8 +248,12 @@ def run_interleaved(points, run: Callable, repeats: int, on_repeat: Callable | N
     info or None); on_repeat(rep, point) after each repeat of a point."""
     for p in points:  # cells in configuration order, whichever ran first
         p.cells.update({c: Cell() for c in p.configs if c not in p.cells})
-    turn = itertools.count()
     for rep in range(repeats):
+        # A unit's turn moves by one each repeat. (One counter over every unit moved it by
+        # the units per repeat: with as many units as configurations, e.g. two of each,
+        # every unit ran in the same order each repeat, and whichever configuration runs
+        # a unit first (after another engine's runs) took that position's cost each time.)
+        turn = itertools.count(rep)
         for p in points:
             for unit in p.units:
                 for c in rotated(p.configs, next(turn)):

@@ -16,7 +16,8 @@ Method: every engine is warmed up (`engine.warmup()` compiles every program), th
 each configuration does one untimed run whose live batch shrinks through every
 bucket. Timed runs are interleaved (`runner`): each repeat, each point of the
 workloads (`workloads`: the sweep over batch sizes and the rollout) and each of its
-prompt groups, the configurations run in an order rotated by one each time. Reported
+prompt groups, the configurations run in an order rotated by one from the group before
+and from the same group's previous repeat. Reported
 numbers are medians over repeats; each pair unit (prompt group, repeat) gives paired
 ratios with bootstrap 95% intervals (`pairs`, `dsd_jax.stats`); a difference is called
 real only when its interval excludes 1 (``summarize()["differences"]``). tokens/s =

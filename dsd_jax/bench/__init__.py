@@ -17,10 +17,10 @@ each configuration does one untimed run whose live batch shrinks through every
 bucket. Timed runs are interleaved (`runner`): each repeat, each point of the
 workloads (`workloads`: the sweep over batch sizes and the rollout) and each of its
 prompt groups, the configurations run in an order rotated by one from the group before
-and from the same group's previous repeat. Reported
-numbers are medians over repeats; each pair unit (prompt group, repeat) gives paired
-ratios with bootstrap 95% intervals (`pairs`, `dsd_jax.stats`); a difference is called
-real only when its interval excludes 1 (``summarize()["differences"]``). tokens/s =
+and from the same group's previous repeat. Reported numbers are medians over repeats;
+each pair unit (prompt group, repeat) gives paired ratios with bootstrap 95% intervals
+(`pairs`, `dsd_jax.stats`); a difference is called real only when its interval excludes
+1 (``summarize()["differences"]``). tokens/s =
 generated tokens / wall time of `generate` (prefill included);
 ``decode_tokens_per_s`` leaves out the prefill and the first step; the rollout's
 makespan is the wall time of its single `generate`.

@@ -14,10 +14,10 @@ runs corrects the profile's.
 Interleaving (`run_interleaved`): for each repeat, for each point and each of its pair
 units, the configurations run in an order rotated by one from the unit before and from
 the same unit's previous repeat, so slow drift of the machine (thermal, other
-processes) spreads over all of them and every configuration runs a unit first as often
-as the others. A `Cell` keeps every
-run of one configuration at one point: tokens/s per pair unit (the paired samples of
-`dsd_jax.stats`) and, per repeat, wall time, outputs and the engine's step statistics.
+processes) spreads over all of them and each runs a unit first as often as the others.
+A `Cell` keeps every run of one configuration at one point: tokens/s per pair unit (the
+paired samples of `dsd_jax.stats`) and, per repeat, wall time, outputs and the engine's
+step statistics.
 """
 
 from __future__ import annotations

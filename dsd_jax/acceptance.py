@@ -324,13 +324,37 @@ class RequestAcceptance:
 
     def estimate(self, rows, k: int) -> np.ndarray:
         """a_1..a_k per row ([len(rows), k]): the product of its conditional rates, each its
-        own counts plus `ROW_PRIOR_STEPS` rows at the global rate."""
+        own counts plus `ROW_PRIOR_STEPS` rows at the global rate. A draft position the
+        row never proposed takes at least the rate of the last one it did (see
+        `_untried_at_least_last`)."""
         rates = self._global.rates
         if rates is not self._prior_of:  # the global estimate moved since the last call
             self._prior_of = rates
             self._prior_counts = ROW_PRIOR_STEPS * np.nan_to_num(rates)
         own = (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.reached[rows, :k] + ROW_PRIOR_STEPS)
-        return np.cumprod(own, axis=-1)
+        return np.cumprod(self._untried_at_least_last(own, rows, k), axis=-1)
+
+    def _untried_at_least_last(self, own: np.ndarray, rows, k: int) -> np.ndarray:
+        """Raises each row's rates at the positions it never proposed to its rate at the
+        last position it did, where that is higher. Its own data cannot reach a position
+        its K never proposed, and the global rate there is every row's: a row accepting
+        all of its K = 4 drafts was held at K = 4 (the global c_5, c_6 made K = 6 look no
+        better), never learning that it accepted all 6 too (the bench's easiest B=1 prompts,
+        10-15% below static K = 6). A hard row keeps the global rates (no worse a guess), and
+        so does a row that never reached its last proposed draft (no rate of its own there)."""
+        tried = (self.proposed[rows, :k] > 0).sum(axis=1)  # positions 1..tried were proposed
+        grow = (tried > 0) & (tried < k)
+        if not grow.any():
+            return own
+        idx = np.flatnonzero(grow)
+        idx = idx[self.reached[np.asarray(rows)[idx], tried[idx] - 1] > 0]  # its own data at the last
+        if not idx.size:
+            return own
+        last = own[idx, tried[idx] - 1][:, None]
+        untried = np.arange(k)[None, :] >= tried[idx, None]
+        own = own.copy()
+        own[idx] = np.where(untried, np.maximum(own[idx], last), own[idx])
+        return own
 
     def request(self, rid: Hashable) -> np.ndarray | None:
         """A request's a_1..a_max_k, or None if unseen."""

@@ -251,6 +251,23 @@ def pinned(rq, rid, a):
     return r
 
 
+def test_drafts_a_row_never_proposed_take_at_least_its_last_proposed_rate():
+    """An easy row seen at K = 2 is credited at drafts 3-4 with its own draft-2 rate (above
+    the global one); a hard row, below the global rate, keeps the global rates there; a
+    row seen at every K is its own counts throughout."""
+    g, rq = _requests()
+    easy, hard, full = rq.rows_for(["easy", "hard", "full"])
+    for _ in range(6):
+        rq.observe(np.array([easy, hard]), np.array([2, 0]), 2)
+        rq.observe(np.array([full]), np.array([4]), 4)
+    c = conditional_rates(rq.estimate(np.array([easy, hard, full]), 4))
+    g_rates = np.nan_to_num(g.rates)
+    assert c[0, 1] > g_rates[2] and np.allclose(c[0, 2:], c[0, 1])
+    np.testing.assert_allclose(c[1, 2:], g_rates[2:4])
+    own = (rq.accepted[full] + ROW_PRIOR_STEPS * g_rates) / (rq.reached[full] + ROW_PRIOR_STEPS)
+    np.testing.assert_allclose(c[2], own)
+
+
 @pytest.mark.parametrize("rate, k", [(0.6, 3), (0.8, 2), (0.3, 1)])
 def test_makespan_steps_is_the_slowest_of_b_rows_that_accept_alike(rate, k):
     """Eight rows with the same geometric acceptance need 48 tokens each: the batch

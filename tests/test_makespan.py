@@ -246,6 +246,21 @@ def test_fresh_groups_start_where_the_slowest_row_of_past_groups_was():
     assert fresh_group(9) == 0
 
 
+def test_a_row_accepting_every_draft_it_proposes_tries_more():
+    """Alone (B = 1), a row accepts all K drafts each step. Its own data says nothing of
+    draft K + 1; the rate there is taken as at least its rate at draft K, so it moves on
+    to the largest K (with the global rate at draft 6, the profile's c_6 = 0.83, it
+    stayed at K = 5 for good: the bench's easiest B=1 prompts, 10-15% below static K = 6)."""
+    p = realistic_profile(max_k=6, acceptance=(0.7, 0.55, 0.45, 0.35, 0.3, 0.25))
+    c = Controller(goodput_spec(max_k=6, warmup_steps=0, forgetting=0.05, margin=0.03, probe_interval=0,
+                                objective="makespan"), p)
+    ks = []
+    for i in range(10):
+        ks.append(c.choose_k(1, request_ids=["easy"], remaining=[60 - 5 * i]))
+        c.observe(ks[-1], [ks[-1]], request_ids=["easy"])
+    assert 0 < ks[0] < 6 and ks[-5:] == [6] * 5
+
+
 def test_bad_remaining_is_refused():
     p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
     _, mk = _controllers(p)

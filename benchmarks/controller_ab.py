@@ -3,6 +3,7 @@ controller change, paired and interleaved like every configuration of the bench.
 
     from controller_ab import run_bench_with
     run_bench_with(Before)   # Before: a `Controller` subclass with the old rule
+    run_bench_with(patched(undo))   # or: the controller, `undo(controller)` applied first
 
 The configuration `dynamic-throughput` is relabelled: the makespan controller (as `dynamic`)
 built as `Before`, so `--configs vanilla,dynamic,dynamic-throughput` runs the change (dynamic)
@@ -16,6 +17,27 @@ import sys
 from dsd_jax import controller as C
 from dsd_jax.bench import runner as R
 from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES
+
+
+def patched(undo) -> type:
+    """A `Controller` subclass that calls `undo(self)` before its first choice, hold or
+    observation (and before every later one: `undo` must be idempotent), for a change
+    that lives in the controller's estimators rather than in a method to override."""
+
+    class Before(C.Controller):
+        def choose_k(self, *args, **kwargs):
+            undo(self)
+            return super().choose_k(*args, **kwargs)
+
+        def held_k(self, *args, **kwargs):
+            undo(self)
+            return super().held_k(*args, **kwargs)
+
+        def observe(self, *args, **kwargs):
+            undo(self)
+            return super().observe(*args, **kwargs)
+
+    return Before
 
 
 def run_bench_with(before: type, argv=None) -> int:

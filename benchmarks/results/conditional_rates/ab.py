@@ -9,32 +9,25 @@ cb940b6).
 import os
 import sys
 
-from controller_ab import run_bench_with
+from controller_ab import patched, run_bench_with
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import counted_acceptance as counted  # noqa: E402
+import counted_acceptance  # noqa: E402
 
-from dsd_jax.controller import DEFAULT_FORGETTING, Controller  # noqa: E402
-
-
-class Before(Controller):
-    def _counted(self):
-        if not isinstance(self._acc, counted.GlobalAcceptance):  # built as a Controller: swap once
-            dyn = self.spec.dynamic
-            prior = counted.padded_prior(None if self.profile is None else self.profile.acceptance, self.max_k)
-            self._acc = counted.GlobalAcceptance(prior, dyn.forgetting if dyn else DEFAULT_FORGETTING,
-                                                 dyn.warmup_steps if dyn else 0)
-            self._requests = counted.RequestAcceptance(self._acc)
-            self._est_tables = self._acc.estimate.copy()
-            self._gtabs.clear()
-
-    def choose_k(self, *args, **kwargs):
-        self._counted()
-        return super().choose_k(*args, **kwargs)
-
-    def observe(self, *args, **kwargs):
-        self._counted()
-        return super().observe(*args, **kwargs)
+from dsd_jax.controller import DEFAULT_FORGETTING  # noqa: E402
 
 
-sys.exit(run_bench_with(Before))
+def counted(controller):
+    """Swaps in the per-position estimators once (a no-op after)."""
+    if not isinstance(controller._acc, counted_acceptance.GlobalAcceptance):
+        dyn, profile = controller.spec.dynamic, controller.profile
+        prior = counted_acceptance.padded_prior(None if profile is None else profile.acceptance,
+                                                controller.max_k)
+        controller._acc = counted_acceptance.GlobalAcceptance(
+            prior, dyn.forgetting if dyn else DEFAULT_FORGETTING, dyn.warmup_steps if dyn else 0)
+        controller._requests = counted_acceptance.RequestAcceptance(controller._acc)
+        controller._est_tables = controller._acc.estimate.copy()
+        controller._gtabs.clear()
+
+
+sys.exit(run_bench_with(patched(counted)))

@@ -9,28 +9,13 @@ step-weighted rates, as before.
 import sys
 
 import numpy as np
-from controller_ab import run_bench_with
-
-from dsd_jax.controller import Controller
+from controller_ab import patched, run_bench_with
 
 
-class Before(Controller):
-    def _step_weighted_target(self):
-        rq = self._requests
-        if "shrink_target" not in rq.__dict__:
-            rq.shrink_target = lambda: np.nan_to_num(rq._global.rates)
-
-    def choose_k(self, *args, **kwargs):
-        self._step_weighted_target()
-        return super().choose_k(*args, **kwargs)
-
-    def held_k(self, *args, **kwargs):
-        self._step_weighted_target()
-        return super().held_k(*args, **kwargs)
-
-    def observe(self, *args, **kwargs):
-        self._step_weighted_target()
-        return super().observe(*args, **kwargs)
+def step_weighted_target(controller):
+    rq = controller._requests
+    if "shrink_target" not in rq.__dict__:
+        rq.shrink_target = lambda: np.nan_to_num(rq._global.rates)
 
 
-sys.exit(run_bench_with(Before))
+sys.exit(run_bench_with(patched(step_weighted_target)))

@@ -8,27 +8,13 @@ the global rate there, as before.
 """
 import sys
 
-from controller_ab import run_bench_with
-
-from dsd_jax.controller import Controller
+from controller_ab import patched, run_bench_with
 
 
-class Before(Controller):
-    def _global_rates_beyond_k(self):
-        if "_untried_at_least_last" not in self._requests.__dict__:
-            self._requests._untried_at_least_last = lambda own, rows, k: own
-
-    def choose_k(self, *args, **kwargs):
-        self._global_rates_beyond_k()
-        return super().choose_k(*args, **kwargs)
-
-    def held_k(self, *args, **kwargs):
-        self._global_rates_beyond_k()
-        return super().held_k(*args, **kwargs)
-
-    def observe(self, *args, **kwargs):
-        self._global_rates_beyond_k()
-        return super().observe(*args, **kwargs)
+def global_rates_beyond_k(controller):
+    rq = controller._requests
+    if "_untried_at_least_last" not in rq.__dict__:
+        rq._untried_at_least_last = lambda own, rows, k: own
 
 
-sys.exit(run_bench_with(Before))
+sys.exit(run_bench_with(patched(global_rates_beyond_k)))

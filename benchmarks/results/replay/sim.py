@@ -41,18 +41,10 @@ def make_dynamic(profile, max_k=6, **dynamic):
     return Controller(spec, profile, 64, batch_buckets=BUCKETS)
 
 
-class Static:
-    def __init__(self, k):
-        self.k = k
-
-    def choose_k(self, *a, **kw):
-        return self.k
-
-    def observe(self, *a, **kw):
-        pass
-
-    def settled(self, *a, **kw):
-        return True
+def Static(k):
+    """The bench's static-K controller (K = 0: plain decoding's)."""
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")
+    return Controller(spec, None, 64, batch_buckets=BUCKETS)
 
 
 def catchup_ms(profile, bucket, tokens):
@@ -71,8 +63,11 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
     pos = np.zeros(n, int)  # tokens emitted on the device
     host = np.zeros(n, int)  # tokens the host has processed
     done = np.zeros(n, bool)  # finished, as the host knows
-    held = getattr(ctl, "held_k", None)
-    draft_now = held is None or held(n, request_ids=list(ids), remaining=budgets.tolist()) > 0
+    # admission prefills the draft only where the controller would speculate (`SpecEngine._draft_now`)
+    if ctl.mode == "goodput":
+        draft_now = ctl.held_k(n, request_ids=list(ids), remaining=budgets.tolist()) > 0
+    else:
+        draft_now = ctl.spec.schedule_k(n) > 0
     lag = np.zeros(n, int) if draft_now else np.array(prompt_lens)  # positions the draft has not taken in
     hist = collections.deque(maxlen=E.STABLE_DECISIONS)
     inflight, prefilled, t = None, True, 0.0

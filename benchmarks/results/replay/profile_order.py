@@ -1,0 +1,61 @@
+"""Profile cells with the K order fixed (K=0 always right after K=6) vs rotated each rep,
+three passes each, interleaved; against the engine's own step times in generate."""
+import statistics, sys, numpy as np, jax
+from dsd_jax import models
+from dsd_jax.config import SpecConfig
+from dsd_jax.controller import Controller
+from dsd_jax.engine import SpecEngine
+from dsd_jax.sampling import SamplingParams
+from dsd_jax.bench.commands import _builtin_prompts
+from dsd_jax.loading import encode_prompts
+from dsd_jax import profiler as P
+target, draft, tok = models.builtin()
+BUCKETS = [1, 2, 4, 8]
+eng = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=6), max_batch_size=8,
+                 max_seq_len=448, tokenizer=tok, prefill_chunk=128, batch_buckets=BUCKETS)
+eng.warmup()
+ks = list(range(7))
+def profile(rotate, ctx=160, reps=7, warm=2):
+    programs = P._state_programs(eng)
+    state = eng.state; eng.state = None
+    state = programs.fill(state, jax.random.PRNGKey(0), eng.target_config.vocab_size, 0.0)
+    table = np.zeros((len(BUCKETS), len(ks)))
+    for bi, b in enumerate(BUCKETS):
+        steps = [eng.programs.step(k, b) for k in ks]
+        times = [[] for _ in ks]
+        for rep in range(warm + reps):
+            order = ks[rep % len(ks):] + ks[:rep % len(ks)] if rotate else ks
+            for k in order:
+                state, t = P._time_step(eng, programs, steps[k], state, b, ctx, 0, 4)
+                if rep >= warm:
+                    times[k].append(t)
+        table[bi] = [statistics.median(t) * 1e3 for t in times]
+    eng.state = programs.idle(state)
+    return table
+ids = [p[:128] for p in encode_prompts(_builtin_prompts(8), tok, target.config.vocab_size)]
+def measured():
+    out = np.zeros((len(BUCKETS), len(ks)))
+    for bi, b in enumerate(BUCKETS):
+        for k in ks:
+            spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")
+            eng.controller = Controller(spec, None, 8, batch_buckets=BUCKETS)
+            ms = []
+            for g in range(0, 8, b):
+                eng.stats.reset()
+                eng.generate(ids[g:g + b], SamplingParams(temperature=0.0, max_tokens=64))
+                ms += [t["wall_ms"] for t in eng.stats.trace if not t["after_prefill"] and t["batch_size"] == b]
+            out[bi, k] = statistics.median(ms)
+    return out
+fixed, rot, meas = [], [], []
+for i in range(3):
+    fixed.append(profile(False)); rot.append(profile(True)); meas.append(measured())
+    print("pass", i, flush=True)
+m = np.median(meas, axis=0)
+np.set_printoptions(precision=2, suppress=True, linewidth=150)
+print("measured ms\n", m)
+for name, tabs in (("fixed order", fixed), ("rotated", rot)):
+    tabs = np.array(tabs)
+    print(name, "profiled / measured, median of 3 passes\n", np.median(tabs, 0) / m)
+    print(name, "spread between passes (max/min - 1)\n", tabs.max(0) / tabs.min(0) - 1)
+    r = tabs / tabs[:, :, :1]  # K/K0 ratios per pass
+    print(name, "K/K0 profiled / K/K0 measured, each pass\n", r / (m / m[:, :1]))

@@ -45,7 +45,7 @@ def main(bench_path, profile_path, sweep_path, rollout_path, seeds="6"):
     ws = [sim.Workload(sweep, rollout)] + [sim.Workload(sweep, rollout, seed=s) for s in range(int(seeds))]
     print("speedup over K=0, every step priced at the measured times:")
     for k in range(7):
-        print(f"  static-{k:<3d}", sim.summary(sim.speedups(lambda k=k: sim.Static(k), ws, truth)))
+        print(f"  static-{k:<3d}", sim.summary(sim.speedups(lambda k=k: sim.static_controller(k), ws, truth)))
     print("  dynamic, K from the profile ", sim.summary(sim.speedups(lambda: sim.make_dynamic(profile), ws, truth)))
     print("  dynamic, K from the measured", sim.summary(sim.speedups(lambda: sim.make_dynamic(truth), ws, truth)))
 

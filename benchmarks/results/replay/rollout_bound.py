@@ -56,7 +56,7 @@ def main(rollout_path, profile_path):
     base = replay(agreement, lens, budgets, itl, lambda row, m: (0, row[0]))
     print(f"K=0 throughout: {base:.0f} ms of decode ({len(budgets)} requests, {budgets.sum()} tokens)")
     w = sim.Workload(ro, ro, batch_sizes=())
-    for name, make in [(f"static-{k}", (lambda k=k: sim.Static(k))) for k in range(1, 7)] + [
+    for name, make in [(f"static-{k}", (lambda k=k: sim.static_controller(k))) for k in range(1, 7)] + [
             ("dynamic", lambda: sim.make_dynamic(profile))]:
         t = sim.run(make, w, profile, repeats=2)["rollout"][-1][0]
         print(f"{name:24s} {base / t:.3f}x K=0's decode speed")

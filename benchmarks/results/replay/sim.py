@@ -41,7 +41,7 @@ def make_dynamic(profile, max_k=6, **dynamic):
     return Controller(spec, profile, 64, batch_buckets=BUCKETS)
 
 
-def Static(k):
+def static_controller(k):
     """The bench's static-K controller (K = 0: plain decoding's)."""
     spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")
     return Controller(spec, None, 64, batch_buckets=BUCKETS)
@@ -183,7 +183,7 @@ def speedups(make_ctl, workloads, profile, repeats=3):
     """{point: [K=0 time / rule time over repeats 2.. of each workload]}."""
     res = collections.defaultdict(list)
     for w in workloads:
-        base = run(lambda: Static(0), w, profile, repeats=1)
+        base = run(lambda: static_controller(0), w, profile, repeats=1)
         out = run(make_ctl, w, profile, repeats)
         for p in out:
             res[p].append(np.sum(base[p][-1]) * (repeats - 1) / np.sum(out[p][1:]))
@@ -205,7 +205,7 @@ def main():
     profile = Profile.load(args.profile)
     workloads = [Workload(sweep, rollout)] + [Workload(sweep, rollout, seed=s) for s in range(args.seeds)]
     for k in range(0, 7):
-        print(f"static-{k:<3d}", summary(speedups(lambda k=k: Static(k), workloads, profile)))
+        print(f"static-{k:<3d}", summary(speedups(lambda k=k: static_controller(k), workloads, profile)))
     print(f"{'dynamic':10s}", summary(speedups(lambda: make_dynamic(profile), workloads, profile)))
     print(f"{'oracle':10s}", summary(oracle(workloads, profile)))
 
@@ -214,7 +214,7 @@ def oracle(workloads, profile):
     """{point: [K=0 time / the time with the best static K of each unit, known in advance]}."""
     res = collections.defaultdict(list)
     for w in workloads:
-        runs = [run(lambda k=k: Static(k), w, profile, repeats=1) for k in range(0, 7)]
+        runs = [run(lambda k=k: static_controller(k), w, profile, repeats=1) for k in range(0, 7)]
         for p in runs[0]:
             best = np.min([r[p][-1] for r in runs], axis=0)
             res[p].append(np.sum(runs[0][p][-1]) / np.sum(best))

@@ -1,14 +1,25 @@
-"""Profile cells with the K order fixed (K=0 always right after K=6) vs rotated each rep,
-three passes each, interleaved; against the engine's own step times in generate."""
-import statistics, sys, numpy as np, jax
+"""Is the profiler's K order a bias? Profile cells with the K order fixed (K=0 always right
+after K=6, as `profile_engine` times them) and rotated every rep, three passes of each,
+interleaved, against the engine's own step times in `generate` at each static K.
+
+    python profile_order.py > profile_order.log     # about 5 minutes
+
+Buckets 1-8, context 160, 7 reps of 4-round calls (`profile_engine`'s defaults).
+"""
+import statistics
+
+import jax
+import numpy as np
+
 from dsd_jax import models
+from dsd_jax import profiler as P
+from dsd_jax.bench.commands import _builtin_prompts
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.engine import SpecEngine
-from dsd_jax.sampling import SamplingParams
-from dsd_jax.bench.commands import _builtin_prompts
 from dsd_jax.loading import encode_prompts
-from dsd_jax import profiler as P
+from dsd_jax.sampling import SamplingParams
+
 target, draft, tok = models.builtin()
 BUCKETS = [1, 2, 4, 8]
 eng = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=6), max_batch_size=8,

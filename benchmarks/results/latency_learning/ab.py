@@ -8,28 +8,16 @@ here as the same makespan controller learning its latency online from the run's 
 import dataclasses
 import sys
 
-from dsd_jax.bench import runner as R
-from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES
+from controller_ab import run_bench_with_variant
 from dsd_jax.controller import Controller
 
-DYNAMIC_OBJECTIVES["dynamic-throughput"] = "makespan"
-orig = R.Runner.controller
+
+def learning(runner, ctl):
+    """The same controller with latency learning on and exploration off."""
+    dyn = dataclasses.replace(ctl.spec.dynamic, latency_forgetting=0.05, explore_gap=0.0)
+    engine = runner.by_method["draft_model"]
+    return Controller(dataclasses.replace(ctl.spec, dynamic=dyn), ctl.profile, engine.max_batch_size,
+                      batch_buckets=engine.batch_buckets)
 
 
-def controller(self, config):
-    ctl = orig(self, config)
-    if config == "dynamic-throughput" and not getattr(ctl, "_learning", False):
-        dyn = dataclasses.replace(ctl.spec.dynamic, latency_forgetting=0.05, explore_gap=0.0)
-        engine = self.by_method["draft_model"]
-        new = Controller(dataclasses.replace(ctl.spec, dynamic=dyn), ctl.profile, engine.max_batch_size,
-                         batch_buckets=engine.batch_buckets)
-        new._learning = True
-        self._dynamic[config] = new
-        return new
-    return ctl
-
-
-R.Runner.controller = controller
-from dsd_jax.cli import main  # noqa: E402
-
-sys.exit(main(sys.argv[1:]))
+sys.exit(run_bench_with_variant(learning))

@@ -132,14 +132,16 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
     return t
 
 
-_LATENCY = {}
+_LATENCY: list = []  # (profile, its ITL model): the profile kept alive, so `is` identifies it
 
 
 def ctl_latency(profile):
     """The profile's ITL model (the controller's own, without learning)."""
-    if id(profile) not in _LATENCY:
-        _LATENCY[id(profile)] = make_dynamic(profile)._latency
-    return _LATENCY[id(profile)]
+    for p, model in _LATENCY:
+        if p is profile:
+            return model
+    _LATENCY.append((profile, make_dynamic(profile)._latency))
+    return _LATENCY[-1][1]
 
 
 class Workload:

@@ -300,10 +300,10 @@ def cmd_profile(args) -> int:
             from dsd_jax.device_check import profile_with_acceptance
             prof = profile_with_acceptance(engine, args.acceptance, context_lengths=ctx,
                                            repeats=args.repeats, warmup_reps=args.warmup_reps,
-                                           progress=progress, seed=args.seed or 0)
+                                           passes=args.passes, progress=progress, seed=args.seed or 0)
         else:
             prof = profile_engine(engine, context_lengths=ctx, repeats=args.repeats,
-                                  warmup_reps=args.warmup_reps, prompts=prompts,
+                                  warmup_reps=args.warmup_reps, passes=args.passes, prompts=prompts,
                                   acceptance_max_tokens=args.acceptance_max_tokens,
                                   temperatures=args.temperatures, progress=progress,
                                   latency_temperature=args.temperatures[0], seed=args.seed or 0)
@@ -479,8 +479,11 @@ def _add_profile(sub) -> None:
     _add_engine_flags(p, max_batch=16, max_seq=1024)
     p.add_argument("--context-lengths", type=_int_list, metavar="N,N,...",
                    help="context lengths to time (default 128,512, those <= --max-seq-len)")
-    p.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per cell (median; default 7)")
-    p.add_argument("--warmup-reps", type=_nonneg_int, default=2, help="untimed calls per cell (default 2)")
+    p.add_argument("--repeats", type=_positive_int, default=7,
+                   help="timed calls per cell and pass (median; default 7)")
+    p.add_argument("--warmup-reps", type=_nonneg_int, default=2, help="untimed calls per cell and pass (default 2)")
+    p.add_argument("--passes", type=_positive_int, default=2,
+                   help="times the whole latency table over, samples pooled (default 2)")
     p.add_argument("--prompts", metavar="FILE",
                    help="acceptance prompts (same format as generate; default: the built-in held-out prompts)")
     p.add_argument("--num-prompts", type=_positive_int, default=16,

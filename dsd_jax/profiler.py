@@ -8,16 +8,18 @@ Latency: for every batch bucket B of the engine, every K in 0..max_k and every
 context length, the engine's own compiled (K, B) step program is run on a synthetic
 device state (B live slots holding that many random committed tokens, draft cache
 caught up) and timed with `jax.block_until_ready`: `warmup_reps` untimed calls, then
-the median of `repeats` timed calls. A call is one dispatch of `rounds_per_sample`
+`repeats` timed calls, the whole table `passes` times over; a cell is K = 0's median
+and, for K > 0, the median of each rep's ratio to its K = 0 call times that
+(`paired_cells`). A call is one dispatch of `rounds_per_sample`
 rounds, divided by the rounds it ran: the engine runs several rounds per dispatch while
 its K is stable, so a one-round sample would charge every step the whole dispatch
 overhead (about 0.3 ms here: 4% of a 7 ms B=1 step, which made K=0 look worse against
 K>0 than it is). The Ks of one (context, B) are timed in turn,
 rep by rep, so a slow stretch of the machine falls on all of them alike: the
 controller compares Ks at one batch size, so their differences matter most. A step
-with more drafts or more rows does a superset of the work, so the medians are then
+with more drafts or more rows does a superset of the work, so the cells are then
 fitted to the closest table (least squares) that is non-decreasing in K and in B,
-which removes noise inversions such as K=6 timing below K=5; the raw medians are
+which removes noise inversions such as K=6 timing below K=5; the raw cells are
 kept in ``meta["latency_ms_raw"]``. The step program donates and advances the state,
 so a small donated reset program (not timed) puts `length`/`active`/the drafter's state back
 before every call: each rep runs at exactly the same context. The profiler borrows
@@ -41,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import statistics
 import time
@@ -57,7 +60,7 @@ from dsd_jax.sampling import SamplingParams
 from dsd_jax.step import MAX_ROUNDS, unpack_rounds
 
 __all__ = ["profile_engine", "model_fingerprint", "engine_fingerprints", "device_kind",
-           "format_profile", "monotone_latency"]
+           "format_profile", "monotone_latency", "paired_cells"]
 
 
 # --------------------------------------------------------------------------- monotone fit
@@ -73,6 +76,19 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
             sums[-1] += s
             counts[-1] += c
     return np.concatenate([np.full(c, s / c) for s, c in zip(sums, counts)])
+
+
+def paired_cells(samples: np.ndarray) -> np.ndarray:
+    """Cells from samples[..., rep, K] (K = 0 first): K = 0's median, and each K's median
+    ratio to the K = 0 sample of its own rep times that. The controller compares Ks at
+    one batch size, and a rep's Ks ran back to back, so the ratio of a pair cancels the
+    machine's slower and faster stretches that separate medians keep: on the built-in
+    pair (`benchmarks/results/profile_rounds/`) the spread of K/K0 between profiles fell
+    from 2-5% to 2-3.5% in one pass, and to 1.3-2.3% over two passes."""
+    samples = np.asarray(samples, dtype=float)
+    k0 = np.median(samples[..., :1], axis=-2)
+    ratios = np.median(samples[..., 1:] / samples[..., :1], axis=-2)
+    return np.concatenate([k0, k0 * ratios], axis=-1)
 
 
 def monotone_latency(table: np.ndarray, rounds: int = 20) -> np.ndarray:
@@ -304,7 +320,7 @@ def _prepare_prompts(engine, prompts, max_tokens: int) -> list:
 # --------------------------------------------------------------------------- profile_engine
 
 def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: int = 7,
-                   warmup_reps: int = 2, rounds_per_sample: int = 4, prompts: Sequence | None = None,
+                   warmup_reps: int = 2, passes: int = 2, rounds_per_sample: int = 4, prompts: Sequence | None = None,
                    acceptance_max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
                    progress: Callable[[int, int], None] | None = None,
                    latency_temperature: float = 0.0, seed: int = 0,
@@ -313,8 +329,12 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
 
     context_lengths: committed tokens per slot in the latency runs (each in
         1..engine.max_seq_len; sorted and de-duplicated).
-    repeats / warmup_reps: timed and untimed calls per (context, B, K) cell; the cell
-        is the median of the timed calls, in milliseconds.
+    repeats / warmup_reps: timed and untimed calls per (context, B, K) cell and pass,
+        in milliseconds: K = 0's cell is the median of its calls, a K > 0 cell that
+        times the median ratio of its calls to the K = 0 call of the same rep
+        (`paired_cells`).
+    passes: times the whole table over (passes x repeats timed calls a cell, spread
+        over the profile's time, so a slow stretch of the machine hits one pass).
     rounds_per_sample: rounds per timed call (1..MAX_ROUNDS), the call's time divided
         by the rounds it ran; rows run from their context length onwards.
     prompts: token-id lists (or strings, with a tokenizer) for the acceptance runs;
@@ -340,8 +360,9 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     if context_lengths[0] < 1 or context_lengths[-1] > engine.max_seq_len:
         raise ValueError(f"context lengths must be in 1..max_seq_len={engine.max_seq_len}, got "
                          f"{context_lengths}")
-    if int(repeats) < 1 or int(warmup_reps) < 0:
-        raise ValueError(f"need repeats >= 1 and warmup_reps >= 0, got {repeats}, {warmup_reps}")
+    if int(repeats) < 1 or int(warmup_reps) < 0 or int(passes) < 1:
+        raise ValueError(f"need repeats >= 1, warmup_reps >= 0 and passes >= 1, got {repeats}, "
+                         f"{warmup_reps}, {passes}")
     if int(acceptance_max_tokens) < 1:
         raise ValueError(f"acceptance_max_tokens must be >= 1, got {acceptance_max_tokens}")
     if not 1 <= int(rounds_per_sample) <= MAX_ROUNDS:
@@ -359,32 +380,34 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     buckets = list(engine.batch_buckets)
     ks = list(range(engine.max_k + 1))
     do_acceptance = engine.max_k > 0 and acceptance is None
-    total = len(context_lengths) * len(buckets) * len(ks) + (len(temperatures) if do_acceptance else 0)
+    total = (int(passes) * len(context_lengths) * len(buckets) * len(ks)
+             + (len(temperatures) if do_acceptance else 0))
     done = 0
     t_start = time.perf_counter()
 
     # (a) latency on a synthetic state (the engine's own buffers, borrowed).
-    table = np.zeros((len(context_lengths), len(buckets), len(ks)))
+    reps = int(repeats)
+    samples = np.zeros((len(context_lengths), len(buckets), int(passes) * reps, len(ks)))
     programs = _state_programs(engine)
     state = engine.state
     engine.state = None  # borrowed: the step programs donate it
     try:
         state = programs.fill(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
                           float(latency_temperature))
-        for ci, ctx in enumerate(context_lengths):
-            for bi, b in enumerate(buckets):
-                steps = [engine.programs.step(k, b) for k in ks]  # compiles on first use
-                times: list[list[float]] = [[] for _ in ks]
-                for rep in range(int(warmup_reps) + int(repeats)):
-                    for k in ks:  # interleaved: drift hits every K of this row alike
-                        state, t = _time_step(engine, programs, steps[k], state, b, ctx, 0, rounds)
-                        if rep >= warmup_reps:
-                            times[k].append(t)
-                for k in ks:
-                    table[ci, bi, k] = statistics.median(times[k]) * 1e3
-                    done += 1
-                    if progress:
-                        progress(done, total)
+        for pass_, ci, bi in itertools.product(range(int(passes)), range(len(context_lengths)),
+                                               range(len(buckets))):
+            ctx, b = context_lengths[ci], buckets[bi]
+            steps = [engine.programs.step(k, b) for k in ks]  # compiles on first use
+            for rep in range(int(warmup_reps) + reps):
+                for k in ks:  # interleaved: drift hits every K of this row alike
+                    state, t = _time_step(engine, programs, steps[k], state, b, ctx, 0, rounds)
+                    if rep >= warmup_reps:
+                        samples[ci, bi, pass_ * reps + rep - int(warmup_reps), k] = t * 1e3
+            done += len(ks)
+            if progress:
+                for d in range(done - len(ks) + 1, done + 1):
+                    progress(d, total)
+        table = paired_cells(samples)
         state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1],
                                           int(repeats), int(warmup_reps))
     finally:
@@ -437,6 +460,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         meta={
             "context_lengths": context_lengths,
             "repeats": int(repeats),
+            "passes": int(passes),
+            "cells": "K=0 median; K>0: K=0 median x median ratio to the same rep's K=0",
             "rounds_per_sample": int(rounds_per_sample),
             "warmup_reps": int(warmup_reps),
             "latency_ms_raw": table.tolist(),

@@ -51,7 +51,7 @@ def run(engine):
     before = [o.token_ids for o in engine.generate(PROMPTS, GREEDY)]
     ctl, stats = engine.controller, engine.stats
     calls = []
-    prof = prof_lib.profile_engine(engine, context_lengths=(24, 8), repeats=3, warmup_reps=1,
+    prof = prof_lib.profile_engine(engine, context_lengths=(24, 8), repeats=3, warmup_reps=1, passes=2,
                                    prompts=PROMPTS, acceptance_max_tokens=10,
                                    temperatures=(0.0, 1.0), progress=lambda d, t: calls.append((d, t)))
     assert engine.controller is ctl and engine.stats is stats  # restored
@@ -71,7 +71,7 @@ def test_latency_table_shape_and_positive(run, engine):
     assert prof.platform == jax.devices()[0].platform and prof.jax_version == jax.__version__
     assert prof.method == "draft_model"
     m = prof.meta
-    assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["rounds_per_sample"] == 4 and m["num_prompts"] == len(PROMPTS)
+    assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["passes"] == 2 and m["rounds_per_sample"] == 4 and m["num_prompts"] == len(PROMPTS)
     assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
     # the stored table is the monotone fit of the raw medians kept in meta
     raw = np.asarray(m["latency_ms_raw"])
@@ -93,9 +93,24 @@ def test_monotone_latency_fit():
     assert np.linalg.norm(fit - ok) <= np.linalg.norm(noisy - ok)
 
 
+def test_paired_cells_cancel_a_rep_wide_slowdown():
+    """A slow stretch that hits every K of one rep moves no K/K0 ratio; separate medians would."""
+    truth = np.array([3.0, 4.5, 5.0, 6.0])
+    slow = np.array([1.0, 1.4, 1.0, 1.4, 1.4])  # 3 of 5 reps slow: every K's median is slow
+    samples = slow[:, None] * truth[None, :]
+    cells = prof_lib.paired_cells(samples)
+    np.testing.assert_allclose(cells / cells[0], truth / truth[0])
+    np.testing.assert_allclose(cells[0], 1.4 * truth[0])
+    # leading axes (context, bucket) are kept; a K slower in every rep moves its own ratio only
+    noisy = np.stack([samples, samples * np.array([1.0, 1.0, 1.2, 1.0])])
+    cells = prof_lib.paired_cells(noisy)
+    assert cells.shape == (2, 4)
+    np.testing.assert_allclose(cells[1] / cells[1, 0], truth / truth[0] * [1, 1, 1.2, 1])
+
+
 def test_progress_reports_every_cell(run):
     _, _, calls, _ = run
-    total = 2 * 2 * (K + 1) + 2  # cells + one acceptance run per temperature
+    total = 2 * 2 * 2 * (K + 1) + 2  # cells in each of 2 passes + one acceptance run per temperature
     assert calls == [(i, total) for i in range(1, total + 1)]
 
 
@@ -190,6 +205,8 @@ def test_argument_validation(engine):
         prof_lib.profile_engine(engine, repeats=0, context_lengths=(8,))
     with pytest.raises(ValueError, match="rounds_per_sample"):
         prof_lib.profile_engine(engine, rounds_per_sample=0, context_lengths=(8,))
+    with pytest.raises(ValueError, match="passes"):
+        prof_lib.profile_engine(engine, passes=0, context_lengths=(8,))
     with pytest.raises(ValueError, match="temperatures"):
         prof_lib.profile_engine(engine, temperatures=(), context_lengths=(8,))
     with pytest.raises(ValueError, match="acceptance must give"):

@@ -170,17 +170,21 @@ class DynamicConfig:
         disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL
-        is the profile's times that learnt factor (`dsd_jax.latency`); 0.02 is a
-        reasonable value. 0 (the default) trusts the profile as it is: on the noisy
-        2-vCPU VM of the benchmarks the machine's speed drifted by 20-30% within
-        minutes, so the factors of Ks timed only while exploring carried that drift
-        and did not improve the full bench (notes of issue 6).
+        is the profile's times that learnt factor (`dsd_jax.latency`). The default
+        0.05 learns what a profile taken once cannot hold: the speed of the process the
+        engine runs in, and what the engine's own dispatches cost around a switch of
+        K (a K = 0 step between K > 0 steps ran 1.12x its profiled time at B=4). Over
+        four paired bench runs on two profiles it gained 3.5% [1.2, 6.2] at B=4 and
+        moved nothing resolvably elsewhere (`benchmarks/results/latency_learning/`).
+        0 trusts the profile as it is.
     explore_gap: with latency learning on, a probe step (every `probe_interval`-th)
         runs another K whose predicted goodput is within this fraction of the held
         K's and whose latency at this batch bucket has been measured fewer than
         about 20 times, so close contenders are timed too, not only the winner. The
         cost is bounded: a few steps per (bucket, K), each at most this fraction
-        slower. 0 disables it.
+        slower. 0 (the default) disables it: on the 2-vCPU bench machine the drift
+        such steps carried cost 3-9% at B >= 8 in the replay, while learning from the
+        Ks the controller runs anyway cost nothing there (notes of issues 6 and 13).
     objective: what the choice of K maximises once no request is waiting for a
         slot. "throughput": goodput AL(K) / ITL(B, K) of the live batch, as in
         vLLM (a finished row's slot is refilled at once, so every accepted token
@@ -200,8 +204,8 @@ class DynamicConfig:
     margin: float = 0.03
     per_request: bool = False
     probe_interval: int = 16
-    latency_forgetting: float = 0.0
-    explore_gap: float = 0.3
+    latency_forgetting: float = 0.05
+    explore_gap: float = 0.0
     objective: str = "makespan"
 
     _FIELDS = ("profile", "warmup_steps", "forgetting", "margin", "per_request", "probe_interval",

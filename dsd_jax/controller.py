@@ -15,7 +15,7 @@ The estimates this reads live elsewhere: ``a_i`` (profile during warm-up, then
 live counts with forgetting; per request, shrunk toward the global estimate) in
 `dsd_jax.acceptance`, ``ITL(B, K)`` (the profile at the batch and context bucket,
 times a factor learnt per (batch bucket, K) from measured step times when
-``dynamic.latency_forgetting`` > 0) in `dsd_jax.latency`. How well both predicted
+``dynamic.latency_forgetting`` > 0, as by default) in `dsd_jax.latency`. How well both predicted
 each observed step (`calibration_log()`, the MAPEs in `stats()`) is kept by
 `dsd_jax.calibration`.
 
@@ -32,7 +32,8 @@ every few intervals where it is dear for what it could win (`_acceptance_probe`:
 its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
 acceptance came back; under the makespan objective, the time the slowest live row
 would save, each row accepting at the profile's rates). Before that (with latency
-learning on), a probe runs the least observed K whose
+learning on and ``dynamic.explore_gap`` > 0; off by default), a probe runs the least
+observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
 latency at this batch bucket is not learnt yet, so close contenders get measured
 a few times, not only the winner. A probe is observed like any step; the held K
@@ -476,10 +477,12 @@ class Controller:
         """Whether `choose_k` is sure to go on choosing `k` at this batch size until the
         batch changes: the K of every mode but goodput follows the batch size alone, and a
         goodput controller holding K = 0 where it runs no probe (no acceptance probe: even
-        the profile's acceptance would not move the hold; no latency contender) has nothing
-        to learn from, unless its goodput row is per request (per-request mode; the
-        makespan objective, whose row also moves as the requests' remaining budgets shrink)
-        or K = 0 steps train K = 0's latency (latency learning). The engine lets such a
+        the profile's acceptance would not move the hold; no latency contender to explore)
+        has nothing to learn from, unless its goodput row is per request (per-request mode;
+        the makespan objective, whose row also moves as the requests' remaining budgets
+        shrink). K = 0 steps still train K = 0's latency factor under latency learning,
+        but that average moves by `latency_forgetting` a step, so a hold it could undo is
+        asked again after the dispatch's rounds all the same. The engine lets such a
         choice run up to `step.MAX_ROUNDS` rounds a dispatch (32, not 8): dynamic at K = 0
         then dispatches as plain decoding does."""
         if self.mode != "goodput":
@@ -487,8 +490,8 @@ class Controller:
         b = _index("batch_size", batch_size)
         if k != 0 or self._cur != 0 or not 0 < b <= self.max_batch_size:
             return False
-        if self._track_rows or self._latency.correction is not None:
-            return False  # rows of their own (makespan: their budgets shrink) or K=0 latency learnt
+        if self._track_rows:
+            return False  # rows of their own (makespan: their budgets shrink)
         key = 0 if context_len is None else self._latency.cached_context_key(context_len)
         tab = self._gtabs.get(key) or self._build_table(key)
         if self._hold(tab[0][b], tab[1][b], 0) != 0:

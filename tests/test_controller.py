@@ -511,7 +511,9 @@ def test_settled_only_where_no_probe_or_learning_can_change_the_choice():
     only holding K=0 at a batch size with no acceptance probe (B=64: even the profile's
     acceptance leaves K=1 within the margin) and nothing else to learn; at B=1 a probe
     is due every `probe_interval` choices, and a held K>0 always adapts. Only under the
-    throughput objective without latency learning: other rows move at K=0 too."""
+    throughput objective: other rows move at K=0 too. Latency learning alone keeps a hold
+    settled (K=0's factor moves slowly, and the hold is asked again every dispatch);
+    exploring a close contender does not."""
     static = Controller(SpecConfig(method="draft_model", num_speculative_tokens=2), None, max_batch_size=64)
     assert static.settled(1, 2) and static.settled(64, 2)
     p = Profile("cpu", [1, 64], [0, 1], [[10.0, 12.0], [50.0, 76.0]], [0.52])
@@ -519,12 +521,16 @@ def test_settled_only_where_no_probe_or_learning_can_change_the_choice():
     c = Controller(goodput_spec(objective="throughput", **kw), p, max_batch_size=64)
     _drive_to_zero(c, 64)
     assert c.current_k == 0 and c.settled(64, 0) and not c.settled(64, 1)
-    # rows of their own (makespan: budgets that shrink; per request), or K=0 latency learnt
+    # rows of their own (makespan: budgets that shrink; per request), or a contender to explore
     for other in (dict(objective="makespan"), dict(objective="throughput", per_request=True),
-                  dict(objective="throughput", latency_forgetting=0.02)):
-        o = Controller(goodput_spec(**kw, **other), p, max_batch_size=64)
+                  dict(objective="throughput", latency_forgetting=0.02, explore_gap=0.3)):
+        o = Controller(goodput_spec(**{**kw, **other}), p, max_batch_size=64)
         _drive_to_zero(o, 64)
         assert o.current_k == 0 and not o.settled(64, 0), other
+    learning = Controller(goodput_spec(objective="throughput", **{**kw, "latency_forgetting": 0.05}), p,
+                          max_batch_size=64)
+    _drive_to_zero(learning, 64)
+    assert learning.current_k == 0 and learning.settled(64, 0)
     assert not c.settled(1, 0)  # B=1: K=1 would gain 27% at the profile's acceptance: probes
     assert not any(c.choose_k(64) for _ in range(100))  # settled indeed: no probe at B=64
     # without probes: not settled on K=0 where the goodput row beats the hold, settled once

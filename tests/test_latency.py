@@ -86,7 +86,7 @@ def test_a_profile_cell_timed_wrong_stops_steering_the_choice():
     assert best != 2 and g[best] >= 0.7 * g[2]  # a contender within explore_gap
     true_ms = lambda k: p.itl_ms(8, k) * slow.get(k, 1.0)
 
-    learning = Controller(goodput_spec(warmup_steps=0, margin=0.03, latency_forgetting=0.02), p,
+    learning = Controller(goodput_spec(warmup_steps=0, margin=0.03, latency_forgetting=0.02, explore_gap=0.3), p,
                           max_batch_size=64)
     ks = _run(learning, 8, true_ms, acc, 1500, np.random.default_rng(0))
     tail = ks[-300:]
@@ -152,7 +152,8 @@ def test_a_uniformly_slower_machine_changes_no_choice():
 
 def test_exploration_stops_once_contenders_are_learnt():
     p = realistic_profile()
-    c = Controller(goodput_spec(warmup_steps=0, probe_interval=4, latency_forgetting=0.02), p, max_batch_size=64)
+    c = Controller(goodput_spec(warmup_steps=0, probe_interval=4, latency_forgetting=0.02, explore_gap=0.3), p,
+                   max_batch_size=64)
     acc = np.array(p.acceptance)
     rng = np.random.default_rng(2)
     ks = _run(c, 8, lambda k: p.itl_ms(8, k), acc, 600, rng)

@@ -1,6 +1,7 @@
 """A/B in one bench process: `dynamic` as shipped against `dynamic-throughput`, relabelled
 here as the same makespan controller learning its latency online from the run's steps
-(`latency_forgetting` 0.05) without exploring (`explore_gap` 0).
+(`latency_forgetting` 0.05) without exploring (`explore_gap` 0). Since `bench_full_s16`
+these are the defaults, so on later code the two configurations are the same controller.
 
     PYTHONPATH=benchmarks python benchmarks/results/latency_learning/ab.py bench \\
         --configs vanilla,static-1,static-4,dynamic,dynamic-throughput ...

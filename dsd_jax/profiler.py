@@ -84,7 +84,7 @@ def paired_cells(samples: np.ndarray) -> np.ndarray:
     one batch size, and a rep's Ks ran back to back, so the ratio of a pair cancels the
     machine's slower and faster stretches that separate medians keep: on the built-in
     pair (`benchmarks/results/profile_rounds/`) the spread of K/K0 between profiles fell
-    from 2-5% to 2-3.5% in one pass, and to 1.3-2.3% over two passes."""
+    from 2-5% to 2-3.7% in one pass, and to 1.3-2.3% over two passes."""
     samples = np.asarray(samples, dtype=float)
     k0 = np.median(samples[..., :1], axis=-2)
     ratios = np.median(samples[..., 1:] / samples[..., :1], axis=-2)
@@ -403,10 +403,10 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                     state, t = _time_step(engine, programs, steps[k], state, b, ctx, 0, rounds)
                     if rep >= warmup_reps:
                         samples[ci, bi, pass_ * reps + rep - int(warmup_reps), k] = t * 1e3
-            done += len(ks)
-            if progress:
-                for d in range(done - len(ks) + 1, done + 1):
-                    progress(d, total)
+            for _ in ks:
+                done += 1
+                if progress:
+                    progress(done, total)
         table = paired_cells(samples)
         state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1],
                                           int(repeats), int(warmup_reps))

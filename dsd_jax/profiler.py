@@ -386,7 +386,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     t_start = time.perf_counter()
 
     # (a) latency on a synthetic state (the engine's own buffers, borrowed).
-    reps = int(repeats)
+    reps, warm = int(repeats), int(warmup_reps)
     samples = np.zeros((len(context_lengths), len(buckets), int(passes) * reps, len(ks)))
     programs = _state_programs(engine)
     state = engine.state
@@ -398,18 +398,17 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                                                range(len(buckets))):
             ctx, b = context_lengths[ci], buckets[bi]
             steps = [engine.programs.step(k, b) for k in ks]  # compiles on first use
-            for rep in range(int(warmup_reps) + reps):
+            for rep in range(warm + reps):
                 for k in ks:  # interleaved: drift hits every K of this row alike
                     state, t = _time_step(engine, programs, steps[k], state, b, ctx, 0, rounds)
-                    if rep >= warmup_reps:
-                        samples[ci, bi, pass_ * reps + rep - int(warmup_reps), k] = t * 1e3
+                    if rep >= warm:
+                        samples[ci, bi, pass_ * reps + rep - warm, k] = t * 1e3
             for _ in ks:
                 done += 1
                 if progress:
                     progress(done, total)
         table = paired_cells(samples)
-        state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1],
-                                          int(repeats), int(warmup_reps))
+        state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1], reps, warm)
     finally:
         if state is not None and _state_usable(state):
             engine.state = programs.idle(state)

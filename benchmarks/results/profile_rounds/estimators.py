@@ -15,6 +15,9 @@ import sys
 
 import numpy as np
 
+from dsd_jax.acceptance import al_curve
+from dsd_jax.profiler import paired_cells
+
 ACCEPT = [0.81, 0.66, 0.54, 0.46, 0.40, 0.36]  # bench_full_s15.profile.json
 # rounds.log: measured ms a step, 32-round dispatches (K = 0 column used) and 8-round (K > 0)
 M32 = np.array([[2.9, 4.46, 5.06, 5.66, 5.72, 6.1, 6.55], [3.77, 4.96, 6.01, 6.82, 7.38, 8.25, 9.],
@@ -22,15 +25,13 @@ M32 = np.array([[2.9, 4.46, 5.06, 5.66, 5.72, 6.1, 6.55], [3.77, 4.96, 6.01, 6.8
 M8 = np.array([[3.04, 4.63, 5.16, 5.5, 5.82, 6.1, 6.72], [3.84, 4.99, 6.02, 6.64, 7.34, 8.18, 8.96],
                [4.56, 6.27, 7.95, 9.14, 9.94, 11.18, 12.56], [5.81, 8.75, 11.39, 13.2, 14.53, 16.57, 20.44]])
 TRUE = np.concatenate([M32[:, :1], M8[:, 1:]], axis=1)
-AL = 1 + np.concatenate([[0.0], np.cumsum(ACCEPT)])  # a_i = P(n >= i): AL(K) = 1 + sum_{i<=K} a_i
+AL = al_curve(np.array(ACCEPT), len(ACCEPT))  # a_i = P(n >= i): AL(K) = 1 + sum_{i<=K} a_i
 
 
 def median_cells(t):  # t[rep, K] -> cells
     return np.median(t, axis=0)
 
 
-def ratio_cells(t):  # K0's median times the median of each rep's K/K0
-    return np.median(t[:, :1], axis=0) * np.concatenate([[1.0], np.median(t[:, 1:] / t[:, :1], axis=0)])
 
 
 def main(path):
@@ -43,7 +44,7 @@ def main(path):
     print(f"{'estimator':<28} {'passes':>6}  {'spread of log K/K0 (mean over K>0) per bucket':<44} "
           f"{'bias per bucket':<28} {'loss per bucket (mean over splits)'}")
     for ri, r in enumerate(raw["rounds"]):
-        for name, fn in (("median", median_cells), ("ratio", ratio_cells)):
+        for name, fn in (("median", median_cells), ("ratio", paired_cells)):
             for n in (1, 2, 3):
                 groups = [g for g in itertools.combinations(range(passes), n)]
                 # disjoint profiles for the spread; every group for bias and loss

@@ -10,6 +10,8 @@ dynamic's K > 0 runs). Three passes, interleaved; medians.
 Buckets 1-8, context 160, 7 reps (`profile_engine`'s defaults).
 """
 import statistics
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -21,7 +23,9 @@ from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.engine import SpecEngine
 from dsd_jax.loading import encode_prompts
-from dsd_jax.sampling import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+from generate_steps import static_step_ms  # noqa: E402
 
 target, draft, tok = models.builtin()
 BUCKETS = [1, 2, 4, 8]
@@ -62,24 +66,11 @@ class Unsettled(Controller):
 ids = [p[:128] for p in encode_prompts(_builtin_prompts(8), tok, target.config.vocab_size)]
 
 
-def measured(cls):
-    out = np.zeros((len(BUCKETS), len(ks)))
-    for bi, b in enumerate(BUCKETS):
-        for k in ks:
-            spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")
-            eng.controller = cls(spec, None, 8, batch_buckets=BUCKETS)
-            ms = []
-            for g in range(0, 8, b):
-                eng.stats.reset()
-                eng.generate(ids[g:g + b], SamplingParams(temperature=0.0, max_tokens=64))
-                ms += [t["wall_ms"] for t in eng.stats.trace if not t["after_prefill"] and t["batch_size"] == b]
-            out[bi, k] = statistics.median(ms)
-    return out
-
-
 prof, m32, m8 = [], [], []
 for i in range(3):
-    prof.append(profile()); m32.append(measured(Controller)); m8.append(measured(Unsettled))
+    prof.append(profile())
+    m32.append(static_step_ms(eng, ids, BUCKETS, ks))
+    m8.append(static_step_ms(eng, ids, BUCKETS, ks, Unsettled))
     print("pass", i, flush=True)
 np.set_printoptions(precision=2, suppress=True, linewidth=150)
 m32, m8 = np.median(m32, axis=0), np.median(m8, axis=0)

@@ -7,6 +7,8 @@ interleaved, against the engine's own step times in `generate` at each static K.
 Buckets 1-8, context 160, 7 reps of 4-round calls (`profile_engine`'s defaults).
 """
 import statistics
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,10 +17,11 @@ from dsd_jax import models
 from dsd_jax import profiler as P
 from dsd_jax.bench.commands import _builtin_prompts
 from dsd_jax.config import SpecConfig
-from dsd_jax.controller import Controller
 from dsd_jax.engine import SpecEngine
 from dsd_jax.loading import encode_prompts
-from dsd_jax.sampling import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+from generate_steps import static_step_ms  # noqa: E402
 
 target, draft, tok = models.builtin()
 BUCKETS = [1, 2, 4, 8]
@@ -44,22 +47,9 @@ def profile(rotate, ctx=160, reps=7, warm=2):
     eng.state = programs.idle(state)
     return table
 ids = [p[:128] for p in encode_prompts(_builtin_prompts(8), tok, target.config.vocab_size)]
-def measured():
-    out = np.zeros((len(BUCKETS), len(ks)))
-    for bi, b in enumerate(BUCKETS):
-        for k in ks:
-            spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")
-            eng.controller = Controller(spec, None, 8, batch_buckets=BUCKETS)
-            ms = []
-            for g in range(0, 8, b):
-                eng.stats.reset()
-                eng.generate(ids[g:g + b], SamplingParams(temperature=0.0, max_tokens=64))
-                ms += [t["wall_ms"] for t in eng.stats.trace if not t["after_prefill"] and t["batch_size"] == b]
-            out[bi, k] = statistics.median(ms)
-    return out
 fixed, rot, meas = [], [], []
 for i in range(3):
-    fixed.append(profile(False)); rot.append(profile(True)); meas.append(measured())
+    fixed.append(profile(False)); rot.append(profile(True)); meas.append(static_step_ms(eng, ids, BUCKETS, ks))
     print("pass", i, flush=True)
 m = np.median(meas, axis=0)
 np.set_printoptions(precision=2, suppress=True, linewidth=150)

@@ -39,7 +39,8 @@ def main(which, bench_path, profile_path, sweep_path, rollout_path):
     ws = [sim.Workload(sweep, rollout)] + [sim.Workload(sweep, rollout, seed=s) for s in range(6)]
     rng = np.random.default_rng(0)
     if which == "margin":
-        cases = {f"margin {m}": dict(margin=m) for m in (0.03, 0.06, 0.1)}
+        # recorded before latency learning was on by default: the defaults of then
+        cases = {f"margin {m}": dict(margin=m, latency_forgetting=0.0) for m in (0.03, 0.06, 0.1)}
     else:
         cases = {"no learning": dict(latency_forgetting=0.0)}
         for lf, gap, sigma in ((0.05, 0.3, 0), (0.05, 0.3, 0.1), (0.02, 0.3, 0.1), (0.05, 0.0, 0), (0.05, 0.0, 0.1)):

@@ -157,9 +157,10 @@ class DynamicConfig:
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
         by ITL(B, K). A request's acceptance is its own counts (with the same
         forgetting) shrunk toward the global estimate, which weighs as 4 steps.
-    probe_interval: every `probe_interval`-th step is a probe. While the controller
-        holds K = 0 at a batch size where the profile's acceptance would speculate (its
-        best K ahead of K = 0 by more than `margin`), a probe runs that K instead, so
+    probe_interval: every `probe_interval`-th choice of K (one dispatch, up to 8
+        rounds) may be a probe. While the controller holds K = 0 at a batch size where
+        the profile's acceptance would speculate (its best K ahead of K = 0 by more
+        than `margin`), a probe runs that K instead, so
         live acceptance keeps being measured and can bring speculation back (without
         probes a K = 0 decision could never be revised: K = 0 steps measure no
         acceptance). Such an acceptance probe comes less often where it is dear for
@@ -180,7 +181,8 @@ class DynamicConfig:
     explore_gap: with latency learning on, a probe step (every `probe_interval`-th)
         runs another K whose predicted goodput is within this fraction of the held
         K's and whose latency at this batch bucket has been measured fewer than
-        about 20 times, so close contenders are timed too, not only the winner. The
+        about 14 times at the default `latency_forgetting` (a discounted weight below
+        min(16, 0.5 / latency_forgetting)), so close contenders are timed too, not only the winner. The
         cost is bounded: a few steps per (bucket, K), each at most this fraction
         slower. 0 (the default) disables it: on the 2-vCPU bench machine the drift
         such steps carried cost 3-9% at B >= 8 in the replay, while learning from the
@@ -257,9 +259,10 @@ class SpecConfig:
         over the slot's, its siblings' and earlier rollouts' tokens), "none" (plain
         decoding; `num_speculative_tokens` is forced to 0), or a
         method added with `dsd_jax.drafters.register`.
-    model: draft model path (informational; the engine receives the model itself). For
-        "eagle3": "builtin" or an EAGLE-3 head directory, checked to exist
-        (`dsd_jax.models.load_eagle3(spec.model)` loads it; pass the head as `draft=`).
+    model: draft model path (informational for "draft_model": the engine receives the
+        model itself). For "eagle3": "builtin" or an EAGLE-3 head directory, checked to
+        exist; `SpecEngine` loads it when no `draft=` is given (or pass
+        `dsd_jax.models.load_eagle3(spec.model)` as `draft=`).
     num_speculative_tokens: max K (>= 1 unless method is "none").
     num_speculative_tokens_per_batch_size: inclusive [start_bs, end_bs, K] ranges,
         sorted, non-overlapping, start_bs >= 1, 0 <= K <= max K. Batch sizes no
@@ -379,7 +382,8 @@ class SpecConfig:
     def from_dict(cls, d: Any) -> "SpecConfig":
         """Build from a vLLM-style `speculative_config` dict.
 
-        Accepts `speculative_disable_by_batch_size` / `speculative_model` as aliases;
+        Accepts `speculative_disable_by_batch_size`, `speculative_model` and
+        `num_speculative_tokens_per_bs` as aliases;
         `"method": null` (or no method) means "draft_model". Unknown keys are errors.
         """
         if not isinstance(d, Mapping):

@@ -23,7 +23,8 @@ Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
 above the current K's at this batch size.
 
-Probes: every ``dynamic.probe_interval``-th step runs another K than the held one.
+Probes: every ``dynamic.probe_interval``-th choice (dispatch) may run another K than
+the held one.
 K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
 live acceptance could never be revised: while the controller holds K = 0 at a
 batch size where the profile's acceptance would speculate (its best K beats K = 0

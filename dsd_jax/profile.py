@@ -113,7 +113,18 @@ def _acc_list(name: str, v: Any, n: int) -> list[float]:
         if not _is_real(x) or not math.isfinite(_f(x)) or not 0.0 <= _f(x) <= 1.0:
             raise ValueError(f"{name}[{i}] (position {i + 1}) must be a probability in [0, 1], got {x!r}")
         out.append(_f(x))
+    check_nonincreasing(name, out)
     return out
+
+
+def check_nonincreasing(name: str, acceptance: Sequence[float]) -> None:
+    """a_i = P(accepted >= i) cannot grow with i; a curve that does would turn into
+    conditional rates above 1 and AL(K) beyond K + 1 in the controller."""
+    for i in range(1, len(acceptance)):
+        if acceptance[i] > acceptance[i - 1] + 1e-9:
+            raise ValueError(f"{name}: a_{i + 1} = {acceptance[i]!r} exceeds a_{i} = "
+                             f"{acceptance[i - 1]!r}; a_i = P(accepted >= i) must not increase "
+                             f"with the draft position i")
 
 
 def _f(x: Any) -> float:
@@ -390,10 +401,14 @@ class Profile:
         """Write the JSON document (atomically: temp file + rename)."""
         path = os.fspath(path)
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.to_dict(), f, indent=1, allow_nan=False)
+                f.write("\n")
+            os.replace(tmp, path)
+        finally:  # a failed write leaves neither a half file at path nor the temp file
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     @property
     def mesh(self) -> dict:
@@ -401,6 +416,28 @@ class Profile:
         engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
         mesh = engine.get("mesh") if isinstance(engine, dict) else None
         return dict(mesh) if isinstance(mesh, dict) else {"data": 1, "model": 1}
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """The engine max_seq_len the profile was measured at (None: not recorded)."""
+        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
+        return engine.get("max_seq_len") if isinstance(engine, dict) else None
+
+    def fit_problems(self, max_k: int, max_batch_size: int, max_seq_len: int) -> list[str]:
+        """Ways this profile does not describe an engine with these limits (empty: it fits).
+        `max_batch_size` is the largest batch one step runs (per data shard)."""
+        problems = []
+        if self.max_batch_size < max_batch_size:
+            problems.append(f"it covers batch sizes up to {self.max_batch_size} but the engine runs up "
+                            f"to {max_batch_size}: larger batches use the ITL of "
+                            f"{self.max_batch_size} (clamped)")
+        if self.max_k < max_k:
+            problems.append(f"it covers K <= {self.max_k} but the engine allows K <= {max_k}: the "
+                            f"controller never chooses K > {self.max_k}")
+        if self.max_seq_len not in (None, max_seq_len):
+            problems.append(f"it was measured with max_seq_len {self.max_seq_len}, the engine has "
+                            f"{max_seq_len}: step latency follows the KV-cache size")
+        return problems
 
     @classmethod
     def load(

@@ -55,7 +55,7 @@ import numpy as np
 from flax import nnx
 
 from dsd_jax.metrics import EngineStats
-from dsd_jax.profile import Profile
+from dsd_jax.profile import Profile, check_nonincreasing
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.step import MAX_ROUNDS, unpack_rounds
 
@@ -376,6 +376,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         if len(acceptance) < engine.max_k or not all(0.0 <= a <= 1.0 for a in acceptance):
             raise ValueError(f"acceptance must give a_1..a_{engine.max_k} (max_k), each in [0, 1], "
                              f"got {acceptance}")
+        check_nonincreasing("acceptance", acceptance)  # the whole curve given, not only a_1..a_max_k
         acceptance = acceptance[:engine.max_k]
     buckets = list(engine.batch_buckets)
     ks = list(range(engine.max_k + 1))

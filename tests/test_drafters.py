@@ -5,6 +5,8 @@ register it, run it through every program (all K and batch buckets, prefill, adm
 move) and check that greedy output stays identical to plain decoding.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -78,3 +80,15 @@ def test_registry_errors(repeat_last):
 def test_method_needing_a_model_says_so(tiny_pair):
     with pytest.raises(ValueError, match="'draft_model' needs a draft model"):
         make_engine(tiny_pair[0], None, method="draft_model")
+
+
+def test_draft_model_refuses_an_eagle3_head(tiny_pair):
+    """"draft_model" is the default method: given an EAGLE-3 head it must say so at
+    construction, not fail while tracing the head as a Transformer."""
+    from dsd_jax.models.eagle3 import Eagle3Config, init_eagle3
+    t = tiny_pair[0].config
+    fields = {f.name: getattr(t, f.name) for f in dataclasses.fields(type(t))}
+    cfg = Eagle3Config(**{**fields, "num_layers": 1}, draft_vocab_size=t.vocab_size // 2,
+                       aux_layers=(0, 0, t.num_layers - 1))
+    with pytest.raises(ValueError, match="given an EAGLE-3 head.*method='eagle3'"):
+        make_engine(tiny_pair[0], init_eagle3(cfg, 0), method="draft_model")

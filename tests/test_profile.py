@@ -220,6 +220,9 @@ def test_catchup_cell_round_trips_and_version_1_files_load_without_it(tmp_path):
         (lambda d: d.update(meta=[]), "meta"),
         (lambda d: d["acceptance_by_temperature"].update({"hot": [0.1, 0.1, 0.1]}), "'hot'"),
         (lambda d: d["acceptance_by_temperature"]["0.0"].append(0.1), "acceptance_by_temperature['0.0']"),
+        (lambda d: d["acceptance"].__setitem__(1, 0.9), "a_2 = 0.9 exceeds a_1 = 0.8"),
+        (lambda d: d["acceptance_by_temperature"]["1.0"].__setitem__(2, 0.6),
+         "acceptance_by_temperature['1.0']: a_3 = 0.6 exceeds a_2 = 0.5"),
     ],
 )
 def test_load_rejects(tmp_path, mutate, needle):
@@ -230,6 +233,13 @@ def test_load_rejects(tmp_path, mutate, needle):
     with pytest.raises(ValueError) as e:
         Profile.load(path)
     assert needle in str(e.value) and "p.json" in str(e.value)
+
+
+def test_failed_save_leaves_neither_file(tmp_path):
+    path = tmp_path / "p.json"
+    with pytest.raises(ValueError):  # NaN is not JSON (allow_nan=False)
+        make(meta={"x": float("nan")}).save(path)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------- property test

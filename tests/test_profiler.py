@@ -213,6 +213,8 @@ def test_argument_validation(engine):
         prof_lib.profile_engine(engine, acceptance=[], context_lengths=(8,))  # max_k = 1 values
     with pytest.raises(ValueError, match="acceptance must give"):
         prof_lib.profile_engine(engine, acceptance=[1.5], context_lengths=(8,))
+    with pytest.raises(ValueError, match="a_2 = 0.6 exceeds a_1 = 0.2"):
+        prof_lib.profile_engine(engine, acceptance=[0.2, 0.6] + [0.1] * K, context_lengths=(8,))
 
 
 def test_given_acceptance_is_recorded_without_generating(engine, monkeypatch):

@@ -234,6 +234,24 @@ def test_repeated_prompts_become_groups(rollout):
     assert out.tokens[0].tolist() != out.tokens[1].tolist()  # siblings draw different noise
 
 
+def test_an_eagle3_head_is_a_draft_as_is(policy, rollout):
+    """draft= an EAGLE-3 head: not taken for a Tunix module; the default method is "eagle3",
+    and greedy output equals the suffix rollout's (both lossless)."""
+    import dataclasses
+
+    from dsd_jax.models.eagle3 import Eagle3Config, init_eagle3
+    t = rollout.engine.target_config
+    fields = {f.name: getattr(t, f.name) for f in dataclasses.fields(type(t))}
+    head = init_eagle3(Eagle3Config(**{**fields, "num_layers": 1}, draft_vocab_size=t.vocab_size // 2,
+                                    aux_layers=(0, 0, t.num_layers - 1)), 0)
+    with_head = SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, mesh=None, rollout_config=config(),
+                            max_batch_size=4, prefill_chunk=16, draft=head)
+    assert with_head.engine.spec.method == "eagle3"
+    cfg = config(top_p=None)
+    a, b = with_head.generate(PROMPTS, cfg), rollout.generate(PROMPTS, cfg)
+    assert [x.tolist() for x in a.tokens] == [x.tolist() for x in b.tokens]
+
+
 def test_update_params_under_transfer_guards_compiles_nothing(policy):
     """A sync from the trainer's module (a jitted step's output on device) under Tunix's
     transfer guards: zero compilations, the new weights served (logprobs equal Tunix's on

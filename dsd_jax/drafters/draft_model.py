@@ -20,6 +20,7 @@ from jax import lax
 
 from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens, sample_proposal
 from dsd_jax.models import KVCache, forward, init_kv_cache
+from dsd_jax.models.eagle3 import Eagle3Config
 
 WINDOW = 2  # tokens the draft re-reads each round: after an all-accepted round it lags by 2
 
@@ -43,6 +44,10 @@ class DraftModel(Drafter):
     @classmethod
     def build(cls, spec, model=None, backend="auto"):
         graph, config = model
+        if isinstance(config, Eagle3Config):  # "draft_model" is the default method
+            raise ValueError("method 'draft_model' was given an EAGLE-3 head as the draft; use "
+                             "SpecConfig(method='eagle3') for a head, or a dsd_jax.models "
+                             "Transformer for 'draft_model'")
         # drafter-invariant acceptance couples the draft to the target's noise
         mode = "coupled" if spec.acceptance == "drafter_invariant" else spec.draft_sampling
         return cls(graph=graph, config=config, mode=mode, backend=backend)

@@ -48,6 +48,7 @@ from dsd_jax.config import SpecConfig
 from dsd_jax.distill import DraftDistiller, token_logps
 from dsd_jax.engine import SpecEngine
 from dsd_jax.models.config import ModelConfig
+from dsd_jax.models.eagle3 import Eagle3Head
 from dsd_jax.models.transformer import Transformer
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.sharding import make_mesh
@@ -157,9 +158,10 @@ class SpecRollout(base_rollout.BaseRollout):
 
     Extra keyword arguments (bind them with `functools.partial`):
     draft: our `Transformer` sharing the policy's vocabulary (or a Tunix Llama3/Qwen3 module,
-        converted the same way), for method "draft_model";
-    spec: `SpecConfig` (default: "draft_model" with a draft, else "suffix": siblings of a
-        GRPO group draft for each other);
+        converted the same way), for method "draft_model"; or an EAGLE-3 head
+        (`dsd_jax.models.load_eagle3`), for method "eagle3";
+    spec: `SpecConfig` (default: "draft_model" with a draft model, "eagle3" with a head,
+        else "suffix": siblings of a GRPO group draft for each other);
     target: our `Transformer` to serve instead of converting `rollout_actor`;
     mapping: the `ParamMapping` for `update_params` (default: the policy family's);
     max_batch_size: engine slots (default 64; more requests queue);
@@ -186,10 +188,11 @@ class SpecRollout(base_rollout.BaseRollout):
             _, mapping = family(rollout_actor)
         if target is None:
             target = from_tunix(rollout_actor, check=check)
-        if draft is not None and not isinstance(draft, Transformer):
-            draft = from_tunix(draft, check=check)
+        if draft is not None and not isinstance(draft, (Transformer, Eagle3Head)):
+            draft = from_tunix(draft, check=check)  # a Tunix draft policy; our models pass as is
         if spec is None:
-            spec = SpecConfig(method="draft_model" if draft is not None else "suffix")
+            method = "suffix" if draft is None else "eagle3" if isinstance(draft, Eagle3Head) else "draft_model"
+            spec = SpecConfig(method=method)
         if max_seq_len is None:
             max_seq_len = rollout_config.kv_cache_size if rollout_config is not None else 1024
         self._tokenizer = tokenizer

@@ -12,7 +12,9 @@ safetensors directories (`dsd_jax.models.load_hf`); with neither, the built-in p
 (`dsd_jax.models.builtin()`). Everything runs in this process (no subprocess, no
 shell). Every bad argument is a `SystemExit` whose message names the flag; what the
 library finds wrong with an input (`dsd_jax.loading.ArgumentError`: a missing directory,
-a bad prompt file) `main` turns into the same exit. The commands parse flags and call into
+a bad prompt file) `main` turns into the same exit. No command writes an output over one of its
+inputs or over another output, or replaces an existing file without `--overwrite` (`demo`
+rewrites its own --out-dir). The commands parse flags and call into
 the library (`dsd_jax.loading`, `dsd_jax.profiler`, `dsd_jax.bench`); nothing imports
 this module.
 """
@@ -64,14 +66,15 @@ def _str_list(text: str) -> list[str]:
     return out
 
 
-def _int_at_least(lowest: int, what: str):
-    """An argparse type: an integer >= `lowest`, else an error saying `what` was expected."""
+def _int_at_least(lowest: int, what: str, highest: int | None = None):
+    """An argparse type: an integer in [`lowest`, `highest`], else an error saying `what` was
+    expected."""
     def parse(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if v < lowest:
+        if v < lowest or (highest is not None and v > highest):
             raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
         return v
     return parse
@@ -79,6 +82,8 @@ def _int_at_least(lowest: int, what: str):
 
 _positive_int = _int_at_least(1, "a positive integer")
 _nonneg_int = _int_at_least(0, "an integer >= 0")
+SEED_LIMIT = 2 ** 32  # seeds are taken modulo this: a larger one would repeat a smaller one's samples
+_seed = _int_at_least(0, "an integer in [0, 2**32 - 1]", SEED_LIMIT - 1)
 
 
 # --------------------------------------------------------------------------- shared setup
@@ -109,7 +114,8 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
                         "(default: draft model, num_speculative_tokens 4)")
     g.add_argument("--method", metavar="NAME",
                    help="speculative method, e.g. eagle3 (the built-in head unless the speculative "
-                        "config names \"model\"): short for --speculative-config '{\"method\": NAME}'")
+                        "config names \"model\"): short for --speculative-config '{\"method\": NAME}', "
+                        "or the method of a --speculative-config that names none")
     g.add_argument("--max-batch-size", type=_positive_int, default=max_batch,
                    help=f"live request slots (default {max_batch})")
     g.add_argument("--max-seq-len", type=_positive_int, default=max_seq,
@@ -119,7 +125,8 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
                    help="kernel backend (default auto)")
     g.add_argument("--compilation-cache-dir", metavar="DIR",
                    help="persistent XLA compilation cache (makes the next start fast)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (request i uses seed + i)")
+    g.add_argument("--seed", type=_seed, default=None,
+                   help="sampling seed in [0, 2**32 - 1] (request i uses seed + i)")
     g.add_argument("--mesh", type=_mesh_shape, metavar="DATAxMODEL",
                    help="run on a device mesh, e.g. 1x4: tensor parallel over 4 devices (default: one device)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -142,10 +149,17 @@ def _load_spec(cmd: str, args, has_draft: bool):
                   "--draft/--hf-draft, or --speculative-config '{\"method\": \"ngram\"}' (or \"none\")")
         return SpecConfig()
     src = args.speculative_config
-    if not src.lstrip().startswith("{"):
+    if _spec_file(args):
         loading.existing_file("--speculative-config", src)
+    raw = _spec_json(src)
+    merge = method is not None and raw is not None and raw.get("method") is None
+    if merge:  # a config that names no method takes --method's ("draft_model" is only the default)
+        try:
+            SpecConfig(method=method)
+        except ValueError as e:
+            _fail(cmd, "--method", str(e))
     try:
-        spec = SpecConfig.from_json(src)
+        spec = SpecConfig.from_dict({**raw, "method": method}) if merge else SpecConfig.from_json(src)
     except ValueError as e:
         _fail(cmd, "--speculative-config", str(e))
     if method is not None and method != spec.method:
@@ -153,6 +167,40 @@ def _load_spec(cmd: str, args, has_draft: bool):
     if _needs_draft_flag(spec) and not has_draft:
         _fail(cmd, "--draft", f"speculative method {spec.method!r} needs a draft model (--draft or --hf-draft)")
     return spec
+
+
+def _spec_file(args) -> str | None:
+    """The --speculative-config file (None: none given, or JSON text)."""
+    src = args.speculative_config
+    return src if src is not None and not src.lstrip().startswith("{") else None
+
+
+def _spec_json(src: str | None) -> dict | None:
+    """The speculative config's JSON object as given (None: none given, or not a readable JSON
+    object; `SpecConfig.from_json` then says why)."""
+    if src is None:
+        return None
+    try:
+        if src.lstrip().startswith("{"):
+            d = json.loads(src)
+        else:
+            with open(src, encoding="utf-8") as f:
+                d = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
+    """Output paths up front, before any model is loaded: each a file name in an existing
+    directory, none the same file as another output or an input (the inputs of every command:
+    --speculative-config, --tokenizer, and `inputs`), and none an existing file unless
+    --overwrite."""
+    for flag, path in outputs:
+        if path is not None:
+            loading.output_file(flag, path)
+    common = [("--speculative-config", _spec_file(args)), ("--tokenizer", getattr(args, "tokenizer", None))]
+    loading.check_outputs(outputs, list(inputs) + common, overwrite=args.overwrite)
 
 
 def _needs_draft(spec) -> bool:
@@ -256,7 +304,8 @@ def _synthetic_models(cmd: str, args):
 
 def cmd_profile(args) -> int:
     cmd = "profile"
-    loading.output_file("--out", args.out)
+    outputs = [("--out", args.out)]
+    _check_outputs(cmd, args, outputs, [("--prompts", args.prompts)])
     if args.prompts:
         loading.existing_file("--prompts", args.prompts)
     if args.synthetic or args.draft_synthetic:
@@ -274,6 +323,11 @@ def cmd_profile(args) -> int:
         if len(args.acceptance) < spec.max_k:
             _fail(cmd, "--acceptance", f"give a_1..a_K for every K up to {spec.max_k} "
                   f"(num_speculative_tokens), got {len(args.acceptance)} values")
+        from dsd_jax.profile import check_nonincreasing
+        try:
+            check_nonincreasing("values", args.acceptance)
+        except ValueError as e:
+            _fail(cmd, "--acceptance", str(e))
         prompts = None
     else:
         if source == "synthetic" and spec.max_k > 0:
@@ -377,12 +431,19 @@ def cmd_generate(args) -> int:
     cmd = "generate"
     from dsd_jax import DynamicConfig
     from dsd_jax.profile import Profile, ProfileMismatchWarning
-    for flag, path in (("--out", args.out), ("--stats", args.stats), ("--trace", args.trace)):
-        if path:
-            loading.output_file(flag, path)
+    outputs = [("--out", args.out), ("--stats", args.stats), ("--trace", args.trace)]
+    dyn = (_spec_json(args.speculative_config) or {}).get("dynamic")
+    dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
+    _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts),
+                                        ("--profile", args.profile),
+                                        ("--speculative-config's dynamic.profile",
+                                         dyn_profile if isinstance(dyn_profile, str) else None)])
     if args.profile:
         loading.existing_file("--profile", args.profile)
     raw_prompts = loading.read_prompts("--prompts", args.prompts)
+    if args.seed is not None and args.seed + len(raw_prompts) - 1 >= SEED_LIMIT:
+        _fail(cmd, "--seed", f"request i is seeded --seed + i, and {args.seed} + {len(raw_prompts) - 1} "
+              f"(the last of {len(raw_prompts)} prompts) is past 2**32 - 1; give a smaller --seed")
     target, draft, tokenizer, _ = loading.load_models(args)
     spec = _load_spec(cmd, args, draft is not None)
     draft = _engine_draft(args, spec, draft)
@@ -451,7 +512,7 @@ def _lazy_bench(cmd: str):
 
 def cmd_bench(args) -> int:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
+        if path is not None:  # "" too: it would write nothing
             loading.output_file(flag, path)
     for flag, path in (("--profile", args.profile), ("--eagle3-profile", args.eagle3_profile)):
         if path:
@@ -470,6 +531,12 @@ def cmd_demo(args) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+
+def _add_overwrite_flag(p: argparse.ArgumentParser, outputs: str) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"replace an existing file named by {outputs} (default: refuse, so that an "
+                        "earlier result is not lost)")
+
 
 def _add_profile(sub) -> None:
     p = sub.add_parser("profile", help="measure step latency per (batch, K, context) and draft acceptance",
@@ -500,6 +567,7 @@ def _add_profile(sub) -> None:
                    help="per-position acceptance a_i = P(accepted >= i) to record instead of measuring "
                         "it (e.g. a published curve; needed with random weights); at least K values")
     p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
+    _add_overwrite_flag(p, "--out")
     p.set_defaults(func=cmd_profile, dtype=None)  # float32, or bfloat16 for --synthetic
 
 
@@ -524,6 +592,7 @@ def _add_generate(sub) -> None:
     g.add_argument("--warmup", action="store_true", help="compile every program before generating")
     g.add_argument("--stats", metavar="FILE", help="write engine.metrics() as JSON")
     g.add_argument("--trace", metavar="FILE", help="write the per-step trace as JSON")
+    _add_overwrite_flag(g, "--out, --stats or --trace")
     g.set_defaults(func=cmd_generate)
 
 
@@ -555,6 +624,8 @@ def _add_bench(sub) -> None:
                    help="persistent XLA compilation cache (makes the next run start fast)")
     b.add_argument("--mesh", type=_mesh_shape, metavar="DATAxMODEL",
                    help="run every engine on a device mesh, e.g. 2x2 (default: one device)")
+    _add_overwrite_flag(b, "--json, --plot or the profile measured now (saved beside --json as "
+                        "NAME.profile.json)")
     b.set_defaults(func=cmd_bench)
 
 

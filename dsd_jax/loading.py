@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
-__all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "load_models",
-           "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids", "EOS_CANDIDATES"]
+__all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
+           "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
+           "EOS_CANDIDATES"]
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
 
@@ -45,12 +47,61 @@ def existing_dir(flag: str, path: str) -> str:
 
 
 def output_file(flag: str, path: str) -> str:
+    # "dir/" (or "") would pass the checks below while dir does not exist yet, and the write
+    # would fail only once the whole run is done
+    if os.path.basename(path) in ("", ".", ".."):
+        raise ArgumentError(flag, f"{path!r} names no file; give a file name")
     if os.path.isdir(path):
         raise ArgumentError(flag, f"{path!r} is a directory; give a file name")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArgumentError(flag, f"the directory of {path!r} does not exist ({parent!r})")
     return path
+
+
+def _file_key(path: str):
+    """Equal for two paths of one file: the inode of an existing file (hard links, symlinks),
+    else the resolved path."""
+    try:
+        st = os.stat(path)
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.realpath(path))
+
+
+def _output_label(label: str, path: str) -> tuple[str, str]:
+    """(flag, path quoted with the label's note) of a `check_outputs` label."""
+    flag, _, note = label.partition(" ")
+    return flag, f"{path!r}" + (f" ({note})" if note else "")
+
+
+def check_outputs(outputs, inputs=(), overwrite: bool = False) -> None:
+    """Refuses an output file that is also another output or an input of the run, and (unless
+    `overwrite`) one that exists: a run must not destroy its own input or an earlier result.
+
+    outputs, inputs: (flag, path) pairs, path None for a flag not given. An output's flag may
+    be followed by a note on what is written there ("--json the profile saved beside it");
+    the error names the flag and quotes the note."""
+    inputs = [(flag, _file_key(path)) for flag, path in inputs if path is not None]
+    earlier: list[tuple[str, Any]] = []
+    for label, path in outputs:
+        if path is None:
+            continue
+        flag, where = _output_label(label, path)
+        key = _file_key(path)
+        for other, other_key in inputs:
+            if key == other_key:
+                raise ArgumentError(flag, f"{where} is the input file of {other}: the run would overwrite "
+                                    "its own input")
+        for other, other_key in earlier:
+            if key == other_key:
+                raise ArgumentError(flag, f"{where} is also the output file of {other}: give each output "
+                                    "a file of its own")
+        earlier.append((flag, key))
+    for label, path in outputs:
+        if path is not None and not overwrite and os.path.exists(path):
+            flag, where = _output_label(label, path)
+            raise ArgumentError(flag, f"{where} exists; pass --overwrite to replace it")
 
 
 def output_dir(flag: str, path: str) -> str:
@@ -88,6 +139,17 @@ def _tokenizer_file(path: str):
         raise ArgumentError("--tokenizer", f"cannot read {path!r}: {e}") from e
 
 
+def _hf_tokenizer(path: str):
+    """The tokenizer.json of an HF directory, None without one. One that is there but cannot be
+    read is an error: dropping it would also drop the end-of-text stop ids."""
+    from dsd_jax import models
+    try:
+        return models.load_tokenizer(path)
+    except Exception as e:  # noqa: BLE001  (tokenizers raises its own exception types)
+        raise ArgumentError("--hf-target", f"cannot read {os.path.join(path, 'tokenizer.json')!r}: {e} "
+                            "(fix it, or pass --tokenizer FILE)") from e
+
+
 def load_models(options):
     """(target, draft or None, tokenizer or None, source), source "builtin" or "custom".
 
@@ -95,7 +157,6 @@ def load_models(options):
     of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
     directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
     (dtype float32). Neither target given: the built-in pair."""
-    from dsd_jax import models
     target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (
         getattr(options, k, None) for k in ("target", "draft", "hf_target", "hf_draft", "tokenizer"))
     dtype = getattr(options, "dtype", None) or "float32"
@@ -107,11 +168,8 @@ def load_models(options):
     if target_dir or hf_target:
         hf = bool(hf_target)
         target = _load_checkpoint("--hf-target" if hf else "--target", hf_target or target_dir, hf, dtype)
-        if hf:
-            try:
-                tokenizer = models.load_tokenizer(hf_target)
-            except Exception:  # noqa: BLE001  (a broken tokenizer.json: only text I/O needs it)
-                tokenizer = None
+        if hf and not tokenizer_path:
+            tokenizer = _hf_tokenizer(hf_target)
     else:
         if draft_dir or hf_draft:
             raise ArgumentError("--target", "a custom draft needs a custom target (--target or --hf-target)")
@@ -179,10 +237,10 @@ def _read_text(flag: str, path: str | None) -> tuple[str, str]:
     if path is None or path == "-":
         if path is None and sys.stdin.isatty():
             raise ArgumentError(flag, "no prompts: pass --prompts FILE or pipe prompts on stdin")
-        return sys.stdin.read(), "stdin"
+        return sys.stdin.read().removeprefix("\ufeff"), "stdin"
     existing_file(flag, path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a BOM (Windows editors) is not text
             return f.read(), repr(path)
     except (OSError, UnicodeDecodeError) as e:
         raise ArgumentError(flag, f"cannot read {path!r}: {e}") from e

@@ -273,3 +273,35 @@ def test_config_parsing_and_lengths():
     a = bench.rollout_lengths(64, 32, 320, seed=0)
     assert a == bench.rollout_lengths(64, 32, 320, seed=0) and len(a) == 64
     assert max(a) > 4 * np.median(a) and min(a) >= 4 and max(a) <= 320  # heavy tail
+
+
+def test_output_checks_come_before_the_run(tmp_path):
+    """`bench.main` (the CLI's bench) checks the plot format and its outputs before any model is
+    loaded: --target names no directory, so getting past the checks would fail on it."""
+    import types
+
+    from dsd_jax.bench.report import check_plot_path
+    from dsd_jax.loading import ArgumentError
+    for ok in ("b.png", "b.PDF", tmp_path / "b.svg"):
+        check_plot_path(ok)
+    for bad, why in (("b.txt", "cannot write 'txt'"), ("b", "no file extension")):
+        with pytest.raises(ValueError, match=why):
+            check_plot_path(bad)
+
+    def args(**kw):
+        base = dict(quick=True, target=str(tmp_path / "no_model"), configs=["vanilla", "dynamic"], json=None,
+                    plot=None, profile=None, eagle3_profile=None, overwrite=False)
+        return types.SimpleNamespace(**{**base, **kw})
+
+    with pytest.raises(ArgumentError, match="--plot.*cannot write 'json'"):
+        bench.main(args(plot=str(tmp_path / "b.json")))
+    with pytest.raises(ArgumentError, match="--plot.*also the output file of --json"):
+        bench.main(args(json=str(tmp_path / "b.png"), plot=str(tmp_path / "b.png")))
+    given = tmp_path / "given.json"
+    given.write_text("{}")
+    with pytest.raises(ArgumentError, match="--json.*input file of --profile"):
+        bench.main(args(json=str(given), profile=str(given)))
+    with pytest.raises(ArgumentError, match="saved beside --json.*input file of --eagle3-profile"):
+        bench.main(args(json=str(tmp_path / "r.json"), eagle3_profile=str(tmp_path / "r.profile.json")))
+    with pytest.raises(ArgumentError, match="--target"):  # past the checks
+        bench.main(args(json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png")))

@@ -255,6 +255,141 @@ def test_bench_and_demo_dispatch(monkeypatch, tmp_path, capsys):
         assert flag in help_text
 
 
+def test_outputs_never_replace_an_input_or_each_other(files, tmp_path):
+    """Every output is checked against every other output and every input before any model
+    is loaded (--target names no directory here: its error would come first otherwise)."""
+    missing = str(tmp_path / "no_model")
+    gen = ["generate", "--target", missing, "--prompts", files.jsonl]
+    same = str(tmp_path / "same.json")
+    m = _err(gen + ["--out", same, "--stats", same])
+    assert "--stats" in m and "also the output file of --out" in m
+    m = _err(gen + ["--out", str(tmp_path / "o.jsonl"), "--trace", same, "--stats", same])
+    assert "--stats" in m and "--trace" in m
+    m = _err(gen + ["--out", files.jsonl])
+    assert "--out" in m and "input file of --prompts" in m
+    m = _err(gen + ["--out", files.tokenizer, "--tokenizer", files.tokenizer])
+    assert "--out" in m and "input file of --tokenizer" in m
+    link = tmp_path / "link.json"
+    link.symlink_to(files.jsonl)  # another name of the same file
+    m = _err(gen + ["--stats", str(link)])
+    assert "--stats" in m and "input file of --prompts" in m
+    cfg = tmp_path / "spec.json"
+    cfg.write_text(json.dumps({"method": "ngram", "dynamic": {"profile": same}}))
+    m = _err(gen + ["--speculative-config", str(cfg), "--stats", str(cfg)])
+    assert "--stats" in m and "input file of --speculative-config" in m
+    m = _err(gen + ["--speculative-config", str(cfg), "--trace", same])
+    assert "--trace" in m and "dynamic.profile" in m
+    m = _err(gen + ["--profile", same, "--out", same])
+    assert "--out" in m and "input file of --profile" in m
+    m = _err(["profile", "--target", missing, "--prompts", files.jsonl, "--out", files.jsonl])
+    assert "--out" in m and "input file of --prompts" in m
+    (tmp_path / "p.png").write_text("{}")
+    for argv in (["--json", same, "--plot", str(tmp_path / "p.png"), "--profile", str(tmp_path / "p.png")],
+                 ["--json", str(tmp_path / "b.png"), "--plot", str(tmp_path / "b.png")]):
+        m = _err(["bench", "--target", missing] + argv)
+        assert "--plot" in m, m
+    # the profile bench measures is saved beside --json: not over the EAGLE-3 profile it reads
+    beside = tmp_path / "b.profile.json"
+    beside.write_text("{}")
+    m = _err(["bench", "--target", missing, "--configs", "vanilla,dynamic", "--json", str(tmp_path / "b.json"),
+              "--eagle3-profile", str(beside)])
+    assert "--json" in m and "saved beside --json" in m and "input file of --eagle3-profile" in m
+
+
+def test_existing_outputs_need_overwrite(files, compile_cache, tmp_path, capsys):
+    prof = tmp_path / "profile.json"
+    prof.write_text("an earlier profile")
+    m = _err(["profile", "--target", files.target, "--speculative-config", '{"method": "ngram"}', *ENGINE_FLAGS,
+              "--acceptance", "0.5,0.4,0.3,0.2", "--out", str(prof)])
+    assert "--out" in m and str(prof) in m and "--overwrite" in m
+    assert prof.read_text() == "an earlier profile"
+    stats = tmp_path / "stats.json"
+    stats.write_text("earlier stats")
+    argv = ["generate", "--target", files.target, "--speculative-config", '{"method": "none"}', *ENGINE_FLAGS,
+            "--prompts", files.jsonl, "--temperature", "0", "--max-tokens", "12", "--stats", str(stats)]
+    m = _err(argv)
+    assert "--stats" in m and str(stats) in m and "--overwrite" in m
+    assert stats.read_text() == "earlier stats"
+    assert cli.main(argv + ["--overwrite", "--compilation-cache-dir", compile_cache]) == 0
+    assert json.loads(stats.read_text())["tokens"] == 36
+    capsys.readouterr()
+    # bench: checked with the other flags, before the run (its profile beside --json too)
+    (tmp_path / "b.profile.json").write_text("an earlier profile")
+    m = _err(["bench", "--target", files.target, "--draft", files.draft, "--tokenizer", files.tokenizer,
+              "--configs", "vanilla,dynamic", "--json", str(tmp_path / "b.json")])
+    assert "--json" in m and "b.profile.json" in m and "--overwrite" in m
+    for cmd in ("profile", "generate", "bench"):
+        with pytest.raises(SystemExit):
+            cli.main([cmd, "--help"])
+        assert "--overwrite" in capsys.readouterr().out
+
+
+def test_output_paths_must_name_a_file(files, tmp_path):
+    for cmd, flag in (("generate", "--out"), ("generate", "--stats"), ("profile", "--out"), ("bench", "--json"),
+                      ("bench", "--plot")):
+        for path in (str(tmp_path / "newdir") + "/", ""):
+            argv = [cmd, flag, path] + (["--prompts", files.jsonl] if cmd == "generate" else [])
+            m = _err(argv)
+            assert flag in m and "give a file name" in m, (argv, m)
+
+
+def test_unreadable_hf_tokenizer_is_an_error(files, tmp_path):
+    from dsd_jax import loading
+    from tokenizers import Tokenizer
+    hf = tmp_path / "hf"
+    models.save_hf(files.models[0], hf, tokenizer=Tokenizer.from_file(files.tokenizer))
+    tok = hf / "tokenizer.json"
+    tok.write_text(tok.read_text()[:40])  # truncated
+    m = _err(["generate", "--hf-target", str(hf), "--speculative-config", '{"method": "none"}',
+              "--prompts", files.jsonl])
+    assert "--hf-target" in m and "tokenizer.json" in m and "cannot read" in m
+    # --tokenizer replaces it; a missing one is no error (token-id prompts need none)
+    opts = types.SimpleNamespace(hf_target=str(hf), tokenizer=files.tokenizer)
+    assert loading.load_models(opts)[2] is not None
+    tok.unlink()
+    assert loading.load_models(types.SimpleNamespace(hf_target=str(hf)))[2] is None
+
+
+def test_prompt_file_with_a_byte_order_mark(tmp_path):
+    from dsd_jax import loading
+    p = tmp_path / "prompts.txt"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "Write a haiku"}\n{"prompt_token_ids": [1, 2]}\n')
+    assert loading.read_prompts("--prompts", str(p)) == [{"prompt": "Write a haiku"}, {"prompt_token_ids": [1, 2]}]
+    p.write_bytes(b"\xef\xbb\xbfWrite a haiku\n")
+    assert loading.read_prompts("--prompts", str(p)) == [{"prompt": "Write a haiku"}]
+
+
+def test_plot_format_is_checked_before_the_run(tmp_path):
+    for name, why in (("r.txt", "cannot write 'txt'"), ("r", "no file extension")):
+        m = _err(["bench", "--target", str(tmp_path / "no_model"), "--plot", str(tmp_path / name)])
+        assert "--plot" in m and why in m and ".png" in m
+
+
+def test_seed_range(files, tmp_path, capsys):
+    for seed in ("-1", str(2 ** 32)):
+        m = _err(["generate", "--seed", seed], capsys)
+        assert "--seed" in m and "2**32 - 1" in m
+    # request i is seeded seed + i: the last of the 3 prompts' seed is checked before loading models
+    m = _err(["generate", "--target", str(tmp_path / "no_model"), "--prompts", files.jsonl,
+              "--seed", str(2 ** 32 - 2)])
+    assert "--seed" in m and "3 prompts" in m
+
+
+def test_method_fills_in_a_speculative_config_without_one(files, tmp_path):
+    cfg = tmp_path / "spec.json"
+    cfg.write_text(json.dumps({"num_speculative_tokens": 3}))
+    for src in ('{"num_speculative_tokens": 3}', '{"method": null, "num_speculative_tokens": 3}', str(cfg)):
+        args = types.SimpleNamespace(method="ngram", speculative_config=src)
+        spec = cli._load_spec("generate", args, has_draft=False)
+        assert spec.method == "ngram" and spec.num_speculative_tokens == 3
+    m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--method", "ngram",
+              "--speculative-config", '{"method": "draft_model"}'])
+    assert "--method" in m and "disagrees" in m
+    m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--method", "nope",
+              "--speculative-config", '{"num_speculative_tokens": 3}'])
+    assert "--method" in m and "nope" in m
+
+
 def test_no_subcommand_prints_help(capsys):
     assert cli.main([]) == 2
     assert "profile" in capsys.readouterr().err

@@ -83,10 +83,15 @@ def test_cli_profile_synthetic_with_given_acceptance(tmp_path, capsys):
     assert "0.681" in capsys.readouterr().out
     two = list(base)
     two[6] = '{"num_speculative_tokens": 2}'
+    two[-1] = fresh = str(tmp_path / "q.json")
     with pytest.raises(SystemExit, match="--acceptance: give a_1..a_K for every K up to 2"):
         main(two + ["--acceptance", "0.5"])
+    with pytest.raises(SystemExit, match="--acceptance: values: a_2 = 0.6 exceeds a_1 = 0.5"):
+        main(two + ["--acceptance", "0.5,0.6"])
     with pytest.raises(SystemExit, match="--synthetic: unknown model 'gpt-2'"):
-        main(["profile", "--synthetic", "gpt-2", "--out", str(out)])
+        main(["profile", "--synthetic", "gpt-2", "--out", fresh])
     with pytest.raises(SystemExit, match="--draft-synthetic: vocabulary"):
         main(["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "qwen3-0.6b",
-              "--out", str(out)])
+              "--out", fresh])
+    with pytest.raises(SystemExit, match="--out: .*exists; pass --overwrite"):
+        main(base + ["--acceptance", "0.681"])  # before any model is built

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from dsd_jax.bench.profiles import shipped_profile
-from dsd_jax.bench.report import format_hist, format_table, summarize, write_json, write_plot
+from dsd_jax.bench.report import check_plot_path, format_hist, format_table, summarize, write_json, write_plot
 from dsd_jax.bench.run import run_bench
 from dsd_jax.bench.settings import config_list, has_dynamic, int_list, methods_of, mode, with_method
-from dsd_jax.loading import ArgumentError, load_eagle3_head, load_models
+from dsd_jax.loading import ArgumentError, check_outputs, load_eagle3_head, load_models
 from dsd_jax.sampling import SamplingParams
 
 DEMO_PROMPT_INDEX = 22  # a held-out prompt (the built-in pair is small: its completions are rough)
@@ -51,29 +51,67 @@ def _profile_out(out_json: str | None, given, configs, method: str) -> str | Non
     return os.path.splitext(out_json)[0] + (".eagle3" if method == "eagle3" else "") + ".profile.json"
 
 
+def _profiles(args, quick: bool, configs, source: str) -> tuple:
+    """(draft-model profile, EAGLE-3 profile) the run reads: the flags', else for the built-in
+    pair's dynamic configuration the shipped one (None: measured in the run)."""
+    profile, eagle3_profile = getattr(args, "profile", None), getattr(args, "eagle3_profile", None)
+    if profile is None and source == "builtin" and has_dynamic(configs, "draft_model"):
+        profile = shipped_profile(quick)
+    return profile, eagle3_profile
+
+
+# `check_outputs` labels of the profiles a run measures and saves beside --json
+PROFILE_OUT = "--json the profile measured in the run, saved beside --json"
+EAGLE3_PROFILE_OUT = "--json eagle3-dynamic's profile measured in the run, saved beside --json"
+
+
+def _outputs(args, configs, profile, eagle3_profile) -> dict[str, str | None]:
+    """Every file the run writes (None: not written), by its `check_outputs` label."""
+    out_json = getattr(args, "json", None)
+    return {"--json": out_json, "--plot": getattr(args, "plot", None),
+            PROFILE_OUT: _profile_out(out_json, profile, configs, "draft_model"),
+            EAGLE3_PROFILE_OUT: _profile_out(out_json, eagle3_profile, configs, "eagle3")}
+
+
+def _check_paths(args, outputs) -> None:
+    """Before any model is loaded: a --plot format matplotlib writes, and no output that is
+    another output or an input (--profile, --eagle3-profile, --tokenizer)."""
+    plot = getattr(args, "plot", None)
+    if plot:
+        try:
+            check_plot_path(plot)
+        except ValueError as e:
+            raise ArgumentError("--plot", str(e)) from e
+    check_outputs(outputs.items(), [(f, getattr(args, a, None)) for f, a in (
+        ("--profile", "profile"), ("--eagle3-profile", "eagle3_profile"), ("--tokenizer", "tokenizer"))],
+        overwrite=True)
+
+
 def main(args) -> int:
     """`dsd-jax bench`. args: its parsed flags (see `dsd_jax.cli`); a bad one raises
     `dsd_jax.loading.ArgumentError`."""
     quick = bool(getattr(args, "quick", False))
+    configs = _configs(args, quick)
+    custom = getattr(args, "target", None) or getattr(args, "hf_target", None)
+    profile, eagle3_profile = _profiles(args, quick, configs, "custom" if custom else "builtin")
+    outputs = _outputs(args, configs, profile, eagle3_profile)
+    _check_paths(args, outputs)
     target, draft, tokenizer, source = load_models(args)
     if source != "builtin" and tokenizer is None:
         raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "
                             "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
     d = mode(quick)
-    configs = _configs(args, quick)
     head = (load_eagle3_head("--eagle3", getattr(args, "eagle3", None), source, getattr(args, "dtype", None)
                              or "float32") if "eagle3" in methods_of(configs) else None)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
-    profile, eagle3_profile = getattr(args, "profile", None), getattr(args, "eagle3_profile", None)
-    if profile is None and source == "builtin" and has_dynamic(configs, "draft_model"):
-        profile = shipped_profile(quick)
+    # an existing result is refused once every other flag is checked, before the long run
+    check_outputs(outputs.items(), overwrite=bool(getattr(args, "overwrite", False)))
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
     rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes)),
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
-                     profile_out=_profile_out(out_json, profile, configs, "draft_model"),
-                     eagle3=head, eagle3_profile=eagle3_profile,
-                     eagle3_profile_out=_profile_out(out_json, eagle3_profile, configs, "eagle3"),
+                     profile_out=outputs[PROFILE_OUT], eagle3=head, eagle3_profile=eagle3_profile,
+                     eagle3_profile_out=outputs[EAGLE3_PROFILE_OUT],
                      eagle3_max_batch=getattr(args, "eagle3_max_batch", None),
                      compilation_cache_dir=getattr(args, "compilation_cache_dir", None),
                      mesh=_mesh(getattr(args, "mesh", None)))

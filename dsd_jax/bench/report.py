@@ -343,6 +343,19 @@ def config_colors(configs) -> dict:
     return {c: cmap(i % 10) for i, c in enumerate(configs)}
 
 
+def check_plot_path(path: str | os.PathLike) -> None:
+    """A ValueError unless matplotlib can write a figure to `path`, by its extension (checked
+    before a run: `savefig` would fail only after it; without an extension it would append
+    ".png" and write another file)."""
+    from matplotlib.backend_bases import FigureCanvasBase  # the formats, without a pyplot backend
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    ext = os.path.splitext(os.fspath(path))[1][1:].lower()
+    if ext not in formats:
+        why = f"matplotlib cannot write {ext!r} files" if ext else "no file extension"
+        raise ValueError(f"{os.fspath(path)!r}: {why}; give a file name ending in ." + ", .".join(formats))
+
+
 def save_figure(fig, path: str | os.PathLike) -> None:
     fig.tight_layout()
     path = os.fspath(path)

@@ -36,6 +36,9 @@ import jax
 import numpy as np
 
 TRANSFORMS = ("identity", "transpose", "merge_out", "merge_in")
+# Dtypes a trainer leaf may have to feed one of our parameters: casting anything else
+# (int8 codes of a quantised layer, a bool mask) would give garbage weights.
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +123,12 @@ def _after(transform: str, shape: tuple) -> tuple | None:
 
 @functools.lru_cache(maxsize=64)
 def plan(mapping: ParamMapping, theirs: tuple, ours: tuple) -> tuple:
-    """((their name, our name, transform), ...) in our leaf order, from ((name, shape), ...)
-    of both trees. Raises ValueError naming the first leaf that does not fit."""
-    their_shapes = dict(theirs)
+    """((their name, our name, transform), ...) in our leaf order, from ((name, shape,
+    dtype name), ...) of the trainer's tree and ((name, shape), ...) of ours. Raises
+    ValueError naming the first leaf that does not fit (a leaf feeding one of ours must
+    have a floating dtype; ignored ones, e.g. step counters, may have any)."""
+    their_shapes = {name: shape for name, shape, _ in theirs}
+    their_dtypes = {name: dtype for name, _, dtype in theirs}
     steps, used = [], set()
     compiled = [(r, _pattern(r.ours)) for r in mapping.rules]
     for name, shape in ours:
@@ -138,6 +144,10 @@ def plan(mapping: ParamMapping, theirs: tuple, ours: tuple) -> tuple:
             near = [n for n in their_shapes if n.split(".")[-1] == source.split(".")[-1]][:3]
             raise ValueError(f"mapping {mapping.name!r}: the trainer's state has no leaf {source!r} "
                              f"(for our {name!r})" + (f"; similar: {near}" if near else ""))
+        if their_dtypes[source] not in FLOAT_DTYPES:
+            raise ValueError(f"mapping {mapping.name!r}: trainer leaf {source!r} (for our {name!r}) has "
+                             f"dtype {their_dtypes[source]}, expected a floating dtype "
+                             f"({', '.join(FLOAT_DTYPES)}): a quantised or non-weight leaf?")
         got = _after(rule.transform, tuple(their_shapes[source]))
         if got != tuple(shape):
             raise ValueError(f"mapping {mapping.name!r}: trainer leaf {source!r} of shape "
@@ -176,9 +186,10 @@ def map_params(mapping: ParamMapping, state, like):
     their_leaves, _ = flatten(state)
     our_leaves, treedef = flatten(like)
     for n, x in their_leaves.items():
-        if not hasattr(x, "shape"):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise ValueError(f"trainer leaf {n!r} is a {type(x).__name__}, not an array")
-    steps = plan(mapping, tuple((n, tuple(x.shape)) for n, x in their_leaves.items()),
+    # str, not np.dtype: an ignored leaf may have a dtype numpy lacks (a PRNG key's)
+    steps = plan(mapping, tuple((n, tuple(x.shape), str(x.dtype)) for n, x in their_leaves.items()),
                  tuple((n, tuple(x.shape)) for n, x in our_leaves.items()))
     targets = [our_leaves[ours] for _, ours, _ in steps]
     spec = tuple((t, tuple(o.shape), np.dtype(o.dtype)) for (_, _, t), o in zip(steps, targets))

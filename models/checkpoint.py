@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -24,6 +25,8 @@ from .transformer import Transformer, init_model
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+# What Orbax's metadata read needs in params/: without one of these it returns no tree.
+_ORBAX_ENTRIES = ("_METADATA", "manifest.ocdbt", "d/")
 
 
 def _pure_params(model: Transformer) -> dict:
@@ -41,6 +44,14 @@ def _flatten(tree, prefix=()) -> dict:
     else:
         out["/".join(prefix)] = tree
     return out
+
+
+def _metadata_problem(params_dir: Path) -> str:
+    """Why Orbax found no parameter tree in `params_dir`, for the error message."""
+    missing = [name for name in _ORBAX_ENTRIES if not (params_dir / name).exists()]
+    if missing:
+        return f"{', '.join(missing)} missing (an incomplete or partly copied checkpoint)"
+    return "no parameter metadata (a corrupt checkpoint)"
 
 
 def _checkpointer():
@@ -117,6 +128,10 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None) -> Transformer
     abs_state = nnx.state(abstract, nnx.Param)
     expected = _flatten(nnx.to_pure_dict(abs_state))
 
+    if (params_dir / "manifest.ocdbt").exists() != (params_dir / "d").is_dir():
+        # half an OCDBT checkpoint (manifest or data gone): Orbax would fail noisily in its event loop
+        raise ValueError(f"cannot read the parameter checkpoint in {params_dir}: "
+                         f"{_metadata_problem(params_dir)}")
     ckptr = _checkpointer()
     try:
         try:
@@ -125,7 +140,10 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None) -> Transformer
             raise ValueError(f"cannot read the parameter checkpoint in {params_dir}: {e}") from None
         tree = getattr(meta, "item_metadata", meta)
         tree = getattr(tree, "tree", tree)
-        found = _flatten(dict(tree) if not isinstance(tree, dict) else tree)
+        if not isinstance(tree, Mapping):
+            raise ValueError(f"cannot read the parameter checkpoint in {params_dir}: "
+                             f"{_metadata_problem(params_dir)}")
+        found = _flatten(dict(tree))
         missing = sorted(set(expected) - set(found))
         extra = sorted(set(found) - set(expected))
         if missing or extra:

@@ -3,12 +3,100 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+               "num_kv_heads", "head_dim", "max_position_embeddings")
+_BOOL_FIELDS = ("tie_word_embeddings", "qkv_bias", "qk_norm")
+# The llama3 RoPE scaling keys `transformer.rope_inv_freq` reads (all but `factor` have defaults).
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_MISSING = object()
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(value) -> str:
+    return "null" if value is None else f"{value!r} ({type(value).__name__})"
+
+
+def hf_field(hf: dict, name: str, kind: type, default: Any = _MISSING, null_default: bool = False,
+             where: str = "config.json"):
+    """`hf[name]` converted to `kind` (int, float or bool), or a ValueError naming the field
+    when it is missing (and has no `default`) or of the wrong type. Only an integral number
+    converts to int (a string or 3.5 would otherwise be truncated or crash without a name).
+    null_default: a null value means `default` (HF derives these fields when null)."""
+    value = hf.get(name, _MISSING)
+    if value is _MISSING or (value is None and null_default):
+        if default is _MISSING:
+            raise ValueError(f"{where} is missing required field {name!r}")
+        return default
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: {name} must be true or false, got {_shown(value)}")
+    if kind is int:
+        if _is_int(value) or (_is_real(value) and float(value).is_integer()):
+            return int(value)
+        raise ValueError(f"{where}: {name} must be an integer, got {_shown(value)}")
+    if _is_real(value):
+        return float(value)
+    raise ValueError(f"{where}: {name} must be a finite number, got {_shown(value)}")
+
+
+def check_rope_scaling(value) -> tuple[tuple[str, Any], ...] | None:
+    """`rope_scaling` in its canonical form: None (no scaling), or the sorted (key, value)
+    pairs of a llama3 scaling. Any other RoPE type is a ValueError: the transformer would
+    compute it as no scaling, i.e. silently wrong positions for a long-context model."""
+    if value is None:
+        return None
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                                        for p in value):
+        d = dict(value)
+    elif isinstance(value, dict):
+        d = dict(value)
+    else:
+        raise ValueError(f"rope_scaling must be null or a dict of llama3 RoPE scaling settings, got "
+                         f"{value!r}")
+    if "type" in d:  # the legacy spelling of rope_type
+        legacy = d.pop("type")
+        if d.setdefault("rope_type", legacy) != legacy:
+            raise ValueError(f"rope_scaling gives rope_type {d['rope_type']!r} and type {legacy!r}")
+    if not d or d.get("rope_type") == "default":
+        return None
+    if d.get("rope_type") != "llama3":
+        raise ValueError(f"unsupported rope_scaling type {d.get('rope_type')!r} (supported: llama3) "
+                         f"in rope_scaling {value!r}")
+    unknown = sorted(set(d) - {"rope_type", *LLAMA3_ROPE_KEYS})
+    if unknown:
+        raise ValueError(f"rope_scaling: unknown llama3 key(s) {unknown}; known: "
+                         f"{', '.join(LLAMA3_ROPE_KEYS)}")
+    if "factor" not in d:
+        raise ValueError(f"rope_scaling: a llama3 scaling needs a 'factor', got {value!r}")
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        if key in d and not (_is_real(d[key]) and d[key] > 0):
+            raise ValueError(f"rope_scaling: {key} must be a positive finite number, got {_shown(d[key])}")
+    # rope_inv_freq interpolates between the two wavelength bounds: divides by high - low.
+    if not d.get("high_freq_factor", 4.0) > d.get("low_freq_factor", 1.0):
+        raise ValueError(f"rope_scaling: high_freq_factor ({d.get('high_freq_factor', 4.0)}) must exceed "
+                         f"low_freq_factor ({d.get('low_freq_factor', 1.0)})")
+    old_len = d.get("original_max_position_embeddings", 8192)
+    if not (_is_int(old_len) and old_len > 0):
+        raise ValueError(f"rope_scaling: original_max_position_embeddings must be a positive integer, "
+                         f"got {_shown(old_len)}")
+    return tuple(sorted(d.items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +110,8 @@ class ModelConfig:
     head_dim: int
     model_type: str = "llama"
     rope_theta: float = 10000.0
-    # Llama 3 frequency scaling as a tuple of (key, value) pairs so the config stays hashable.
+    # Llama 3 frequency scaling as sorted (key, value) pairs so the config stays hashable
+    # (a dict is accepted and converted; see `check_rope_scaling`).
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
@@ -32,21 +121,33 @@ class ModelConfig:
     dtype: str = "float32"  # parameter and activation dtype
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
+        if not isinstance(self.model_type, str) or self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        if self.dtype not in _DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        # Type checks name the field: a null or a string would otherwise fail far from here.
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {_shown(value)}")
+            object.__setattr__(self, name, int(value))  # numpy ints: one canonical (hashable, JSON) form
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not _is_real(value) or value < 0 or (name == "rope_theta" and value == 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'rope_theta' else 'non-negative'} "
+                                 f"finite number, got {_shown(value)}")
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {_shown(getattr(self, name))}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        object.__setattr__(self, "rope_scaling", check_rope_scaling(self.rope_scaling))
 
     @property
     def jnp_dtype(self):
@@ -66,36 +167,37 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"a ModelConfig dict must be a JSON object, got {type(d).__name__}")
         d = dict(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
-        if d.get("rope_scaling"):
-            d["rope_scaling"] = tuple(sorted(d["rope_scaling"].items()))
-        return cls(**d)
+        return cls(**d)  # __post_init__ checks every field, rope_scaling (a dict here) included
 
     @classmethod
     def from_hf(cls, hf: dict, dtype: str = "float32") -> "ModelConfig":
         """Builds a config from a Hugging Face `config.json` dict."""
+        if not isinstance(hf, dict):
+            raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r} in config.json; supported: "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-        try:
-            num_heads = int(hf["num_attention_heads"])
-            hidden = int(hf["hidden_size"])
-            cfg = dict(
-                vocab_size=int(hf["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(hf["intermediate_size"]),
-                num_layers=int(hf["num_hidden_layers"]),
-                num_heads=num_heads,
-                num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-                head_dim=int(hf.get("head_dim") or hidden // num_heads),
-            )
-        except KeyError as e:
-            raise ValueError(f"config.json is missing required field {e.args[0]!r}") from None
+        num_heads = hf_field(hf, "num_attention_heads", int)
+        hidden = hf_field(hf, "hidden_size", int)
+        if num_heads <= 0:
+            raise ValueError(f"config.json: num_attention_heads must be positive, got {num_heads}")
+        cfg = dict(
+            vocab_size=hf_field(hf, "vocab_size", int),
+            hidden_size=hidden,
+            intermediate_size=hf_field(hf, "intermediate_size", int),
+            num_layers=hf_field(hf, "num_hidden_layers", int),
+            num_heads=num_heads,
+            num_kv_heads=hf_field(hf, "num_key_value_heads", int, num_heads, null_default=True),
+            head_dim=hf_field(hf, "head_dim", int, hidden // num_heads, null_default=True),
+        )
         # Features this model family does not implement: refuse rather than load wrong numbers.
         if hf.get("hidden_act", "silu") not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r} (supported: silu)")
@@ -106,32 +208,32 @@ class ModelConfig:
         if hf.get("use_sliding_window"):
             raise ValueError("unsupported: use_sliding_window=true (sliding-window attention)")
         scaling = hf.get("rope_scaling") or None
-        rope_theta = hf.get("rope_theta")
+        rope_theta = hf_field(hf, "rope_theta", float, None, null_default=True)
         rope_params = hf.get("rope_parameters")  # transformers >= 5 nests RoPE settings here
-        if isinstance(rope_params, dict):
-            rope_theta = rope_params.get("rope_theta", rope_theta)
+        for name, block in (("rope_scaling", scaling), ("rope_parameters", rope_params)):
+            if block is not None and not isinstance(block, dict):
+                raise ValueError(f"config.json: {name} must be null or an object, got {block!r}")
+        if rope_params:
+            rope_theta = hf_field(rope_params, "rope_theta", float, rope_theta, null_default=True,
+                                  where="config.json rope_parameters")
             if rope_params.get("rope_type", rope_params.get("type", "default")) != "default":
                 scaling = rope_params
-        for src in (hf, rope_params if isinstance(rope_params, dict) else {}, scaling or {}):
-            if float(src.get("partial_rotary_factor", 1.0)) != 1.0:
+        for src, where in ((hf, "config.json"), (rope_params or {}, "config.json rope_parameters"),
+                           (scaling or {}, "config.json rope_scaling")):
+            if hf_field(src, "partial_rotary_factor", float, 1.0, where=where) != 1.0:
                 raise ValueError("unsupported: partial_rotary_factor != 1")
-        if scaling:
-            rope_type = scaling.get("rope_type", scaling.get("type"))
-            if rope_type not in ("llama3", "default"):
-                raise ValueError(f"unsupported rope_scaling type {rope_type!r} (supported: llama3)")
-            scaling = None if rope_type == "default" else tuple(sorted(
-                (k, v) for k, v in scaling.items()
-                if k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")))
-            scaling = (("rope_type", "llama3"),) + scaling if scaling else None
+        if scaling:  # only the scaling keys (rope_parameters also holds rope_theta); __post_init__ checks
+            scaling = {k: v for k, v in scaling.items() if k in ("rope_type", "type", *LLAMA3_ROPE_KEYS)}
         return cls(
             **cfg,
             model_type=model_type,
-            rope_theta=float(rope_theta or 10000.0),
+            rope_theta=10000.0 if rope_theta is None else rope_theta,
             rope_scaling=scaling,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            rms_norm_eps=hf_field(hf, "rms_norm_eps", float, 1e-6),
+            # transformers reads a null tie_word_embeddings as false
+            tie_word_embeddings=hf_field(hf, "tie_word_embeddings", bool, False, null_default=True),
             qkv_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases (and no o_proj bias)
             qk_norm=model_type == "qwen3",
-            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            max_position_embeddings=hf_field(hf, "max_position_embeddings", int, 4096),
             dtype=dtype,
         )

@@ -32,8 +32,9 @@ import numpy as np
 from flax import nnx
 
 from dsd_jax import kernels
-from .config import ModelConfig
-from .hf import CONFIG_FILE, WEIGHTS_FILE, _TensorReader, _weight_files, read_hf_config, read_tensor
+from .config import ModelConfig, _is_int, hf_field
+from .hf import (CONFIG_FILE, WEIGHTS_FILE, _TensorReader, _weight_files, check_out_dir, read_hf_config,
+                 read_tensor)
 from .transformer import KVCache, _normal, apply_rope, rms_norm, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -57,13 +58,15 @@ class Eagle3Config(ModelConfig):
         super().__post_init__()
         if self.num_layers != 1:
             raise ValueError(f"an EAGLE-3 head has one decoder layer, got num_layers={self.num_layers}")
-        if not 1 <= self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got "
-                             f"{self.draft_vocab_size}")
+        if not _is_int(self.draft_vocab_size) or not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be an integer in 1..vocab_size ({self.vocab_size}), got "
+                             f"{self.draft_vocab_size!r}")
         if self.aux_layers is not None:
-            object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
-            if len(self.aux_layers) == 0 or min(self.aux_layers) < 0:
-                raise ValueError(f"aux_layers must be non-negative layer indices, got {self.aux_layers}")
+            aux = self.aux_layers
+            if (not isinstance(aux, (list, tuple)) or len(aux) == 0
+                    or not all(_is_int(i) and i >= 0 for i in aux)):
+                raise ValueError(f"aux_layers must be non-negative layer indices, got {aux!r}")
+            object.__setattr__(self, "aux_layers", tuple(int(i) for i in aux))
 
     def target_aux_layers(self, target: ModelConfig) -> tuple[int, ...]:
         """The target layers to read, checked against the target's shape."""
@@ -194,7 +197,9 @@ _KEYS = {
 
 
 def eagle3_config_from_hf(hf: dict, dtype: str = "float32") -> Eagle3Config:
-    if int(hf.get("num_hidden_layers", 1)) != 1:
+    if not isinstance(hf, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
+    if hf_field(hf, "num_hidden_layers", int, 1) != 1:
         raise ValueError(f"an EAGLE-3 head has one decoder layer; config.json says "
                          f"num_hidden_layers={hf['num_hidden_layers']}")
     hf = {"model_type": "llama", **hf, "num_hidden_layers": 1}
@@ -203,9 +208,14 @@ def eagle3_config_from_hf(hf: dict, dtype: str = "float32") -> Eagle3Config:
                          f"{hf.get('hidden_size')} (a head narrower than its target)")
     base = ModelConfig.from_hf(hf, dtype=dtype)
     vocab = base.vocab_size
-    draft_vocab = int(hf.get("draft_vocab_size") or vocab)
+    draft_vocab = hf_field(hf, "draft_vocab_size", int, vocab, null_default=True)
     eagle = hf.get("eagle_config") or {}
-    aux = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    if not isinstance(eagle, dict):
+        raise ValueError(f"config.json: eagle_config must be an object, got {eagle!r}")
+    aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None and not isinstance(aux, list):
+        raise ValueError(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids must be a list of "
+                         f"layer indices, got {aux!r}")
     return Eagle3Config(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ModelConfig)},
                         draft_vocab_size=draft_vocab, aux_layers=tuple(aux) if aux else None)
 
@@ -302,15 +312,16 @@ def hf_eagle3_config(cfg: Eagle3Config) -> dict:
     return out
 
 
-def save_eagle3(head: Eagle3Head, directory, dtype: str | None = None) -> str:
+def save_eagle3(head: Eagle3Head, directory, dtype: str | None = None, *, overwrite: bool = False) -> str:
     """Writes `head` in the published layout (`config.json`, `model.safetensors` with
     `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` int64, `t2d` bool).
-    dtype: optionally cast the weights ("float32" or "bfloat16")."""
+    dtype: optionally cast the weights ("float32" or "bfloat16").
+    overwrite: replace the checkpoint already in `directory` (otherwise an error, as `save_hf`)."""
     from safetensors.numpy import save_file
 
     cfg = head.config if dtype is None else head.config.replace(dtype=dtype)
     np_dtype = np.dtype(cfg.jnp_dtype)
-    os.makedirs(directory, exist_ok=True)
+    directory = check_out_dir(directory, overwrite, "save_eagle3")
     tensors = {}
     for (name,), var in nnx.to_flat_state(nnx.state(head)):
         arr = np.asarray(jax.device_get(var.get_value()))

@@ -24,6 +24,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -34,6 +35,11 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+# Files whose presence means a directory already holds a checkpoint (save_hf, save_eagle3).
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TOKENIZER_FILE)
+# Parameter dtypes a checkpoint may store; anything else (int8 codes, bool) cast to float
+# would load as garbage weights.
+FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.bfloat16, np.float16, np.float32, np.float64))
 
 # Our per-layer parameter -> (HF name under `model.layers.N.`, transpose?).
 _LAYER_MAP = {
@@ -75,35 +81,63 @@ def read_hf_config(path) -> dict:
     cfg_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{cfg_path!r} not found: a Hugging Face checkpoint needs {CONFIG_FILE}")
+    cfg = _read_json(cfg_path)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path!r} must hold a JSON object, got a {type(cfg).__name__}")
+    return cfg
+
+
+def _read_json(file: str):
     try:
-        with open(cfg_path) as f:
+        with open(file, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_path!r} is not valid JSON: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file!r} is not valid JSON: {e}") from None
+
+
+def _open_safetensors(file: str):
+    from safetensors import safe_open
+
+    try:
+        return safe_open(file, framework="np")
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
+        raise ValueError(f"cannot read {file!r} (corrupt or truncated safetensors file?): {e}") from e
+
+
+def _read_index(index: str) -> dict[str, str]:
+    """The `weight_map` (tensor name -> shard file name) of a sharded checkpoint's index."""
+    doc = _read_json(index)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index!r} is not a valid safetensors index: it needs a \"weight_map\" "
+                         "object mapping tensor names to shard files")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise ValueError(f"{index!r}: the shard file of tensor {name!r} must be a file name, "
+                             f"got {shard!r}")
+    return weight_map
 
 
 def _weight_files(path: str) -> dict[str, str]:
     """Maps every tensor name to the safetensors file that holds it."""
-    from safetensors import safe_open
-
     single = os.path.join(path, WEIGHTS_FILE)
     index = os.path.join(path, WEIGHTS_INDEX_FILE)
     if os.path.isfile(single):
-        with safe_open(single, framework="np") as f:
+        with _open_safetensors(single) as f:
             return {name: single for name in f.keys()}
     if os.path.isfile(index):
-        try:
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index!r} is not a valid safetensors index ({e!r})") from None
-        files = {}
-        for name, shard in weight_map.items():
+        files, shards = {}, {}
+        for name, shard in _read_index(index).items():
             shard_path = os.path.join(path, shard)
             if os.path.dirname(os.path.normpath(shard)) or not shard.endswith(".safetensors"):
                 raise ValueError(f"{index!r} names an unexpected shard file {shard!r} for {name!r}")
             if not os.path.isfile(shard_path):
                 raise FileNotFoundError(f"shard {shard_path!r} listed in {index!r} (for {name!r}) not found")
+            if shard_path not in shards:  # headers only: cheap, and a bad shard is named up front
+                with _open_safetensors(shard_path) as f:
+                    shards[shard_path] = set(f.keys())
+            if name not in shards[shard_path]:
+                raise ValueError(f"{index!r} lists tensor {name!r} in {shard!r}, which does not hold it")
             files[name] = shard_path
         return files
     found = sorted(os.listdir(path))
@@ -120,12 +154,14 @@ class _TensorReader:
         self._open: dict[str, Any] = {}
 
     def get(self, name: str) -> np.ndarray:
-        from safetensors import safe_open
-
         file = self.files[name]
         if file not in self._open:
-            self._open[file] = safe_open(file, framework="np")
-        return self._open[file].get_tensor(name)
+            self._open[file] = _open_safetensors(file)
+        try:
+            return self._open[file].get_tensor(name)
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            raise ValueError(f"cannot read tensor {name!r} from {file!r} (corrupt safetensors file?): "
+                             f"{e}") from e
 
     def close(self):
         self._open.clear()
@@ -141,8 +177,8 @@ def _hf_name(path: tuple) -> tuple[str, bool]:
 
 def read_tensor(reader, files, path, name: str, shape: tuple, transpose: bool, dtype, what: str):
     """Tensor `name` of a safetensors checkpoint as a device array of our `shape` (stored
-    transposed in the HF layout when `transpose`), with clear errors for a missing tensor
-    or a wrong shape; `what` ends the missing-tensor message (e.g. "for llama")."""
+    transposed in the HF layout when `transpose`), with clear errors for a missing tensor,
+    a wrong shape or a non-floating dtype; `what` ends the missing-tensor message (e.g. "for llama")."""
     hf_shape = shape[::-1] if transpose else shape
     if name not in files:
         raise ValueError(f"checkpoint {path!r} is missing tensor {name!r} (expected shape "
@@ -151,6 +187,9 @@ def read_tensor(reader, files, path, name: str, shape: tuple, transpose: bool, d
     if tuple(arr.shape) != hf_shape:
         raise ValueError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {hf_shape} "
                          f"from config.json")
+    if arr.dtype not in FLOAT_DTYPES:  # casting e.g. quantised int codes would give garbage weights
+        raise ValueError(f"tensor {name!r} in {files[name]!r} has dtype {arr.dtype}, expected a floating "
+                         f"dtype ({', '.join(str(t) for t in FLOAT_DTYPES)}): a quantised checkpoint?")
     arr = arr.T if transpose else arr
     return jax.device_put(np.ascontiguousarray(arr.astype(dtype, copy=False)))
 
@@ -258,21 +297,28 @@ def hf_config(cfg: ModelConfig) -> dict:
     return out
 
 
-def _check_out_dir(directory) -> str:
+def check_out_dir(directory, overwrite: bool, who: str = "save_hf") -> str:
+    """`directory`, created if needed, for writing a checkpoint: refuses a file, and a
+    directory already holding a checkpoint unless `overwrite` (as `models.save`)."""
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ValueError(f"save_hf: {directory!r} is an existing file, not a directory")
+        raise ValueError(f"{who}: {directory!r} is an existing file, not a directory")
     if os.path.isfile(os.path.join(directory, WEIGHTS_INDEX_FILE)):
-        raise ValueError(f"save_hf: {directory!r} holds a sharded checkpoint ({WEIGHTS_INDEX_FILE}); "
+        # even with overwrite: its shards would stay behind beside the new weights
+        raise ValueError(f"{who}: {directory!r} holds a sharded checkpoint ({WEIGHTS_INDEX_FILE}); "
                          "loaders would not know which weights to read: use an empty directory")
+    present = [f for f in CHECKPOINT_FILES if os.path.exists(os.path.join(directory, f))]
+    if present and not overwrite:
+        raise ValueError(f"{who}: {directory!r} already holds a checkpoint ({', '.join(present)}); "
+                         "pass overwrite=True to replace it")
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"save_hf: cannot create the directory {directory!r}: {e}") from None
+        raise ValueError(f"{who}: cannot create the directory {directory!r}: {e}") from None
     return directory
 
 
-def save_hf(model: Transformer, directory, tokenizer=None) -> str:
+def save_hf(model: Transformer, directory, tokenizer=None, *, overwrite: bool = False) -> str:
     """Writes `model` as a Hugging Face checkpoint directory; returns its path.
 
     Files: `config.json` (see `hf_config`) and `model.safetensors` (HF names, `[out, in]`
@@ -280,12 +326,16 @@ def save_hf(model: Transformer, directory, tokenizer=None) -> str:
     `tokenizers.Tokenizer` is given. `directory` is created if needed; an existing file
     there is an error. A tied model stores no `lm_head.weight` (HF ties it on load).
     Loading it back with `load_hf` gives identical parameters.
+
+    overwrite: replace the checkpoint already in `directory` (otherwise a directory holding
+    config.json, model.safetensors or tokenizer.json is an error); a tokenizer.json there
+    is kept unless `tokenizer` is given. A sharded checkpoint is never overwritten.
     """
     from safetensors.numpy import save_file
 
     cfg = model.config
     config = hf_config(cfg)
-    directory = _check_out_dir(directory)
+    directory = check_out_dir(directory, overwrite)
     tensors = {}
     for param_path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name, transpose = _hf_name(param_path)

@@ -222,7 +222,7 @@ def main(argv=None):
 
     def checkpoint(tag):
         nonlocal last_ckpt
-        save_eagle3(nnx.merge(h_graph, h_params, h_rest), out, dtype="bfloat16")
+        save_eagle3(nnx.merge(h_graph, h_params, h_rest), out, dtype="bfloat16", overwrite=True)
         record["log"] = lines[-300:]
         (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
         last_ckpt = time.time()

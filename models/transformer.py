@@ -51,7 +51,9 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     scaling = cfg.rope_scaling_dict
-    if scaling and scaling.get("rope_type") == "llama3":
+    if scaling:
+        if scaling.get("rope_type") != "llama3":  # ModelConfig refuses it; never compute it as unscaled
+            raise ValueError(f"unsupported rope_scaling {scaling!r} (supported: llama3)")
         factor = scaling["factor"]
         low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
         old_len = scaling.get("original_max_position_embeddings", 8192)

@@ -122,3 +122,74 @@ def test_dtype_mismatch_named(tmp_path):
 def test_save_rejects_non_model(tmp_path):
     with pytest.raises(TypeError):
         save({"a": 1}, tmp_path / "c")
+
+
+@pytest.mark.parametrize("missing", ["_METADATA", "manifest.ocdbt", "d"])
+def test_incomplete_params_named(tmp_path, missing):
+    """Orbax returns no tree without these: the error names the directory and the file."""
+    import shutil
+    save(init_model(CFG), tmp_path / "c")
+    entry = tmp_path / "c" / "params" / missing
+    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'c' / 'params'}: {missing}/? missing"):
+        restore(tmp_path / "c")
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"vocab_size": None}, "vocab_size must be a positive integer, got null"),
+    ({"num_heads": "4"}, r"num_heads must be a positive integer, got '4' \(str\)"),
+    ({"rms_norm_eps": None}, "rms_norm_eps must be a non-negative finite number, got null"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be True or False"),
+    ({"rope_scaling": [1, 2]}, r"rope_scaling must be null or a dict.*\[1, 2\]"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "unsupported rope_scaling type 'yarn'"),
+])
+def test_config_field_types_named(tmp_path, changes, match):
+    with pytest.raises(ValueError, match=f"invalid checkpoint config .*config.json: {match}"):
+        restore(_swap_config(tmp_path, **changes))
+
+
+def test_from_dict_needs_a_dict():
+    with pytest.raises(ValueError, match="must be a JSON object, got list"):
+        ModelConfig.from_dict([1, 2])
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("scaling, match", [
+    ({"rope_type": "yarn", "factor": 4.0}, "unsupported rope_scaling type 'yarn'"),
+    ({"rope_type": "linear", "factor": 4.0}, "unsupported rope_scaling type 'linear'"),
+    ({"type": "dynamic", "factor": 4.0}, "unsupported rope_scaling type 'dynamic'"),
+    ([("rope_type", "llama3"), ("factor", 8.0)], "rope_scaling must be null or a dict"),
+    ({k: v for k, v in LLAMA3.items() if k != "factor"}, "needs a 'factor'"),
+    ({**LLAMA3, "factor": 0.0}, "factor must be a positive finite number, got 0.0"),
+    ({**LLAMA3, "factor": float("inf")}, "factor must be a positive finite number, got inf"),
+    ({**LLAMA3, "factor": "8"}, "factor must be a positive finite number, got '8'"),
+    ({**LLAMA3, "low_freq_factor": 4.0}, "high_freq_factor .* must exceed low_freq_factor"),
+    ({**LLAMA3, "original_max_position_embeddings": None}, "original_max_position_embeddings must be"),
+    ({**LLAMA3, "beta_fast": 32}, r"unknown llama3 key\(s\) \['beta_fast'\]"),
+    ({**LLAMA3, "type": "yarn"}, "rope_type 'llama3' and type 'yarn'"),
+])
+def test_rope_scaling_validated_at_construction(scaling, match):
+    """Refused when the config is built, not at the first forward (and never computed as
+    unscaled RoPE, as other types used to be)."""
+    with pytest.raises(ValueError, match=match):
+        CFG.replace(rope_scaling=scaling)
+
+
+def test_rope_scaling_canonical_form(tmp_path):
+    from dsd_jax.models.synthetic import SYNTHETIC_CONFIGS, synthetic_config
+    from dsd_jax.models.transformer import rope_inv_freq
+    cfg = CFG.replace(rope_scaling=LLAMA3)
+    assert cfg.rope_scaling == tuple(sorted(LLAMA3.items())) and hash(cfg)
+    legacy = {("type" if k == "rope_type" else k): v for k, v in LLAMA3.items()}
+    assert CFG.replace(rope_scaling=legacy) == cfg  # the legacy key is the same scaling
+    assert CFG.replace(rope_scaling=tuple(reversed(cfg.rope_scaling))) == cfg
+    assert not np.array_equal(rope_inv_freq(cfg), rope_inv_freq(CFG))
+    assert CFG.replace(rope_scaling={"rope_type": "default"}).rope_scaling is None
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    save(init_model(cfg), tmp_path / "c")
+    assert restore(tmp_path / "c").config == cfg
+    for name in SYNTHETIC_CONFIGS:  # the real Llama 3.1 / 3.2 scalings load
+        synthetic_config(name)

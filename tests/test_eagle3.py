@@ -121,6 +121,13 @@ def test_default_feature_layers_follow_the_target():
     ("extra", "tensor\\(s\\) an EAGLE-3 head does not use: 'midlayer.extra.weight'"),
     ("no_d2t", "no 'd2t' tensor but a reduced draft vocabulary"),
     ("layers", "one decoder layer; config.json says num_hidden_layers=2"),
+    ("truncated", r"cannot read '.*model\.safetensors' \(corrupt or truncated safetensors file\?\)"),
+    ("int_tensor", r"tensor 'fc\.weight' in '.*model\.safetensors' has dtype int32, expected a floating"),
+    ("draft_vocab_str", r"config.json: draft_vocab_size must be an integer, got '48' \(str\)"),
+    ("layers_null", "config.json: num_hidden_layers must be an integer, got null"),
+    ("eagle_config_list", r"config.json: eagle_config must be an object, got \[0, 1, 3\]"),
+    ("aux_str", r"eagle_aux_hidden_state_layer_ids must be a list of layer indices, got '0,1,3'"),
+    ("aux_bad", r"aux_layers must be non-negative layer indices, got \(0, 'one', 3\)"),
 ])
 def test_bad_checkpoints_are_clear_errors(tmp_path, case, match):
     cfg = head_config(64, 48)
@@ -141,8 +148,39 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, case, match):
         del t["d2t"], t["t2d"]
     elif case == "layers":
         cfg["num_hidden_layers"] = 2
+    elif case == "int_tensor":
+        t["fc.weight"] = (t["fc.weight"] * 100).astype(np.int32)
+    elif case == "draft_vocab_str":
+        cfg["draft_vocab_size"] = "48"
+    elif case == "layers_null":
+        cfg["num_hidden_layers"] = None
+    elif case == "eagle_config_list":
+        cfg["eagle_config"] = list(AUX)
+    elif case == "aux_str":
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": "0,1,3"}
+    elif case == "aux_bad":
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, "one", 3]}
+    path = write_head(tmp_path / case, cfg, t)
+    if case == "truncated":
+        data = (path / "model.safetensors").read_bytes()
+        (path / "model.safetensors").write_bytes(data[:len(data) // 2])
     with pytest.raises(ValueError, match=match):
-        load_eagle3(write_head(tmp_path / case, cfg, t))
+        load_eagle3(path)
+
+
+def test_save_refuses_an_existing_head(tmp_path, head):
+    out = save_eagle3(head, tmp_path / "h")
+    before = (tmp_path / "h" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"save_eagle3: .* already holds a checkpoint \(config\.json, "
+                                         r"model\.safetensors\); pass overwrite=True"):
+        save_eagle3(head, out, dtype="bfloat16")
+    assert (tmp_path / "h" / "model.safetensors").read_bytes() == before
+    save_eagle3(head, out, dtype="bfloat16", overwrite=True)
+    assert load_eagle3(out).config.dtype == "float32"  # loads in the dtype asked for, from bf16 weights
+    assert json.loads((tmp_path / "h" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="existing file, not a directory"):
+        save_eagle3(head, tmp_path / "file")
 
 
 def test_missing_directory_and_wrong_draft(tmp_path, target, tiny_pair):

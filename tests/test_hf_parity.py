@@ -400,3 +400,131 @@ def test_save_hf_errors(tmp_path):
     with pytest.raises(ValueError, match="qkv_bias"):
         models.save_hf(odd, tmp_path / "odd")
     assert not (tmp_path / "odd").exists()  # nothing written for a model that cannot be exported
+
+
+# ---- damaged checkpoints: every problem is a ValueError naming the file and the tensor/field
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny llama checkpoint written by save_hf (no torch needed to build it)."""
+    model = models.init_model(models.ModelConfig(**{**BUILTIN_LIKE, "tie_word_embeddings": False}), seed=0)
+    return models.save_hf(model, tmp_path_factory.mktemp("exported") / "ckpt")
+
+
+def _shard(d, tensors_by_file: dict, weight_map: object):
+    """Rewrites `d` as a sharded checkpoint: the given shard files and index."""
+    os.remove(d / "model.safetensors")
+    for file, tensors in tensors_by_file.items():
+        save_file(tensors, d / file)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def _set_config(d, **fields):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(fields)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("case, match", [
+    ("truncated", r"cannot read '.*model\.safetensors' \(corrupt or truncated safetensors file\?\)"),
+    ("garbage", r"cannot read '.*model\.safetensors' \(corrupt or truncated safetensors file\?\)"),
+    ("index_list", r"index\.json' is not a valid safetensors index.*weight_map"),
+    ("index_not_object", r"index\.json' is not a valid safetensors index"),
+    ("index_null_shard", r"index\.json': the shard file of tensor 'model\.norm\.weight' must be a file name, "
+                         "got None"),
+    ("index_wrong_shard", r"index\.json' lists tensor 'model\.norm\.weight' in 'a\.safetensors', which "
+                          "does not hold it"),
+    ("config_list", r"config\.json' must hold a JSON object, got a list"),
+    ("config_not_utf8", r"config\.json' is not valid JSON"),
+    ("vocab_null", "config.json: vocab_size must be an integer, got null"),
+    ("heads_str", r"config.json: num_attention_heads must be an integer, got 'four' \(str\)"),
+    ("eps_null", "config.json: rms_norm_eps must be a finite number, got null"),
+    ("theta_str", r"config.json: rope_theta must be a finite number, got 'x' \(str\)"),
+    ("rope_list", "config.json: rope_scaling must be null or an object"),
+    ("rope_no_factor", "rope_scaling: a llama3 scaling needs a 'factor'"),
+    ("int_tensor", r"tensor 'model\.embed_tokens\.weight' in '.*model\.safetensors' has dtype int32, "
+                   "expected a floating dtype"),
+    ("bool_tensor", r"tensor 'model\.norm\.weight' in '.*' has dtype bool, expected a floating dtype"),
+])
+def test_damaged_checkpoint_is_a_clear_error(exported, tmp_path, case, match):
+    d = _copy(exported, tmp_path / "ckpt")
+    weights = d / "model.safetensors"
+    t = load_file(weights)
+    if case == "truncated":
+        data = weights.read_bytes()
+        weights.write_bytes(data[:len(data) // 2])
+    elif case == "garbage":
+        weights.write_bytes(b"\0" * 100)
+    elif case == "index_list":
+        _shard(d, {"a.safetensors": t}, list(t))
+    elif case == "index_not_object":
+        _shard(d, {"a.safetensors": t}, {})
+        (d / "model.safetensors.index.json").write_text("[1, 2]")
+    elif case == "index_null_shard":
+        _shard(d, {"a.safetensors": t}, {**{k: "a.safetensors" for k in t}, "model.norm.weight": None})
+    elif case == "index_wrong_shard":
+        norm = {"model.norm.weight": t.pop("model.norm.weight")}
+        _shard(d, {"a.safetensors": t, "b.safetensors": norm},
+               {k: "a.safetensors" for k in [*t, "model.norm.weight"]})
+    elif case == "config_list":
+        (d / "config.json").write_text("[1, 2]")
+    elif case == "config_not_utf8":
+        (d / "config.json").write_bytes(b"\xff\xfe\0garbage")
+    elif case == "vocab_null":
+        _set_config(d, vocab_size=None)
+    elif case == "heads_str":
+        _set_config(d, num_attention_heads="four")
+    elif case == "eps_null":
+        _set_config(d, rms_norm_eps=None)
+    elif case == "theta_str":
+        _set_config(d, rope_theta="x")
+    elif case == "rope_list":
+        _set_config(d, rope_scaling=[1, 2], rope_parameters=None)
+    elif case == "rope_no_factor":
+        scaling = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+        _set_config(d, rope_scaling=scaling, rope_parameters={**scaling, "rope_theta": 10000.0})
+    elif case == "int_tensor":
+        _rewrite_weights(d, lambda t: t.__setitem__(
+            "model.embed_tokens.weight", (t["model.embed_tokens.weight"] * 1000).astype(np.int32)))
+    elif case == "bool_tensor":
+        _rewrite_weights(d, lambda t: t.__setitem__("model.norm.weight", t["model.norm.weight"] > 0))
+    with pytest.raises(ValueError, match=match):
+        load_hf(d)
+
+
+def test_legacy_rope_type_key_is_applied(exported, tmp_path):
+    """`"type": "llama3"` (the legacy spelling) scales RoPE like `"rope_type"`."""
+    from dsd_jax.models.transformer import rope_inv_freq
+    d = _copy(exported, tmp_path / "ckpt")
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    _set_config(d, rope_scaling={"type": "llama3", **scaling}, rope_parameters=None)
+    legacy = load_hf(d).config
+    _set_config(d, rope_scaling={"rope_type": "llama3", **scaling})
+    assert legacy == load_hf(d).config and legacy.rope_scaling_dict == {"rope_type": "llama3", **scaling}
+    assert not np.array_equal(rope_inv_freq(legacy), rope_inv_freq(legacy.replace(rope_scaling=None)))
+
+
+def test_save_hf_refuses_an_existing_checkpoint(tmp_path):
+    from tokenizers import Tokenizer, models as tok_models
+    a = models.init_model(models.ModelConfig(**BUILTIN_LIKE), seed=0)
+    b = models.init_model(models.ModelConfig(**{**BUILTIN_LIKE, "num_layers": 1}), seed=1)
+    tok = Tokenizer(tok_models.WordLevel({"[UNK]": 0, "x": 1}, unk_token="[UNK]"))
+    out = models.save_hf(a, tmp_path / "ckpt", tokenizer=tok)
+    before = {f: (tmp_path / "ckpt" / f).read_bytes() for f in os.listdir(out)}
+    with pytest.raises(ValueError, match=r"already holds a checkpoint \(config\.json, model\.safetensors, "
+                                         r"tokenizer\.json\); pass overwrite=True"):
+        models.save_hf(b, out)
+    assert {f: (tmp_path / "ckpt" / f).read_bytes() for f in os.listdir(out)} == before  # untouched
+    only_tok = tmp_path / "tok"
+    only_tok.mkdir()
+    tok.save(str(only_tok / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"already holds a checkpoint \(tokenizer\.json\)"):
+        models.save_hf(b, only_tok)
+    models.save_hf(b, out, overwrite=True)  # replaces the weights, keeps the tokenizer
+    assert load_hf(out).config.num_layers == 1 and load_tokenizer(out) is not None
+    models.save_hf(b, tmp_path / "empty_dir_is_fine")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    models.save_hf(b, tmp_path / "other")  # unrelated files are not a checkpoint

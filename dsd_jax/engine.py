@@ -13,6 +13,8 @@ live requests and the bucket follows the fullest shard (`dsd_jax.data_parallel`)
 from __future__ import annotations
 
 import collections
+import collections.abc
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -31,7 +33,7 @@ from dsd_jax.drafters.base import AdmissionRequest
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile
 from dsd_jax.programs import Programs
-from dsd_jax.sampling import SamplingParams
+from dsd_jax.sampling import SamplingParams, is_integer
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions, unpack_rounds
@@ -101,6 +103,85 @@ def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     return placement
 
 
+def _id_list(ids, what: str) -> list[int]:
+    """Token ids from a list/tuple of integers or a 1-D integer array (numpy or JAX). A float,
+    string, bool or None is refused, not cast: int() would run [1.7, 2.9] as [1, 2]."""
+    if hasattr(ids, "dtype") and hasattr(ids, "shape"):  # an array: its dtype says it all
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"{what} must be a 1-D integer array of token ids, got a "
+                             f"{arr.ndim}-D {arr.dtype} array")
+        return arr.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, collections.abc.Iterable):
+        raise ValueError(f"{what} must be a sequence of token ids, got {ids!r}")
+    ids = list(ids)
+    for j, t in enumerate(ids):
+        if not is_integer(t):
+            raise ValueError(f"{what} has a non-integer token id {t!r} ({type(t).__name__}) "
+                             f"at position {j}")
+    return [int(t) for t in ids]
+
+
+def _prompt_list(prompts) -> list:
+    """The prompts of a call as a list (a 2-D integer array is one prompt a row). One prompt
+    (a string or a flat list of ids) is refused: it needs wrapping in a list."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, collections.abc.Iterable):
+        raise ValueError(f"prompts must be a list of prompts (token-id lists or strings), got "
+                         f"{type(prompts).__name__}")
+    prompts = list(prompts)
+    if prompts and is_integer(prompts[0]):
+        raise ValueError("prompts must be a list of prompts (token-id lists or strings), got one "
+                         "flat list of token ids: wrap a single prompt in a list")
+    return prompts
+
+
+def _sampling_list(sampling, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: one given for all, or a list of n."""
+    if sampling is None:
+        sampling = SamplingParams()
+    if isinstance(sampling, SamplingParams):
+        return [sampling] * n
+    if not isinstance(sampling, (list, tuple)):
+        raise ValueError(f"sampling must be a SamplingParams or a list of them (one per prompt), "
+                         f"got {type(sampling).__name__}")
+    if len(sampling) != n:
+        raise ValueError(f"got {len(sampling)} SamplingParams for {n} prompts")
+    for i, sp in enumerate(sampling):
+        if not isinstance(sp, SamplingParams):
+            raise ValueError(f"sampling[{i}] (for prompt {i}) must be a SamplingParams, got "
+                             f"{type(sp).__name__}")
+    return list(sampling)
+
+
+def _check_batch_buckets(buckets, per_shard: int) -> tuple[int, ...]:
+    """batch_buckets as ints, refused unless they are strictly increasing integers in
+    1..per_shard ending at per_shard: a bucket is a program over the first B slots of a
+    data shard, so a larger one cannot be traced and a smaller last one serves no full
+    shard (both used to fail deep inside JAX, after the prompts were prefilled)."""
+    try:
+        buckets = list(buckets)
+    except TypeError:
+        raise ValueError(f"batch_buckets must be a sequence of batch sizes, got {buckets!r}") \
+            from None
+    bad = [b for b in buckets if not is_integer(b) or not 1 <= b <= per_shard]
+    if bad or not buckets:
+        got = f"got {bad[0]!r}" if bad else "none given"
+        raise ValueError(f"batch_buckets {tuple(buckets)} must be integers in 1..{per_shard} (the "
+                         f"slots of one data shard: max_batch_size / the 'data' axis); {got}")
+    buckets = [int(b) for b in buckets]
+    if buckets != sorted(set(buckets)) or buckets[-1] != per_shard:
+        raise ValueError(f"batch_buckets {tuple(buckets)} must be strictly increasing and end at "
+                         f"{per_shard} (the slots of one data shard)")
+    return tuple(buckets)
+
+
+def _check_size(name: str, value, low: int) -> int:
+    """An engine size argument as an int >= low (a float such as 16.5 is refused, not truncated)."""
+    if not is_integer(value) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -130,9 +211,9 @@ class SpecEngine:
                  multihost_strategy: str = "broadcast"):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, dict) else spec
-        if max_batch_size < 1 or max_seq_len < 2:
-            raise ValueError(f"need max_batch_size >= 1 and max_seq_len >= 2, got "
-                             f"{max_batch_size}, {max_seq_len}")
+        max_batch_size = _check_size("max_batch_size", max_batch_size, 1)
+        max_seq_len = _check_size("max_seq_len", max_seq_len, 2)
+        prefill_chunk = _check_size("prefill_chunk", prefill_chunk, 1)
         drafter_cls = drafters.get(spec.method)
         if drafter_cls.needs_model:
             if draft is None and spec.model is not None and hasattr(drafter_cls, "load_model"):
@@ -154,11 +235,9 @@ class SpecEngine:
         self.placement = _placement(mesh, target, draft, max_batch_size)
         self.data = self.placement.sizes[DATA]
         self.slots_per_shard = per_shard = max_batch_size // self.data
-        self.batch_buckets = tuple(batch_buckets or power_of_two_buckets(per_shard))
-        if self.batch_buckets[-1] < per_shard or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
-            raise ValueError(f"batch_buckets {self.batch_buckets} must be increasing and reach "
-                             f"{per_shard} (the slots of one data shard)")
-        self.prefill_chunk = int(prefill_chunk)
+        self.batch_buckets = _check_batch_buckets(
+            power_of_two_buckets(per_shard) if batch_buckets is None else batch_buckets, per_shard)
+        self.prefill_chunk = prefill_chunk
         self.target_config = target.config
         self.draft_config = None if draft is None else draft.config
         target_graph, target_params = nnx.split(target)
@@ -199,6 +278,7 @@ class SpecEngine:
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
         self._request_ids = itertools.count()
+        self._running = False  # a generate() or stream() is under way (`_run`)
 
     # ---- weights ------------------------------------------------------------------------
     def set_params(self, target=None, draft=None) -> None:
@@ -276,26 +356,43 @@ class SpecEngine:
         if isinstance(text, str):
             if self.tokenizer is None:
                 raise ValueError(f"{what} is a string; strings need an engine with a tokenizer")
-            text = self.tokenizer.encode(text).ids
-        ids = [int(t) for t in text]
+            encoded = self.tokenizer.encode(text)
+            # a `tokenizers.Tokenizer` returns an Encoding, a transformers tokenizer a list
+            text = encoded.ids if hasattr(encoded, "ids") else encoded
+        ids = _id_list(text, what)
         vocab = self.target_config.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"{what} has token ids outside the vocabulary [0, {vocab})")
         return ids
 
+    def _request_params(self, sp: SamplingParams, i: int) -> SamplingParams:
+        """Prompt i's SamplingParams checked against this engine before anything runs: a
+        value the device's int32/uint32 arrays cannot hold would otherwise fail at admission,
+        after the prefill and the other requests' work, and lose every output of the call."""
+        vocab = self.target_config.vocab_size
+        if len(sp.stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"request {i}: at most {MAX_STOP_IDS} stop_token_ids are supported")
+        for t in sp.stop_token_ids:
+            if t >= vocab:  # could never match (and may not fit int32)
+                raise ValueError(f"request {i}: stop_token_ids has {t}, outside the vocabulary "
+                                 f"[0, {vocab})")
+        if sp.seed is not None and sp.seed + sp.n - 1 >= 2 ** 32:
+            raise ValueError(f"request {i}: seed {sp.seed} with n={sp.n}: completion g draws from "
+                             f"seed + g, which must stay below 2**32")
+        if sp.top_k > vocab:  # the same distribution (every token kept), and it fits int32
+            sp = dataclasses.replace(sp, top_k=vocab)
+        return sp
+
     def _make_requests(self, prompts, sampling, references=None, memory=None) -> list[_Request]:
-        if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
-            raise ValueError("prompts must be a list of prompts (token-id lists or strings)")
+        """Every request of a call, with every value checked (nothing can fail once it runs)."""
+        prompts = _prompt_list(prompts)
         if references is not None and len(references) != len(prompts):
             raise ValueError(f"got references for {len(references)} prompts, expected {len(prompts)}")
-        if sampling is None:
-            sampling = SamplingParams()
-        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        params = _sampling_list(sampling, len(prompts))
         requests = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             prompt = self._token_ids(prompt, f"prompt {i}")
+            sp = self._request_params(sp, i)
             refs = [] if memory is None else memory.references(prompt)
             given = [] if references is None else references[i]
             refs += [self._token_ids(c, f"a reference of prompt {i}") for c in given]
@@ -304,14 +401,13 @@ class SpecEngine:
             if len(prompt) >= self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} "
                                  "leaves no room to generate")
-            if len(sp.stop_token_ids) > MAX_STOP_IDS:
-                raise ValueError(f"request {i}: at most {MAX_STOP_IDS} stop_token_ids are supported")
             group = -1
             for g in range(sp.n):
                 rid = next(self._request_ids)
                 group = rid if g == 0 else group
-                seed = sp.seed + g if sp.seed is not None else (self._seed * 1_000_003 + rid)
-                requests.append(_Request(rid, prompt, sp, seed % (2 ** 32), i, g, group, refs))
+                own = (self._seed * 1_000_003 + rid) % (2 ** 32)  # the engine's: wraps
+                seed = own if sp.seed is None else sp.seed + g  # the user's: checked above
+                requests.append(_Request(rid, prompt, sp, seed, i, g, group, refs))
         return requests
 
     def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -326,9 +422,10 @@ class SpecEngine:
         as references and storing this call's completions when it returns.
         """
         requests = self._make_requests(prompts, sampling, references, memory)
-        for _ in self._run(requests):
-            if progress:
-                progress(sum(r.finish_reason is not None for r in requests))
+        with contextlib.closing(self._run(requests)) as run:  # closed even if progress raises
+            for _ in run:
+                if progress:
+                    progress(sum(r.finish_reason is not None for r in requests))
         if memory is not None:
             for r in requests:
                 memory.add(r.prompt, r.tokens)
@@ -336,11 +433,23 @@ class SpecEngine:
 
     def stream(self, prompts, sampling=None) -> Iterator[tuple[int, list[int]]]:
         """Yields (output index, new token ids) as tokens are committed; the output index is
-        the position `generate` would return the completion at (the prompt index when n=1)."""
+        the position `generate` would return the completion at (the prompt index when n=1).
+        A completion's tokens, joined, are `generate`'s `token_ids` (a stop token that
+        `include_stop_token=False` drops is never yielded).
+
+        The inputs are checked here, when it is called; the run starts at the first `next`.
+        An engine runs one stream or `generate` at a time: until this stream is exhausted or
+        closed (`.close()`, leaving its `for` loop, or dropping it), another raises."""
         requests = self._make_requests(prompts, sampling)
+        return self._stream(requests)
+
+    def _stream(self, requests: list[_Request]) -> Iterator[tuple[int, list[int]]]:
         index = {r.request_id: i for i, r in enumerate(requests)}
-        for req, new in self._run(requests):
-            yield index[req.request_id], new
+        # closing the stream closes its run at once, which frees the slots and the engine
+        with contextlib.closing(self._run(requests)) as run:
+            for req, new in run:
+                if new:
+                    yield index[req.request_id], new
 
     def _output(self, r: _Request, return_logprobs: bool) -> RequestOutput:
         text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
@@ -490,11 +599,16 @@ class SpecEngine:
         gets one event with everything the dispatch emitted for it (it all arrived at once)."""
         out, snapshot, k, context = d.out, d.snapshot, d.k, d.context
         (tokens, n_emit, n_acc, done, lp, raw), R = unpack_rounds(jax.device_get(out))
+        rows = np.array([i for i, r in enumerate(snapshot) if r is not None and r.finish_reason is None],
+                        np.int64)
+        if R == 0:  # no row of the bucket was active on the device
+            if len(rows):  # a second run took the slots (`_run` refuses one): do not spin
+                raise RuntimeError(f"a dispatch ran no round while {len(rows)} requests were live: "
+                                   "the device state was changed under this run")
+            return [], []
         now = time.perf_counter()
         start = self.stats.last_step_time
         times = (start + (now - start) * np.arange(1, R + 1) / R).tolist()  # rounds share it evenly
-        rows = np.array([i for i, r in enumerate(snapshot) if r is not None and r.finish_reason is None],
-                        np.int64)
         bucket = len(snapshot) // self.data
         # the round each row finished in (R if it is still running)
         last = np.where(done[:, rows].any(0), done[:, rows].argmax(0), R)
@@ -521,13 +635,12 @@ class SpecEngine:
         for i, j_end in zip(rows, last):
             r = snapshot[i]
             emitted = (width < n_emit[:, i, None]) & (np.arange(R) <= j_end)[:, None]  # [R, K+1]
+            before = len(r.tokens)
             if emitted.any():
-                new = tokens[:, i][emitted].tolist()
-                r.tokens += new
+                r.tokens += tokens[:, i][emitted].tolist()
                 r.logprobs += lp[:, i][emitted].tolist()
                 r.raw_logprobs += raw[:, i][emitted].tolist()
                 r.first_token_time = r.first_token_time or times[emitted.any(1).argmax()]
-                events.append((r, new))
             if j_end < R:
                 stopped = bool(r.tokens) and r.tokens[-1] in r.params.stop_token_ids
                 r.finish_reason = "stop" if stopped else "length"
@@ -538,15 +651,28 @@ class SpecEngine:
                 forget = getattr(self.controller, "forget_request", None)
                 if forget:
                     forget(r.request_id)
+            # the event carries what the output keeps (after a dropped stop token), so the
+            # stream's tokens join to `generate`'s; a finishing row always gets one (progress)
+            if len(r.tokens) > before or j_end < R:
+                events.append((r, r.tokens[before:]))
         return events, finished
 
     def _run(self, requests: list[_Request]):
+        # Every run packs its requests from slot 0 of the one device state: a second run
+        # while a stream is suspended would overwrite the first's slots and lose its tokens.
+        if self._running:
+            raise RuntimeError(
+                "this engine is already running a stream() or generate() call (one run at a "
+                "time: a second would take the first's slots). Exhaust the first stream or "
+                "close it (its .close(); breaking out of a `for` loop over engine.stream(...) "
+                "closes it) before starting another run, or use a second engine")
         queue = collections.deque(requests)
         shards: list[list[_Request]] = [[] for _ in range(self.data)]  # live, in slot order
         inflight = None
         self._k_history.clear()
         self.stats.begin_run()
         finished_normally = False
+        self._running = True  # cleared in the finally: also when a stream is closed or dropped
         try:
             while queue or any(shards) or inflight:
                 free = self.max_batch_size - sum(map(len, shards))
@@ -578,6 +704,7 @@ class SpecEngine:
                 inflight = dispatched if any(shards) else None
             finished_normally = True
         finally:
+            self._running = False
             self.stats.end_run(requests)
             if not finished_normally:
                 # an error or an abandoned stream: free every slot so no stale request

@@ -12,11 +12,14 @@ plain decoding used at the same position.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import numbers
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Noise streams per (seed, position).
 STREAM_TARGET = 0  # Gumbel noise for the target's token (plain sampling, drafter-invariant mode)
@@ -25,16 +28,71 @@ STREAM_ACCEPT = 2  # uniform for the accept test
 STREAM_RESIDUAL = 3  # Gumbel noise for the recovered token
 
 
+def is_integer(x) -> bool:
+    """A Python, numpy or 0-d JAX integer. bool is not: True is no token id or count."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, numbers.Integral):  # int and the numpy integer scalars
+        return True
+    return _zero_dim_kind(x) in ("i", "u")  # a 0-d numpy or JAX array
+
+
+def _zero_dim_kind(x) -> str | None:
+    """The dtype kind of a 0-d array ("i", "u", "f", ...), else None."""
+    if getattr(x, "ndim", None) != 0:
+        return None
+    return getattr(getattr(x, "dtype", None), "kind", None)
+
+
+def _integer(name: str, value, low: int, high: int | None = None) -> int:
+    """value as an int in [low, high]; a float, string or bool is refused, not truncated."""
+    if not is_integer(value):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _real(name: str, value) -> float:
+    """value as a float (any Python, numpy or 0-d JAX number but a bool)."""
+    number = isinstance(value, numbers.Real) or _zero_dim_kind(value) in ("i", "u", "f")
+    if isinstance(value, bool) or not number:
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _stop_ids(value) -> tuple[int, ...]:
+    """stop_token_ids as a tuple of non-negative ints: a sequence or 1-D array of integers,
+    one integer, or None (none)."""
+    if value is None:
+        return ()
+    if is_integer(value):
+        value = (value,)
+    if (isinstance(value, (str, bytes)) or getattr(value, "ndim", 1) == 0
+            or not isinstance(value, collections.abc.Iterable)):
+        raise ValueError(f"stop_token_ids must be a sequence of token ids, got {value!r}")
+    return tuple(_integer(f"stop_token_ids[{j}]", t, 0) for j, t in enumerate(value))
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings (vLLM names).
 
-    temperature 0 is greedy; top_k 0 and top_p 1.0 disable those filters.
-    `seed` fixes the request's noise (None: the engine assigns one).
+    temperature 0 is greedy; top_k 0 and top_p 1.0 disable those filters (a top_k at or
+    above the vocabulary size keeps every token, as 0 does).
+    `seed` fixes the request's noise (an integer in [0, 2**32); None: the engine assigns one).
+    `stop_token_ids`: token ids that end the completion (a sequence, or one id).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g` (so with a seed it
     equals a single request with that seed), or from an engine-assigned seed of its own.
+
+    Every field is checked and normalised here (ints, floats, a tuple of ints): a float
+    where an integer belongs (n=2.0, seed=2.5, a stop id 1.9) is refused, not truncated.
+    What depends on the model (stop ids inside the vocabulary, seed + n - 1 < 2**32) is
+    checked by the engine when a call is made, before anything runs.
     """
 
     temperature: float = 1.0
@@ -47,19 +105,24 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self):
-        if int(self.n) != self.n or self.n < 1:
-            raise ValueError(f"n (completions per prompt) must be a positive integer, got {self.n}")
-        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+        def set_(name, value):  # frozen: normalised values are written once, here
+            object.__setattr__(self, name, value)
+
+        set_("n", _integer("n (completions per prompt)", self.n, 1))
+        set_("temperature", _real("temperature", self.temperature))
+        if not self.temperature >= 0.0:  # also NaN
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {self.top_k}")
+        set_("top_k", _integer("top_k (0 = off)", self.top_k, 0))
+        set_("top_p", _real("top_p", self.top_p))
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if int(self.max_tokens) != self.max_tokens or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens}")
-        if any(int(t) < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {list(self.stop_token_ids)}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
+        set_("stop_token_ids", _stop_ids(self.stop_token_ids))
+        if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
+            set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
+        if not isinstance(self.include_stop_token, (bool, np.bool_)):  # "False" would be true
+            raise ValueError(f"include_stop_token must be a bool, got {self.include_stop_token!r}")
+        set_("include_stop_token", bool(self.include_stop_token))
 
 
 def _expand(param, logits):

@@ -1,5 +1,9 @@
 """Engine behaviour: continuous batching, queueing, bad input, RL rollout conventions."""
 
+import collections
+import gc
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -218,6 +222,171 @@ def test_abandoned_stream_frees_its_slots(engine, pair):
     assert not np.asarray(engine.state.active).any()
     out = engine.generate([[9, 8]], SamplingParams(temperature=0.0, max_tokens=6))
     assert out[0].token_ids == greedy_reference(pair[0], [9, 8], 6)
+
+
+def test_one_run_at_a_time_and_an_abandoned_stream_frees_the_engine(engine, pair):
+    """A second run while a stream is suspended would take the stream's slots (it lost
+    tokens and crashed): it is refused and the stream goes on intact. A stream left by
+    break, close(), garbage collection or an error releases the engine."""
+    engine.controller = FixedK([2])
+    sp = SamplingParams(temperature=0.0, max_tokens=10)
+    prompts, other = [[1, 2, 3], [4, 5]], [[7, 8, 9]]
+    got = collections.defaultdict(list)
+    stream = engine.stream(prompts, sp)
+    i, new = next(stream)
+    got[i] += new
+    with pytest.raises(RuntimeError, match="already running"):
+        engine.generate(other, sp)  # e.g. called inside the stream's for loop
+    second = engine.stream(other, sp)  # e.g. zip(stream, second)
+    with pytest.raises(RuntimeError, match="close"):
+        next(second)
+    for i, new in stream:
+        got[i] += new
+    assert [got[i] for i in range(2)] == [greedy_reference(pair[0], p, 10) for p in prompts]
+
+    for _ in engine.stream(prompts, sp):
+        break
+    left = engine.stream(prompts, sp)
+    next(left)
+    left.close()
+    left = engine.stream(prompts, sp)
+    next(left)
+    del left
+    gc.collect()
+    with pytest.raises(KeyError):
+        for _ in engine.stream(prompts, sp):
+            raise KeyError("the consumer fails")
+    engine.controller = FixedK([5])  # the run itself fails (K outside the compiled range)
+    with pytest.raises(ValueError, match="K=5"):
+        next(engine.stream(prompts, sp))
+    engine.controller = FixedK([2])
+    out = engine.generate(other, sp)
+    assert out[0].token_ids == greedy_reference(pair[0], other[0], 10)
+
+
+def test_a_dispatch_that_ran_no_round(engine):
+    """A 0-round dispatch (what a second run taking the slots led to) crashed `_process`
+    with numpy's "argmax of an empty sequence". With no live row it is empty; with live
+    rows it is a clear error (another dispatch would run no round either: not a hang)."""
+    from dsd_jax.engine import _Dispatch, _Request
+    from dsd_jax.step import MAX_ROUNDS
+    out = np.zeros((MAX_ROUNDS, 2, 3 * 3 + 4), np.int32)  # K = 2, B = 2; rounds run: 0
+    assert engine._process(_Dispatch(out, [None, None], 2, 3, 1, False)) == ([], [])
+    live = _Request(0, [1, 2], SamplingParams(), seed=0)
+    with pytest.raises(RuntimeError, match="no round while 1 requests were live"):
+        engine._process(_Dispatch(out, [live, None], 2, 3, 1, False))
+
+
+def test_stream_joins_to_generate_with_and_without_the_stop_token(engine, pair):
+    """stream() yielded the stop token that include_stop_token=False drops from generate()."""
+    engine.controller = FixedK([2])
+    prompts = [[1, 2, 3], [4, 5]]
+    ref = greedy_reference(pair[0], prompts[0], 12)
+    stop = ref[5]
+    end = ref.index(stop)
+    for include in (True, False):
+        sp = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop],
+                            include_stop_token=include)
+        outs = engine.generate(prompts, sp, return_logprobs=True)
+        streamed = collections.defaultdict(list)
+        for i, new in engine.stream(prompts, sp):
+            assert new  # no empty events
+            streamed[i] += new
+        assert outs[0].token_ids == ref[:end + include] and outs[0].finish_reason == "stop"
+        assert [streamed[i] for i in range(2)] == [o.token_ids for o in outs]
+        assert all(len(o.logprobs) == len(o.raw_logprobs) == len(o.token_ids) for o in outs)
+
+
+def test_request_values_are_checked_before_anything_runs(engine):
+    """A stop id outside the vocabulary (or beyond int32) and a seed + n - 1 past uint32
+    failed at admission (or wrapped), after earlier requests had decoded: every output of
+    the call was lost. Now the call is refused up front, naming the request and value."""
+    engine.controller = FixedK([2])
+    vocab = engine.target_config.vocab_size
+    good = SamplingParams(temperature=0.0, max_tokens=4)
+    prompts = [[1, 2]] * 6 + [[3]]  # more than the 4 slots: the last is admitted late
+    progress = []
+    for bad, match in [
+            (SamplingParams(stop_token_ids=[2 ** 40]), "request 6: stop_token_ids has 1099511627776"),
+            (SamplingParams(stop_token_ids=[vocab]), f"request 6: stop_token_ids has {vocab}"),
+            (SamplingParams(seed=2 ** 32 - 1, n=2), "request 6: seed 4294967295 with n=2")]:
+        with pytest.raises(ValueError, match=match):
+            engine.generate(prompts, [good] * 6 + [bad], progress=progress.append)
+    assert progress == []  # nothing ran
+
+
+def test_top_k_above_the_vocabulary_keeps_every_token(engine):
+    """top_k = 10**10 overflowed int32 at admission; it means what top_k >= vocab means."""
+    engine.controller = FixedK([2])
+    vocab = engine.target_config.vocab_size
+    outs = engine.generate([[1, 2, 3]] * 3, [SamplingParams(temperature=1.0, top_k=k, seed=5, max_tokens=6)
+                                             for k in (0, vocab, 10 ** 10)])
+    assert outs[0].token_ids == outs[1].token_ids == outs[2].token_ids
+
+
+def test_token_ids_must_be_integers_and_integer_arrays_are_prompts(engine, pair):
+    """Floats, strings, bools and None as token ids were cast ([1.7, 2.9] ran as [1, 2]) or
+    failed with raw errors; integer numpy arrays are prompts (a 2-D one, one per row)."""
+    engine.controller = FixedK([2])
+    sp = SamplingParams(temperature=0.0, max_tokens=4)
+    for prompt, value in [([1.7, 2.9], "1.7"), (np.array([1.7, 2.9], np.float32), "float32"),
+                          (["1", "2"], "'1'"), ([True, False], "True"), ([1, None], "None"), (5, "5")]:
+        with pytest.raises(ValueError, match=f"prompt 1 .*{re.escape(value)}"):
+            engine.generate([[1, 2], prompt], sp)
+    with pytest.raises(ValueError, match="flat list"):
+        engine.generate(list(np.array([1, 2, 3])), sp)
+    with pytest.raises(ValueError, match=r"sampling\[1\] .*dict"):
+        engine.generate([[1], [2]], [sp, dict(temperature=0.0)])
+    with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
+        engine.generate([[1], [2]], dict(temperature=0.0))
+    with pytest.raises(ValueError, match="a reference of prompt 0 .*1.5"):
+        engine.generate([[1, 2]], sp, references=[[[1.5]]])
+    ref = greedy_reference(pair[0], [1, 2, 3], 4)
+    outs = (engine.generate([np.array([1, 2, 3], np.int32)], sp)
+            + engine.generate(np.array([[1, 2, 3], [1, 2, 3]], np.int64), sp))
+    assert [o.token_ids for o in outs] == [ref] * 3
+    assert all(type(t) is int for t in outs[0].prompt_token_ids)
+
+
+def test_a_tokenizer_whose_encode_returns_a_list(engine, pair):
+    """A transformers tokenizer's encode returns a list of ids, not an Encoding with .ids."""
+
+    class ListTokenizer:
+        def encode(self, text):
+            return [int(w) for w in text.split()]
+
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    engine.controller = FixedK([2])
+    engine.tokenizer = ListTokenizer()
+    try:
+        out = engine.generate(["1 2 3"], SamplingParams(temperature=0.0, max_tokens=4))[0]
+    finally:
+        engine.tokenizer = None
+    assert out.prompt_token_ids == [1, 2, 3]
+    assert out.token_ids == greedy_reference(pair[0], [1, 2, 3], 4)
+    assert out.text == " ".join(map(str, out.token_ids))
+
+
+def test_engine_sizes_and_batch_buckets_are_checked_at_construction():
+    """A bucket above the slots of a data shard, or <= 0, or not an integer, and a
+    prefill_chunk <= 0 were accepted and failed inside JAX at warmup or at first use."""
+    target = models.init_model(tiny_config(), 0)
+
+    def build(**kwargs):
+        return SpecEngine(target, None, SpecConfig(method="none"), **{"max_batch_size": 4, **kwargs})
+
+    for buckets in [(1, 2, 8), (0, 4), (-2, 4), (1.5, 4), (True, 4), (2, 1, 4), (1, 2), ()]:
+        with pytest.raises(ValueError, match="batch_buckets"):
+            build(batch_buckets=buckets)
+    for chunk in (0, -16, 16.5, "16"):
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            build(prefill_chunk=chunk)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        build(max_seq_len=48.0)
+    engine = build(batch_buckets=np.array([2, 4]), prefill_chunk=np.int64(32))
+    assert engine.batch_buckets == (2, 4) and engine.prefill_chunk == 32
 
 
 def test_profile_for_other_models_warns(pair, tmp_path):

@@ -159,3 +159,25 @@ def test_drafter_invariant_acceptance_vs_rejection(small_vocab_pair):
         rates[mode] = engine.metrics()["acceptance_per_position"][0]
     print("first-position acceptance:", rates)
     assert 0 < rates["drafter_invariant"] <= rates["rejection"] + 0.1
+
+
+def test_sampling_params_take_integers_and_refuse_floats_strings_and_bools():
+    """n=2.0, seed=2.5 or a stop id 1.9 passed and were truncated (or failed deep in the
+    engine); a bare int as stop_token_ids raised a raw TypeError. Python and numpy
+    integers are taken and stored as ints; a seed must fit the device's uint32."""
+    sp = SamplingParams(n=np.int64(2), top_k=np.int32(3), max_tokens=np.uint8(5), seed=np.int64(7),
+                        temperature=np.float32(0.5), stop_token_ids=np.array([3, 4]))
+    assert (sp.n, sp.top_k, sp.max_tokens, sp.seed, sp.stop_token_ids) == (2, 3, 5, 7, (3, 4))
+    assert all(type(v) is int for v in (sp.n, sp.top_k, sp.max_tokens, sp.seed, *sp.stop_token_ids))
+    assert SamplingParams(stop_token_ids=5).stop_token_ids == (5,)  # one stop id
+    assert SamplingParams(seed=2 ** 32 - 1).seed == 2 ** 32 - 1
+    for kwargs, match in [
+            (dict(n=2.0), r"n \(completions per prompt\) must be an integer, got 2.0"),
+            (dict(top_k=True), "top_k"), (dict(max_tokens=4.5), "max_tokens"),
+            (dict(seed=2.5), "seed must be an integer, got 2.5"), (dict(seed=-1), "seed"),
+            (dict(seed=2 ** 32), "seed"), (dict(stop_token_ids=[1.9]), r"stop_token_ids\[0\].*1.9"),
+            (dict(stop_token_ids=[3, True]), r"stop_token_ids\[1\]"),
+            (dict(stop_token_ids="5"), "stop_token_ids"), (dict(temperature="0.5"), "temperature"),
+            (dict(include_stop_token="False"), "include_stop_token")]:
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(**kwargs)

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import sys
-import warnings
 from typing import Any
 
 from dsd_jax import loading
@@ -430,7 +429,7 @@ def _run_generate(args, engine, prompts, sampling):
 def cmd_generate(args) -> int:
     cmd = "generate"
     from dsd_jax import DynamicConfig
-    from dsd_jax.profile import Profile, ProfileMismatchWarning
+    from dsd_jax.profile import Profile
     outputs = [("--out", args.out), ("--stats", args.stats), ("--trace", args.trace)]
     dyn = (_spec_json(args.speculative_config) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
@@ -471,17 +470,7 @@ def cmd_generate(args) -> int:
                                    expect_mesh=mesh)
         except ValueError as e:
             _fail(cmd, flag, str(e))
-        eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None
-        if isinstance(eng, dict) and eng.get("max_seq_len") not in (None, args.max_seq_len):
-            warnings.warn(f"profile {profile_path!r} was measured with max_seq_len {eng.get('max_seq_len')} "
-                          f"but this run uses --max-seq-len {args.max_seq_len}: the KV-cache size changes "
-                          "step latency; re-profile with the same --max-seq-len", ProfileMismatchWarning,
-                          stacklevel=1)
-        if args.max_batch_size > profile.max_batch_size:
-            warnings.warn(f"profile {profile_path!r} covers batch sizes up to {profile.max_batch_size} but "
-                          f"--max-batch-size is {args.max_batch_size}: larger batches reuse the largest "
-                          "profiled latency; re-profile with the same --max-batch-size",
-                          ProfileMismatchWarning, stacklevel=1)
+        # the engine warns where the profile does not fit it (batch, K, max_seq_len)
         dyn = spec.dynamic or DynamicConfig()
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
 

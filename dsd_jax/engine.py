@@ -13,11 +13,11 @@ live requests and the bucket follows the fullest shard (`dsd_jax.data_parallel`)
 from __future__ import annotations
 
 import collections
-import collections.abc
 import contextlib
 import dataclasses
 import itertools
 import time
+import warnings
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
@@ -25,15 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters, kernels, multihost
+from dsd_jax import compilation, drafters, inputs, kernels, multihost
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.drafters.base import AdmissionRequest
 from dsd_jax.metrics import EngineStats
-from dsd_jax.profile import Profile
+from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.programs import Programs
-from dsd_jax.sampling import SamplingParams, is_integer
+from dsd_jax.sampling import SamplingParams
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions, unpack_rounds
@@ -103,85 +103,6 @@ def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     return placement
 
 
-def _id_list(ids, what: str) -> list[int]:
-    """Token ids from a list/tuple of integers or a 1-D integer array (numpy or JAX). A float,
-    string, bool or None is refused, not cast: int() would run [1.7, 2.9] as [1, 2]."""
-    if hasattr(ids, "dtype") and hasattr(ids, "shape"):  # an array: its dtype says it all
-        arr = np.asarray(ids)
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise ValueError(f"{what} must be a 1-D integer array of token ids, got a "
-                             f"{arr.ndim}-D {arr.dtype} array")
-        return arr.tolist()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, collections.abc.Iterable):
-        raise ValueError(f"{what} must be a sequence of token ids, got {ids!r}")
-    ids = list(ids)
-    for j, t in enumerate(ids):
-        if not is_integer(t):
-            raise ValueError(f"{what} has a non-integer token id {t!r} ({type(t).__name__}) "
-                             f"at position {j}")
-    return [int(t) for t in ids]
-
-
-def _prompt_list(prompts) -> list:
-    """The prompts of a call as a list (a 2-D integer array is one prompt a row). One prompt
-    (a string or a flat list of ids) is refused: it needs wrapping in a list."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, collections.abc.Iterable):
-        raise ValueError(f"prompts must be a list of prompts (token-id lists or strings), got "
-                         f"{type(prompts).__name__}")
-    prompts = list(prompts)
-    if prompts and is_integer(prompts[0]):
-        raise ValueError("prompts must be a list of prompts (token-id lists or strings), got one "
-                         "flat list of token ids: wrap a single prompt in a list")
-    return prompts
-
-
-def _sampling_list(sampling, n: int) -> list[SamplingParams]:
-    """One SamplingParams per prompt: one given for all, or a list of n."""
-    if sampling is None:
-        sampling = SamplingParams()
-    if isinstance(sampling, SamplingParams):
-        return [sampling] * n
-    if not isinstance(sampling, (list, tuple)):
-        raise ValueError(f"sampling must be a SamplingParams or a list of them (one per prompt), "
-                         f"got {type(sampling).__name__}")
-    if len(sampling) != n:
-        raise ValueError(f"got {len(sampling)} SamplingParams for {n} prompts")
-    for i, sp in enumerate(sampling):
-        if not isinstance(sp, SamplingParams):
-            raise ValueError(f"sampling[{i}] (for prompt {i}) must be a SamplingParams, got "
-                             f"{type(sp).__name__}")
-    return list(sampling)
-
-
-def _check_batch_buckets(buckets, per_shard: int) -> tuple[int, ...]:
-    """batch_buckets as ints, refused unless they are strictly increasing integers in
-    1..per_shard ending at per_shard: a bucket is a program over the first B slots of a
-    data shard, so a larger one cannot be traced and a smaller last one serves no full
-    shard (both used to fail deep inside JAX, after the prompts were prefilled)."""
-    try:
-        buckets = list(buckets)
-    except TypeError:
-        raise ValueError(f"batch_buckets must be a sequence of batch sizes, got {buckets!r}") \
-            from None
-    bad = [b for b in buckets if not is_integer(b) or not 1 <= b <= per_shard]
-    if bad or not buckets:
-        got = f"got {bad[0]!r}" if bad else "none given"
-        raise ValueError(f"batch_buckets {tuple(buckets)} must be integers in 1..{per_shard} (the "
-                         f"slots of one data shard: max_batch_size / the 'data' axis); {got}")
-    buckets = [int(b) for b in buckets]
-    if buckets != sorted(set(buckets)) or buckets[-1] != per_shard:
-        raise ValueError(f"batch_buckets {tuple(buckets)} must be strictly increasing and end at "
-                         f"{per_shard} (the slots of one data shard)")
-    return tuple(buckets)
-
-
-def _check_size(name: str, value, low: int) -> int:
-    """An engine size argument as an int >= low (a float such as 16.5 is refused, not truncated)."""
-    if not is_integer(value) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -211,9 +132,9 @@ class SpecEngine:
                  multihost_strategy: str = "broadcast"):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, dict) else spec
-        max_batch_size = _check_size("max_batch_size", max_batch_size, 1)
-        max_seq_len = _check_size("max_seq_len", max_seq_len, 2)
-        prefill_chunk = _check_size("prefill_chunk", prefill_chunk, 1)
+        max_batch_size = inputs.check_size("max_batch_size", max_batch_size, 1)
+        max_seq_len = inputs.check_size("max_seq_len", max_seq_len, 2)
+        prefill_chunk = inputs.check_size("prefill_chunk", prefill_chunk, 1)
         drafter_cls = drafters.get(spec.method)
         if drafter_cls.needs_model:
             if draft is None and spec.model is not None and hasattr(drafter_cls, "load_model"):
@@ -235,11 +156,16 @@ class SpecEngine:
         self.placement = _placement(mesh, target, draft, max_batch_size)
         self.data = self.placement.sizes[DATA]
         self.slots_per_shard = per_shard = max_batch_size // self.data
-        self.batch_buckets = _check_batch_buckets(
+        self.batch_buckets = inputs.check_batch_buckets(
             power_of_two_buckets(per_shard) if batch_buckets is None else batch_buckets, per_shard)
         self.prefill_chunk = prefill_chunk
         self.target_config = target.config
         self.draft_config = None if draft is None else draft.config
+        for role, config in (("target", self.target_config), ("draft", self.draft_config)):
+            if config is not None and max_seq_len > config.max_position_embeddings:
+                warnings.warn(f"max_seq_len {max_seq_len} exceeds the {role}'s max_position_embeddings "
+                              f"{config.max_position_embeddings}: positions past it were never trained",
+                              stacklevel=2)
         target_graph, target_params = nnx.split(target)
         draft_graph, draft_params = (None, None) if draft is None else nnx.split(draft)
         self._target_params = self.placement.put_params(target_params, "target")
@@ -271,6 +197,10 @@ class SpecEngine:
             # controller sees per-shard batch sizes
             controller = Controller(spec, profile, max_batch_size=per_shard,
                                     batch_buckets=self.batch_buckets)
+            if spec.dynamic is not None and profile is not None:  # goodput: K from this profile
+                for problem in profile.fit_problems(self.max_k, per_shard, max_seq_len):
+                    warnings.warn(f"{problem}; re-profile this engine (`dsd-jax profile`)",
+                                  ProfileMismatchWarning, stacklevel=2)
         self.controller = controller
         self.agreement = multihost.agreement(multihost_strategy)  # None in a single process
         self.stats = EngineStats(self.max_k)
@@ -359,7 +289,7 @@ class SpecEngine:
             encoded = self.tokenizer.encode(text)
             # a `tokenizers.Tokenizer` returns an Encoding, a transformers tokenizer a list
             text = encoded.ids if hasattr(encoded, "ids") else encoded
-        ids = _id_list(text, what)
+        ids = inputs.token_id_list(text, what)
         vocab = self.target_config.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"{what} has token ids outside the vocabulary [0, {vocab})")
@@ -385,17 +315,16 @@ class SpecEngine:
 
     def _make_requests(self, prompts, sampling, references=None, memory=None) -> list[_Request]:
         """Every request of a call, with every value checked (nothing can fail once it runs)."""
-        prompts = _prompt_list(prompts)
-        if references is not None and len(references) != len(prompts):
-            raise ValueError(f"got references for {len(references)} prompts, expected {len(prompts)}")
-        params = _sampling_list(sampling, len(prompts))
+        prompts = inputs.prompt_list(prompts)
+        references = inputs.reference_lists(references, len(prompts))
+        params = inputs.sampling_list(sampling, len(prompts))
         requests = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             prompt = self._token_ids(prompt, f"prompt {i}")
             sp = self._request_params(sp, i)
             refs = [] if memory is None else memory.references(prompt)
-            given = [] if references is None else references[i]
-            refs += [self._token_ids(c, f"a reference of prompt {i}") for c in given]
+            refs += [self._token_ids(c, f"reference {j} of prompt {i}")
+                     for j, c in enumerate(references[i])]
             if not prompt:
                 raise ValueError(f"prompt {i} is empty")
             if len(prompt) >= self.max_seq_len:

@@ -428,14 +428,14 @@ class Profile:
         `max_batch_size` is the largest batch one step runs (per data shard)."""
         problems = []
         if self.max_batch_size < max_batch_size:
-            problems.append(f"it covers batch sizes up to {self.max_batch_size} but the engine runs up "
+            problems.append(f"the profile covers batch sizes up to {self.max_batch_size} but the engine runs up "
                             f"to {max_batch_size}: larger batches use the ITL of "
                             f"{self.max_batch_size} (clamped)")
         if self.max_k < max_k:
-            problems.append(f"it covers K <= {self.max_k} but the engine allows K <= {max_k}: the "
+            problems.append(f"the profile covers K <= {self.max_k} but the engine allows K <= {max_k}: the "
                             f"controller never chooses K > {self.max_k}")
         if self.max_seq_len not in (None, max_seq_len):
-            problems.append(f"it was measured with max_seq_len {self.max_seq_len}, the engine has "
+            problems.append(f"the profile was measured with max_seq_len {self.max_seq_len}, the engine has "
                             f"{max_seq_len}: step latency follows the KV-cache size")
         return problems
 

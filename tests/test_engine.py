@@ -401,6 +401,39 @@ def test_profile_for_other_models_warns(pair, tmp_path):
         SpecEngine(*pair, spec, max_batch_size=4, max_seq_len=32)
 
 
+def test_profile_that_does_not_fit_the_engine_warns(pair, tmp_path):
+    """A goodput engine whose profile covers fewer Ks or smaller batches than it runs, or
+    another max_seq_len, says so (K was silently capped at the profile's max)."""
+    from dsd_jax import DynamicConfig
+    from dsd_jax.profile import Profile, ProfileMismatchWarning
+    path = tmp_path / "profile.json"
+    Profile(device_kind="cpu", batch_sizes=[1, 2], ks=[0, 1], latency_ms=[[1.0, 1.5]] * 2,
+            acceptance=[0.8], meta={"engine": {"max_seq_len": 64}}).save(path)
+    spec = SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig(profile=str(path)))
+    with pytest.warns(ProfileMismatchWarning) as record:
+        SpecEngine(*pair, spec, max_batch_size=4, max_seq_len=32)
+    said = " | ".join(str(w.message) for w in record)
+    for needle in ("covers batch sizes up to 2 but the engine runs up to 4",
+                   "covers K <= 1 but the engine allows K <= 2", "max_seq_len 64, the engine has 32"):
+        assert needle in said
+
+
+def test_max_seq_len_past_the_models_positions_warns(pair):
+    short = models.init_model(tiny_config(max_position_embeddings=16), 0)
+    with pytest.warns(UserWarning, match="max_seq_len 32 exceeds the target's max_position_embeddings 16"):
+        SpecEngine(short, None, SpecConfig(method="none"), max_batch_size=2, max_seq_len=32)
+
+
+def test_references_are_lists_of_continuations(engine):
+    sp = SamplingParams(temperature=0.0, max_tokens=2)
+    with pytest.raises(ValueError, match=r"references\[0\] is one flat list of token ids"):
+        engine.generate([[1, 2]], sp, references=[[3, 4, 5]])
+    with pytest.raises(ValueError, match=r"references\[0\] must be a list of continuations"):
+        engine.generate([[1, 2]], sp, references=["w3 w4"])  # its characters would be references
+    with pytest.raises(ValueError, match="references for 2 prompts, expected 1"):
+        engine.generate([[1, 2]], sp, references=[[], []])
+
+
 def test_prefill_pieces_cover_the_prompt_at_least_cost():
     from dsd_jax.buckets import chunk_buckets, prefill_pieces
     chunks = chunk_buckets(256)

@@ -32,26 +32,9 @@ def load(profile) -> tuple[Profile | None, str | None]:
     return profile, None
 
 
-def max_seq_len_of(profile: Profile) -> int | None:
-    """The engine max_seq_len the profile was measured at (None: not recorded)."""
-    eng = profile.meta.get("engine") if isinstance(profile.meta, dict) else None
-    return eng.get("max_seq_len") if isinstance(eng, dict) else None
-
-
 def profile_fit_problems(profile: Profile, engine) -> list[str]:
     """Ways a profile does not describe `engine`'s programs (empty list: it fits)."""
-    problems = []
-    if profile.max_batch_size < engine.batch_buckets[-1]:
-        problems.append(f"the profile covers batch sizes up to {profile.max_batch_size} but the engine runs up "
-                        f"to {engine.batch_buckets[-1]}: larger batches use the ITL of "
-                        f"{profile.max_batch_size} (clamped)")
-    if profile.max_k < engine.max_k:
-        problems.append(f"the profile covers K <= {profile.max_k}; the engine allows K <= {engine.max_k}")
-    seq = max_seq_len_of(profile)
-    if seq not in (None, engine.max_seq_len):
-        problems.append(f"the profile was measured with max_seq_len {seq}, the engine has "
-                        f"{engine.max_seq_len}: step latency follows the KV-cache size")
-    return problems
+    return profile.fit_problems(engine.max_k, engine.batch_buckets[-1], engine.max_seq_len)
 
 
 def _measure(engine, method: str, s: Settings, prompts: list[list[int]], log) -> Profile:
@@ -116,7 +99,7 @@ def shipped_profile(quick: bool, log=print) -> str | None:
         log(f"ignoring the shipped profile: {e}")
         return None
     need_b = max(max(d["batch_sizes"]), d["rollout_requests"])
-    seq = max_seq_len_of(prof)
+    seq = prof.max_seq_len
     if prof.max_batch_size < need_b or prof.max_k < d["max_k"] or seq != d["max_seq_len"]:
         log(f"the shipped profile {p} covers B <= {prof.max_batch_size}, K <= {prof.max_k} at max_seq_len "
             f"{seq}; this run needs B <= {need_b}, K <= {d['max_k']} at max_seq_len {d['max_seq_len']}: "

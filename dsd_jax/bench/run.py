@@ -72,7 +72,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
                  rollout_max_tokens=rollout_max_tokens, max_seq_len=max_seq_len, max_k=max_k,
                  batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed,
                  eagle3_max_batch=eagle3_max_batch, eagle3_max_k=eagle3_max_k)
-    s = resolve(quick, given, profiles.max_seq_len_of(profile) if profile else None)
+    s = resolve(quick, given, profile.max_seq_len if profile else None)
     data = 1 if mesh is None else dict(mesh.shape).get("data", 1)
     round_up = lambda n: -(-n // data) * data  # noqa: E731  (slots split evenly over data shards)
     buckets = s.batch_buckets if data == 1 else None

@@ -1,0 +1,119 @@
+"""What callers hand the engine, checked and normalised before anything runs.
+
+Prompts, token ids, references, SamplingParams lists and the engine's sizes arrive from
+notebooks, RL loops and scripts in many shapes (lists, numpy or JAX arrays, numpy
+integers). Each function here accepts the sensible ones and refuses the rest with an
+error naming the argument, so that a bad value fails at the call, not deep inside JAX
+after other requests' work (and never by silent casting: int() would run [1.7, 2.9] as
+[1, 2]).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+
+import numpy as np
+
+from dsd_jax.sampling import SamplingParams, is_integer
+
+
+def token_id_list(ids, what: str) -> list[int]:
+    """Token ids from a list/tuple of integers or a 1-D integer array (numpy or JAX). A float,
+    string, bool or None is refused, not cast: int() would run [1.7, 2.9] as [1, 2]."""
+    if hasattr(ids, "dtype") and hasattr(ids, "shape"):  # an array: its dtype says it all
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"{what} must be a 1-D integer array of token ids, got a "
+                             f"{arr.ndim}-D {arr.dtype} array")
+        return arr.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, collections.abc.Iterable):
+        raise ValueError(f"{what} must be a sequence of token ids, got {ids!r}")
+    ids = list(ids)
+    for j, t in enumerate(ids):
+        if not is_integer(t):
+            raise ValueError(f"{what} has a non-integer token id {t!r} ({type(t).__name__}) "
+                             f"at position {j}")
+    return [int(t) for t in ids]
+
+
+def prompt_list(prompts) -> list:
+    """The prompts of a call as a list (a 2-D integer array is one prompt a row). One prompt
+    (a string or a flat list of ids) is refused: it needs wrapping in a list."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, collections.abc.Iterable):
+        raise ValueError(f"prompts must be a list of prompts (token-id lists or strings), got "
+                         f"{type(prompts).__name__}")
+    prompts = list(prompts)
+    if prompts and is_integer(prompts[0]):
+        raise ValueError("prompts must be a list of prompts (token-id lists or strings), got one "
+                         "flat list of token ids: wrap a single prompt in a list")
+    return prompts
+
+
+def sampling_list(sampling, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: one given for all, or a list of n."""
+    if sampling is None:
+        sampling = SamplingParams()
+    if isinstance(sampling, SamplingParams):
+        return [sampling] * n
+    if not isinstance(sampling, (list, tuple)):
+        raise ValueError(f"sampling must be a SamplingParams or a list of them (one per prompt), "
+                         f"got {type(sampling).__name__}")
+    if len(sampling) != n:
+        raise ValueError(f"got {len(sampling)} SamplingParams for {n} prompts")
+    for i, sp in enumerate(sampling):
+        if not isinstance(sp, SamplingParams):
+            raise ValueError(f"sampling[{i}] (for prompt {i}) must be a SamplingParams, got "
+                             f"{type(sp).__name__}")
+    return list(sampling)
+
+
+def check_batch_buckets(buckets, per_shard: int) -> tuple[int, ...]:
+    """batch_buckets as ints, refused unless they are strictly increasing integers in
+    1..per_shard ending at per_shard: a bucket is a program over the first B slots of a
+    data shard, so a larger one cannot be traced and a smaller last one serves no full
+    shard (both used to fail deep inside JAX, after the prompts were prefilled)."""
+    try:
+        buckets = list(buckets)
+    except TypeError:
+        raise ValueError(f"batch_buckets must be a sequence of batch sizes, got {buckets!r}") \
+            from None
+    bad = [b for b in buckets if not is_integer(b) or not 1 <= b <= per_shard]
+    if bad or not buckets:
+        got = f"got {bad[0]!r}" if bad else "none given"
+        raise ValueError(f"batch_buckets {tuple(buckets)} must be integers in 1..{per_shard} (the "
+                         f"slots of one data shard: max_batch_size / the 'data' axis); {got}")
+    buckets = [int(b) for b in buckets]
+    if buckets != sorted(set(buckets)) or buckets[-1] != per_shard:
+        raise ValueError(f"batch_buckets {tuple(buckets)} must be strictly increasing and end at "
+                         f"{per_shard} (the slots of one data shard)")
+    return tuple(buckets)
+
+
+def check_size(name: str, value, low: int) -> int:
+    """An engine size argument as an int >= low (a float such as 16.5 is refused, not truncated)."""
+    if not is_integer(value) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def reference_lists(references, n: int) -> list[list]:
+    """references[i]: the continuations (token-id lists or strings) prompt i's lookup drafter
+    may copy from, for each of the n prompts. One continuation given bare (a flat id list, or
+    a string, whose characters would each become a one-token reference) is refused."""
+    if references is None:
+        return [[] for _ in range(n)]
+    if isinstance(references, (str, bytes)) or not isinstance(references, collections.abc.Sequence):
+        raise ValueError(f"references must be a list with one list of continuations per prompt, "
+                         f"got {type(references).__name__}")
+    if len(references) != n:
+        raise ValueError(f"got references for {len(references)} prompts, expected {n}")
+    out = []
+    for i, given in enumerate(references):
+        if not isinstance(given, (list, tuple)):
+            raise ValueError(f"references[{i}] must be a list of continuations (token-id lists or "
+                             f"strings) for prompt {i}, got {type(given).__name__}")
+        if given and is_integer(given[0]):
+            raise ValueError(f"references[{i}] is one flat list of token ids; give a list of "
+                             f"continuations (wrap it in a list)")
+        out.append(list(given))
+    return out

@@ -339,7 +339,7 @@ def test_token_ids_must_be_integers_and_integer_arrays_are_prompts(engine, pair)
         engine.generate([[1], [2]], [sp, dict(temperature=0.0)])
     with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
         engine.generate([[1], [2]], dict(temperature=0.0))
-    with pytest.raises(ValueError, match="a reference of prompt 0 .*1.5"):
+    with pytest.raises(ValueError, match="reference 0 of prompt 0 .*1.5"):
         engine.generate([[1, 2]], sp, references=[[[1.5]]])
     ref = greedy_reference(pair[0], [1, 2, 3], 4)
     outs = (engine.generate([np.array([1, 2, 3], np.int32)], sp)

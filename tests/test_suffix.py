@@ -111,5 +111,5 @@ def test_config_and_reference_errors(engine):
         SpecConfig(method="suffix", suffix_bank_len=0)
     with pytest.raises(ValueError, match="references for 1 prompts"):
         engine.generate(PROMPTS, references=[[]])
-    with pytest.raises(ValueError, match="a reference of prompt 0 has token ids outside"):
+    with pytest.raises(ValueError, match="reference 0 of prompt 0 has token ids outside"):
         engine.generate(PROMPTS, references=[[[10 ** 6]], []])

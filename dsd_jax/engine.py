@@ -103,6 +103,13 @@ def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     return placement
 
 
+def _engine_seed(engine_seed: int, request_id: int) -> int:
+    """The seed of a request that names none: a hash of (engine seed, request id), so it is
+    reproducible for a given engine seed but does not fall on the small integers users pick
+    (seed*C + id did: an unseeded request drew the same tokens as one with seed=1)."""
+    return int(np.random.SeedSequence([engine_seed % 2 ** 32, request_id]).generate_state(1)[0])
+
+
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -334,8 +341,7 @@ class SpecEngine:
             for g in range(sp.n):
                 rid = next(self._request_ids)
                 group = rid if g == 0 else group
-                own = (self._seed * 1_000_003 + rid) % (2 ** 32)  # the engine's: wraps
-                seed = own if sp.seed is None else sp.seed + g  # the user's: checked above
+                seed = _engine_seed(self._seed, rid) if sp.seed is None else sp.seed + g
                 requests.append(_Request(rid, prompt, sp, seed, i, g, group, refs))
         return requests
 

@@ -27,6 +27,8 @@ STREAM_DRAFT = 1  # Gumbel noise for a draft proposal sampled from q
 STREAM_ACCEPT = 2  # uniform for the accept test
 STREAM_RESIDUAL = 3  # Gumbel noise for the recovered token
 
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (`SamplingParams`)
+
 
 def is_integer(x) -> bool:
     """A Python, numpy or 0-d JAX integer. bool is not: True is no token id or count."""
@@ -80,8 +82,11 @@ def _stop_ids(value) -> tuple[int, ...]:
 class SamplingParams:
     """Per-request sampling settings (vLLM names).
 
-    temperature 0 is greedy; top_k 0 and top_p 1.0 disable those filters (a top_k at or
-    above the vocabulary size keeps every token, as 0 does).
+    temperature 0 is greedy, and so is one below `GREEDY_BELOW` (1e-5, as vLLM: logits / T
+    would overflow float32; the distribution is one-hot there but for near-ties); top_k 0
+    (or vLLM's -1) and top_p 1.0 disable those filters (a top_k at or above the vocabulary
+    size keeps every token, as 0 does). Top-k keeps every token tied with the k-th, and
+    top-p then applies to what top-k kept.
     `seed` fixes the request's noise (an integer in [0, 2**32); None: the engine assigns one).
     `stop_token_ids`: token ids that end the completion (a sequence, or one id).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
@@ -110,9 +115,11 @@ class SamplingParams:
 
         set_("n", _integer("n (completions per prompt)", self.n, 1))
         set_("temperature", _real("temperature", self.temperature))
-        if not self.temperature >= 0.0:  # also NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        set_("top_k", _integer("top_k (0 = off)", self.top_k, 0))
+        if not 0.0 <= self.temperature < float("inf"):  # also NaN
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_BELOW:  # logits / T would overflow float32 to inf
+            set_("temperature", 0.0)
+        set_("top_k", max(0, _integer("top_k (0 or -1 = off)", self.top_k, -1)))  # -1: vLLM's off
         set_("top_p", _real("top_p", self.top_p))
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -150,11 +157,13 @@ def _filter_logits(logits, top_k, top_p):
     kth = jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
     logits = jnp.where(logits < kth, neg_inf, logits)
 
-    sorted_kept = jnp.where(jnp.arange(V) < k, sorted_desc, neg_inf)
-    probs = jax.nn.softmax(sorted_kept, axis=-1)
+    # top-p over what top-k kept, ties at the k-th value included (as vLLM): normalising over
+    # only the first k sorted entries would inflate every probability and keep too few
+    in_k = sorted_desc >= kth
+    probs = jax.nn.softmax(jnp.where(in_k, sorted_desc, neg_inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep = (mass_before < top_p) | (top_p >= 1.0)
-    n_keep = jnp.maximum(jnp.sum(keep & (jnp.arange(V) < k), axis=-1, keepdims=True), 1)
+    n_keep = jnp.maximum(jnp.sum(keep & in_k, axis=-1, keepdims=True), 1)
     threshold = jnp.take_along_axis(sorted_desc, n_keep - 1, axis=-1)
     return jnp.where(logits < threshold, neg_inf, logits)
 

@@ -584,3 +584,14 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
         assert eng._rounds(live, 0, False, None, 1, 3) == 1  # not settled: three equal choices first
     finally:
         eng.agreement = None
+
+
+def test_engine_assigned_seeds_stay_off_the_seeds_users_pick():
+    """An unseeded request drew from seed engine_seed * 1_000_003 + request id, so on a fresh
+    engine it sampled exactly as a request with seed=1. Engine seeds are now a hash:
+    reproducible per engine seed, distinct, and not small integers."""
+    from dsd_jax.engine import _engine_seed
+    seeds = [_engine_seed(0, rid) for rid in range(2000)]
+    assert seeds == [_engine_seed(0, rid) for rid in range(2000)]
+    assert len(set(seeds)) == len(seeds) and min(seeds) >= 2 ** 16 and max(seeds) < 2 ** 32
+    assert set(seeds).isdisjoint(_engine_seed(1, rid) for rid in range(2000))

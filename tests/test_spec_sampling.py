@@ -181,3 +181,48 @@ def test_sampling_params_take_integers_and_refuse_floats_strings_and_bools():
             (dict(include_stop_token="False"), "include_stop_token")]:
         with pytest.raises(ValueError, match=match):
             SamplingParams(**kwargs)
+
+
+def _reference_filter(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Top-k (ties at the k-th value kept), then top-p over what top-k kept: the kept set
+    of one row, in numpy float64."""
+    order = np.argsort(-logits, kind="stable")
+    kth = logits[order[min(top_k, len(logits)) - 1]] if top_k > 0 else -np.inf
+    kept = logits >= kth
+    z = np.where(kept, logits, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    sorted_p = p[order]
+    before = np.cumsum(sorted_p) - sorted_p
+    n_keep = max(int(np.sum((before < top_p) & kept[order])), 1)
+    return logits >= logits[order[n_keep - 1]]
+
+
+def test_top_p_applies_to_every_token_top_k_kept():
+    """Tied logits at the k-th value survive top-k; top-p must normalise over them too (it
+    used the first k sorted entries only, inflating each probability, and kept too few).
+    bfloat16 logits tie often."""
+    cases = [([3, 2, 1, 1], 3, 0.63), ([3, 2, 1, 1, 1, 1], 3, 0.55), ([5, 5, 5, 1], 1, 0.5)]
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        row = np.asarray(jnp.asarray(rng.normal(0, 2, 64), jnp.bfloat16).astype(jnp.float32))
+        cases.append((row, int(rng.integers(1, 12)), float(rng.uniform(0.2, 0.95))))
+    for logits, k, p in cases:
+        logits = np.asarray(logits, np.float32)
+        got = np.asarray(sampling.filter_logits(jnp.asarray(logits)[None], jnp.array([k]),
+                                                jnp.array([p], jnp.float32)))[0] > -np.inf
+        np.testing.assert_array_equal(got, _reference_filter(logits.astype(np.float64), k, p),
+                                      err_msg=f"logits {logits}, top_k {k}, top_p {p}")
+
+
+def test_temperature_edges_and_vllm_top_k_off():
+    """inf/NaN temperatures are refused; one below GREEDY_BELOW is greedy (logits / T
+    overflowed to inf and gave NaN probabilities); top_k -1 is vLLM's "off"."""
+    for t in (float("inf"), float("nan"), -0.5):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            SamplingParams(temperature=t)
+    assert SamplingParams(temperature=2e-38).temperature == 0.0
+    assert SamplingParams(temperature=sampling.GREEDY_BELOW).temperature == sampling.GREEDY_BELOW
+    assert SamplingParams(top_k=-1).top_k == 0
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=-2)

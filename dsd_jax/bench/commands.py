@@ -74,8 +74,9 @@ def _outputs(args, configs, profile, eagle3_profile) -> dict[str, str | None]:
 
 
 def _check_paths(args, outputs) -> None:
-    """Before any model is loaded: a --plot format matplotlib writes, and no output that is
-    another output or an input (--profile, --eagle3-profile, --tokenizer)."""
+    """Before any model is loaded: a --plot format matplotlib writes, no output that is
+    another output or an input (--profile, --eagle3-profile, --tokenizer), and no existing
+    output without --overwrite."""
     plot = getattr(args, "plot", None)
     if plot:
         try:
@@ -84,7 +85,7 @@ def _check_paths(args, outputs) -> None:
             raise ArgumentError("--plot", str(e)) from e
     check_outputs(outputs.items(), [(f, getattr(args, a, None)) for f, a in (
         ("--profile", "profile"), ("--eagle3-profile", "eagle3_profile"), ("--tokenizer", "tokenizer"))],
-        overwrite=True)
+        overwrite=bool(getattr(args, "overwrite", False)))
 
 
 def main(args) -> int:
@@ -104,8 +105,6 @@ def main(args) -> int:
     head = (load_eagle3_head("--eagle3", getattr(args, "eagle3", None), source, getattr(args, "dtype", None)
                              or "float32") if "eagle3" in methods_of(configs) else None)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
-    # an existing result is refused once every other flag is checked, before the long run
-    check_outputs(outputs.items(), overwrite=bool(getattr(args, "overwrite", False)))
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
     rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes)),
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),

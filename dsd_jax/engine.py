@@ -16,6 +16,7 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
@@ -215,7 +216,9 @@ class SpecEngine:
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
         self._request_ids = itertools.count()
-        self._running = False  # a generate() or stream() is under way (`_run`)
+        # held while a generate() or stream() is under way (`_run`); a lock, so that two
+        # threads calling one engine cannot both get in
+        self._run_lock = threading.Lock()
 
     # ---- weights ------------------------------------------------------------------------
     def set_params(self, target=None, draft=None) -> None:
@@ -595,7 +598,7 @@ class SpecEngine:
     def _run(self, requests: list[_Request]):
         # Every run packs its requests from slot 0 of the one device state: a second run
         # while a stream is suspended would overwrite the first's slots and lose its tokens.
-        if self._running:
+        if not self._run_lock.acquire(blocking=False):
             raise RuntimeError(
                 "this engine is already running a stream() or generate() call (one run at a "
                 "time: a second would take the first's slots). Exhaust the first stream or "
@@ -604,11 +607,10 @@ class SpecEngine:
         queue = collections.deque(requests)
         shards: list[list[_Request]] = [[] for _ in range(self.data)]  # live, in slot order
         inflight = None
-        self._k_history.clear()
-        self.stats.begin_run()
         finished_normally = False
-        self._running = True  # cleared in the finally: also when a stream is closed or dropped
-        try:
+        try:  # released in the finally: also when a stream is closed or dropped
+            self._k_history.clear()
+            self.stats.begin_run()
             while queue or any(shards) or inflight:
                 free = self.max_batch_size - sum(map(len, shards))
                 if queue and free:
@@ -639,12 +641,14 @@ class SpecEngine:
                 inflight = dispatched if any(shards) else None
             finished_normally = True
         finally:
-            self._running = False
-            self.stats.end_run(requests)
-            if not finished_normally:
-                # an error or an abandoned stream: free every slot so no stale request
-                # keeps decoding in the next run
-                self.state = self._freed_state()
+            try:
+                self.stats.end_run(requests)
+                if not finished_normally:
+                    # an error or an abandoned stream: free every slot so no stale request
+                    # keeps decoding in the next run
+                    self.state = self._freed_state()
+            finally:  # the last thing: the next run finds the slots freed
+                self._run_lock.release()
 
     def _finish_in_flight(self, live: list[_Request], inflight) -> bool:
         """Whether every live row is in the dispatch in flight and reaches its length limit

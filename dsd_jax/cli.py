@@ -177,15 +177,12 @@ def _spec_file(args) -> str | None:
 def _spec_json(src: str | None) -> dict | None:
     """The speculative config's JSON object as given (None: none given, or not a readable JSON
     object; `SpecConfig.from_json` then says why)."""
+    from dsd_jax.config import read_json_config
     if src is None:
         return None
     try:
-        if src.lstrip().startswith("{"):
-            d = json.loads(src)
-        else:
-            with open(src, encoding="utf-8") as f:
-                d = json.load(f)
-    except (OSError, ValueError, RecursionError):
+        d = read_json_config(src)
+    except ValueError:
         return None
     return d if isinstance(d, dict) else None
 

@@ -242,6 +242,28 @@ class DynamicConfig:
 
 # --------------------------------------------------------------------------- SpecConfig
 
+def read_json_config(src: str | os.PathLike | bytes) -> Any:
+    """The JSON value of a speculative config given as JSON text (a string starting with
+    '{') or as a path to a JSON file; a ValueError saying which and why when unreadable."""
+    if isinstance(src, (bytes, bytearray)):
+        src = src.decode("utf-8", errors="replace")
+    if isinstance(src, str) and src.lstrip().startswith("{"):
+        where, text = "JSON string", src
+    elif isinstance(src, (str, os.PathLike)):
+        where = f"file {os.fspath(src)!r}"
+        try:
+            with open(src, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read speculative config {where}: {e}") from None
+    else:
+        raise ValueError(f"from_json expects JSON text or a path, got {_show(src)}")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"invalid JSON in speculative config {where}: {e}") from None
+
+
 # Keys vLLM spells differently -> our field name.
 _KEY_ALIASES = {
     "speculative_disable_by_batch_size": "disable_by_batch_size",
@@ -408,24 +430,7 @@ class SpecConfig:
     @classmethod
     def from_json(cls, src: str | os.PathLike) -> "SpecConfig":
         """From JSON text (a string starting with '{') or a path to a JSON file."""
-        if isinstance(src, (bytes, bytearray)):
-            src = src.decode("utf-8", errors="replace")
-        if isinstance(src, str) and src.lstrip().startswith("{"):
-            where, text = "JSON string", src
-        elif isinstance(src, (str, os.PathLike)):
-            where = f"file {os.fspath(src)!r}"
-            try:
-                with open(src, encoding="utf-8") as f:
-                    text = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"cannot read speculative config {where}: {e}") from None
-        else:
-            raise ValueError(f"from_json expects JSON text or a path, got {_show(src)}")
-        try:
-            d = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise ValueError(f"invalid JSON in speculative config {where}: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(read_json_config(src))
 
     def to_dict(self) -> dict:
         """JSON-ready dict with canonical keys; `from_dict(to_dict())` == self."""

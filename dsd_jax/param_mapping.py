@@ -35,10 +35,12 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from dsd_jax.models.hf import FLOAT_DTYPES as CHECKPOINT_FLOAT_DTYPES
+
 TRANSFORMS = ("identity", "transpose", "merge_out", "merge_in")
-# Dtypes a trainer leaf may have to feed one of our parameters: casting anything else
-# (int8 codes of a quantised layer, a bool mask) would give garbage weights.
-FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+# Dtypes a trainer leaf may have to feed one of our parameters, by name (a leaf's dtype may
+# be one numpy lacks): those a checkpoint may store (casting int8 codes would give garbage).
+FLOAT_DTYPES = tuple(str(t) for t in CHECKPOINT_FLOAT_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,13 +4,18 @@ A checkpoint is a directory::
 
     path/config.json   the ModelConfig (`ModelConfig.to_dict`), so restore needs only the path
     path/params/       an Orbax checkpoint of the NNX parameter state (a pure nested dict)
+    path/checksums.json  SHA-256 of each parameter's bytes as saved
 
 `restore` checks the saved parameter tree against the one the config implies (names,
-shapes, dtypes) before reading any weights, and names the first mismatch.
+shapes, dtypes) before reading any weights, and names the first mismatch. After reading
+them it checks each parameter against its checksum: Orbax reads a flipped bit in its data
+files back as a different weight without complaint. A checkpoint written before checksums
+were recorded (no checksums.json) restores unchecked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from .config import ModelConfig
@@ -25,6 +31,8 @@ from .transformer import Transformer, init_model
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+CHECKSUMS_FILE = "checksums.json"
+CHECKSUM_ALGORITHM = "sha256"
 # What Orbax's metadata read needs in params/: without one of these it returns no tree.
 _ORBAX_ENTRIES = ("_METADATA", "manifest.ocdbt", "d/")
 
@@ -52,6 +60,51 @@ def _metadata_problem(params_dir: Path) -> str:
     if missing:
         return f"{', '.join(missing)} missing (an incomplete or partly copied checkpoint)"
     return "no parameter metadata (a corrupt checkpoint)"
+
+
+def _digests(params: dict) -> dict[str, str]:
+    """SHA-256 of each parameter's bytes (C order, its stored dtype), by flattened name."""
+    out = {}
+    for name, x in _flatten(params).items():
+        data = np.ascontiguousarray(jax.device_get(x))
+        out[name] = hashlib.sha256(data.reshape(-1).view(np.uint8)).hexdigest()
+    return out
+
+
+def _write_checksums(path: Path, params: dict) -> None:
+    record = {"algorithm": CHECKSUM_ALGORITHM, "parameters": _digests(params)}
+    (path / CHECKSUMS_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def _read_checksums(path: Path) -> dict[str, str] | None:
+    """The recorded digests, or None for a checkpoint saved without them."""
+    file = path / CHECKSUMS_FILE
+    if not file.exists():
+        return None
+    try:
+        record = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"corrupt checksum file {file}: {e}") from None
+    digests = record.get("parameters") if isinstance(record, dict) else None
+    if (not isinstance(record, dict) or record.get("algorithm") != CHECKSUM_ALGORITHM
+            or not isinstance(digests, dict)
+            or not all(isinstance(v, str) for v in digests.values())):
+        raise ValueError(f"corrupt checksum file {file}: expected {{\"algorithm\": "
+                         f"\"{CHECKSUM_ALGORITHM}\", \"parameters\": {{name: hex digest}}}}")
+    return digests
+
+
+def _verify_checksums(path: Path, recorded: dict[str, str], params: dict) -> None:
+    actual = _digests(params)
+    if set(recorded) != set(actual):
+        unknown = sorted(set(recorded) ^ set(actual))
+        raise ValueError(f"checksum file {path / CHECKSUMS_FILE} does not list this checkpoint's "
+                         f"parameters (differs in {unknown[:5]}{' ...' if len(unknown) > 5 else ''})")
+    bad = [name for name in sorted(actual) if actual[name] != recorded[name]]
+    if bad:
+        raise ValueError(f"checkpoint {path} is corrupt: parameter(s) {bad[:5]}"
+                         f"{' ...' if len(bad) > 5 else ''} read from {PARAMS_DIR}/ do not match "
+                         f"the checksums recorded at save ({CHECKSUMS_FILE})")
 
 
 def _checkpointer():
@@ -87,6 +140,7 @@ def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = Non
         ckptr.wait_until_finished()
     finally:
         ckptr.close()
+    _write_checksums(path, params)
     (path / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     return path
 
@@ -108,11 +162,13 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
         raise ValueError(f"invalid checkpoint config {cfg_file}: {e}") from None
 
 
-def restore(path: str | os.PathLike, *, dtype: str | None = None) -> Transformer:
+def restore(path: str | os.PathLike, *, dtype: str | None = None, verify: bool = True) -> Transformer:
     """Restores the model saved at `path` (see `save`).
 
     dtype: optionally cast the restored parameters ("float32" or "bfloat16"); default:
     the dtype they were saved in.
+    verify: check every parameter against `checksums.json` (one SHA-256 pass over the
+    weights on the host; a corrupt data file is a ValueError naming the parameters).
     """
     path = Path(path).absolute()
     if not path.exists():
@@ -120,6 +176,7 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None) -> Transformer
     if not path.is_dir():
         raise NotADirectoryError(f"checkpoint path {path} is not a directory")
     cfg = load_config(path)
+    recorded = _read_checksums(path) if verify else None
     params_dir = path / PARAMS_DIR
     if not params_dir.is_dir():
         raise FileNotFoundError(f"checkpoint {path} has no parameters: {PARAMS_DIR}/ is missing")
@@ -169,6 +226,8 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None) -> Transformer
             raise ValueError(f"cannot read the parameters in {params_dir}: {e}") from None
     finally:
         ckptr.close()
+    if recorded is not None:
+        _verify_checksums(path, recorded, pure)
 
     model = nnx.eval_shape(lambda: init_model(cfg, 0))
     state = nnx.state(model, nnx.Param)

@@ -193,3 +193,52 @@ def test_rope_scaling_canonical_form(tmp_path):
     assert restore(tmp_path / "c").config == cfg
     for name in SYNTHETIC_CONFIGS:  # the real Llama 3.1 / 3.2 scalings load
         synthetic_config(name)
+
+
+def _flip_a_weight_bit(path):
+    """Flips one bit in the middle of the largest Orbax data file (raw weight bytes)."""
+    data = [f for f in (path / "params").rglob("*") if f.is_file() and f.parent.name == "d"]
+    f = max(data, key=lambda f: f.stat().st_size)
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0x10
+    f.write_bytes(bytes(b))
+
+
+def test_flipped_bit_in_the_weights_is_named(tmp_path):
+    model = init_model(CFG, seed=1)
+    save(model, tmp_path / "c")
+    assert (tmp_path / "c" / "checksums.json").is_file()
+    _flip_a_weight_bit(tmp_path / "c")
+    unchecked = restore(tmp_path / "c", verify=False)  # Orbax itself reads it back without complaint
+    changed = [x for x, y in zip(jax.tree.leaves(_params(model)), jax.tree.leaves(_params(unchecked)))
+               if not np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))]
+    assert len(changed) == 1
+    with pytest.raises(ValueError, match=r"is corrupt: parameter\(s\) \['[^']+'\] read from params/ "
+                                         r"do not match the checksums recorded at save"):
+        restore(tmp_path / "c")
+
+
+def test_checksum_file_problems_named(tmp_path):
+    save(init_model(CFG), tmp_path / "c")
+    file = tmp_path / "c" / "checksums.json"
+    record = json.loads(file.read_text())
+    file.write_text("{trunc")
+    with pytest.raises(ValueError, match="corrupt checksum file .*checksums.json"):
+        restore(tmp_path / "c")
+    file.write_text(json.dumps({**record, "algorithm": "md5"}))
+    with pytest.raises(ValueError, match="corrupt checksum file .*expected"):
+        restore(tmp_path / "c")
+    digests = dict(record["parameters"])
+    digests["layers/9/w_up"] = digests.pop("embed")
+    file.write_text(json.dumps({**record, "parameters": digests}))
+    with pytest.raises(ValueError, match=r"does not list this checkpoint's parameters.*'embed'"):
+        restore(tmp_path / "c")
+    restore(tmp_path / "c", verify=False)
+    file.unlink()  # a checkpoint saved before checksums were recorded restores unchecked
+    restore(tmp_path / "c")
+
+
+def test_builtin_pair_ships_checksums():
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    for name in ("target", "draft"):
+        assert (BUILTIN_DIR / name / "checksums.json").is_file()

@@ -263,7 +263,8 @@ def _context_lengths(cmd: str, args) -> list[int]:
 def _acceptance_prompts(cmd: str, args, tokenizer, source: str, spec) -> list[list[int]] | None:
     """--prompts, else the built-in held-out prompts for the built-in pair, else None (random)."""
     if args.prompts:
-        return loading.encode_prompts(loading.read_prompts("--prompts", args.prompts), tokenizer, flag="--prompts")
+        raw = loading.read_prompts("--prompts", args.prompts, args.prompt_format)
+        return loading.encode_prompts(raw, tokenizer, flag="--prompts")
     if spec.max_k == 0:
         return None
     if source != "builtin":
@@ -436,7 +437,7 @@ def cmd_generate(args) -> int:
                                          dyn_profile if isinstance(dyn_profile, str) else None)])
     if args.profile:
         loading.existing_file("--profile", args.profile)
-    raw_prompts = loading.read_prompts("--prompts", args.prompts)
+    raw_prompts = loading.read_prompts("--prompts", args.prompts, args.prompt_format)
     if args.seed is not None and args.seed + len(raw_prompts) - 1 >= SEED_LIMIT:
         _fail(cmd, "--seed", f"request i is seeded --seed + i, and {args.seed} + {len(raw_prompts) - 1} "
               f"(the last of {len(raw_prompts)} prompts) is past 2**32 - 1; give a smaller --seed")
@@ -539,6 +540,7 @@ def _add_profile(sub) -> None:
                    help="times the whole latency table over, samples pooled (default 2)")
     p.add_argument("--prompts", metavar="FILE",
                    help="acceptance prompts (same format as generate; default: the built-in held-out prompts)")
+    _add_prompt_format_flag(p)
     p.add_argument("--num-prompts", type=_positive_int, default=16,
                    help="built-in held-out prompts to use (default 16)")
     p.add_argument("--acceptance-max-tokens", type=_positive_int, default=64,
@@ -557,6 +559,12 @@ def _add_profile(sub) -> None:
     p.set_defaults(func=cmd_profile, dtype=None)  # float32, or bfloat16 for --synthetic
 
 
+def _add_prompt_format_flag(p) -> None:
+    p.add_argument("--prompt-format", choices=loading.PROMPT_FORMATS, default="auto",
+                   help="how to read --prompts: text (a prompt per line), jsonl, or auto (default: "
+                        "JSONL when the first line starts with '{' or the file is *.jsonl)")
+
+
 def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate completions for prompts (JSONL out)",
                        description="Generate for each prompt; one JSON object per line out.")
@@ -565,6 +573,7 @@ def _add_generate(sub) -> None:
     g.add_argument("--prompts", metavar="FILE",
                    help="one prompt per line, or JSONL with {\"prompt\": ...} / {\"prompt_token_ids\": [...]}; "
                         "default or '-': stdin")
+    _add_prompt_format_flag(g)
     g.add_argument("--out", metavar="FILE", help="JSONL output (default stdout)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     g.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off (default)")

@@ -266,19 +266,33 @@ def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
     return {"prompt_token_ids": ids}
 
 
-def read_prompts(flag: str, path: str | None) -> list[dict]:
+PROMPT_FORMATS = ("auto", "text", "jsonl")
+
+
+def read_prompts(flag: str, path: str | None, fmt: str = "auto") -> list[dict]:
     """Prompts as dicts {"prompt": str} or {"prompt_token_ids": [...]}.
 
-    A file whose first non-blank line starts with '{' (or named *.jsonl) is JSONL, one
-    object per line with "prompt" or "prompt_token_ids"; otherwise every non-blank line
-    is one text prompt (its line break removed). None or "-" reads stdin.
+    fmt "jsonl": one object per line with "prompt" or "prompt_token_ids"; "text": every
+    non-blank line is one text prompt (its line break removed); "auto": JSONL when the
+    first non-blank line starts with '{' or the file is named *.jsonl, else text.
+    None or "-" reads stdin.
     """
+    if fmt not in PROMPT_FORMATS:
+        raise ValueError(f"prompt format must be one of {PROMPT_FORMATS}, got {fmt!r}")
     text, name = _read_text(flag, path)
     lines = text.splitlines()
     first = next((ln for ln in lines if ln.strip()), "")
-    jsonl = first.lstrip().startswith("{") or (path or "").endswith(".jsonl")
-    out = [_jsonl_prompt(flag, f"{name} line {i}", line) if jsonl else {"prompt": line}
-           for i, line in enumerate(lines, 1) if line.strip()]
+    jsonl = fmt == "jsonl" or (fmt == "auto" and (first.lstrip().startswith("{")
+                                                  or (path or "").endswith(".jsonl")))
+    try:
+        out = [_jsonl_prompt(flag, f"{name} line {i}", line) if jsonl else {"prompt": line}
+               for i, line in enumerate(lines, 1) if line.strip()]
+    except ArgumentError as e:
+        if fmt != "auto":
+            raise
+        raise ArgumentError(flag, f"{e.message} (read as JSONL because its first line starts "
+                            "with '{' or it is named *.jsonl; for one text prompt a line, pass "
+                            "--prompt-format text)") from e
     if not out:
         raise ArgumentError(flag, f"no prompts in {name}")
     return out

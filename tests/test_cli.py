@@ -393,3 +393,28 @@ def test_method_fills_in_a_speculative_config_without_one(files, tmp_path):
 def test_no_subcommand_prints_help(capsys):
     assert cli.main([]) == 2
     assert "profile" in capsys.readouterr().err
+
+
+def test_prompt_format_forces_text_or_jsonl(files, tmp_path, capsys):
+    """A text prompt whose first line starts with '{' reads as text under --prompt-format
+    text; auto's JSONL error says so; jsonl refuses a text line."""
+    from dsd_jax import loading
+    p = tmp_path / "code.txt"
+    p.write_text("{w1 w2\nw3 w4\n")
+    assert loading.read_prompts("--prompts", str(p), "text") == [{"prompt": "{w1 w2"}, {"prompt": "w3 w4"}]
+    with pytest.raises(loading.ArgumentError, match="invalid JSON.*--prompt-format text"):
+        loading.read_prompts("--prompts", str(p))
+    with pytest.raises(loading.ArgumentError, match=r"line 1: invalid JSON \(") as e:
+        loading.read_prompts("--prompts", files.txt, "jsonl")
+    assert "--prompt-format" not in str(e.value)
+    with pytest.raises(ValueError, match="prompt format must be one of"):
+        loading.read_prompts("--prompts", str(p), "csv")
+    rc = cli.main(["generate", "--target", files.target, "--tokenizer", files.tokenizer,
+                   "--speculative-config", '{"method": "none"}', *ENGINE_FLAGS, "--prompts", str(p),
+                   "--prompt-format", "text", "--temperature", "0", "--max-tokens", "3"])
+    assert rc == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in recs] == ["{w1 w2", "w3 w4"] and recs[1]["prompt_token_ids"] == [3, 4]
+    m = _err(["generate", "--target", files.target, "--tokenizer", files.tokenizer, *ENGINE_FLAGS,
+              "--prompts", str(p), "--max-tokens", "3"])
+    assert "--prompts" in m and "--prompt-format text" in m

@@ -557,17 +557,18 @@ class SpecEngine:
             per_shard = None if self.data == 1 else np.bincount(live // bucket, minlength=self.data)
             dt = self.stats.record_step(k, len(live), n_acc[j, live], int(n_emit[j, live].sum()),
                                         times[j], None if per_shard is None else per_shard.tolist(),
-                                        after_prefill=d.after_prefill)
-            # the batch size that set the round's time: the fullest data shard's
-            fullest = {} if per_shard is None else {"batch_size": int(per_shard.max())}
+                                        after_prefill=d.after_prefill, bucket=bucket, context=context)
             # In the pipelined steady state the gap between two results is the dispatch's
             # time; a gap that contains a prefill is not, for any of its rounds.
             step_time = None if d.after_prefill else dt
             if self.agreement is not None:
                 step_time = self.agreement.step_time(step_time)
+            # The round's time is the program's, which runs every row of its batch bucket:
+            # rows that finished (in an earlier round, or in the dispatch before, which this
+            # one was launched behind) still fill it, so it is credited to that bucket.
             self.controller.observe(k, n_acc[j, live], step_time_s=step_time,
                                     request_ids=[snapshot[i].request_id for i in live],
-                                    context_len=context, **fullest)
+                                    context_len=context, batch_size=bucket)
         events, finished = [], []
         width = np.arange(tokens.shape[-1])
         for i, j_end in zip(rows, last):

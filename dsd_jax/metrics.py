@@ -35,10 +35,13 @@ class EngineStats:
         self.last_step_time = self._run_start
 
     def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
-                    now: float, shard_rows: list[int] | None = None, after_prefill: bool = False) -> float:
+                    now: float, shard_rows: list[int] | None = None, after_prefill: bool = False,
+                    bucket: int | None = None, context: int | None = None) -> float:
         """Records one processed step; returns the wall time since the previous one.
         shard_rows: live rows per data shard (traced under data parallelism). after_prefill:
-        the step's dispatch ran right after a prefill, whose time its wall time includes."""
+        the step's dispatch ran right after a prefill, whose time its wall time includes.
+        bucket, context: the batch bucket (per data shard) and context length the step's
+        program ran at (traced when given; rows that finished still fill the bucket)."""
         dt = now - self.last_step_time
         self.last_step_time = now
         live = len(num_accepted)
@@ -56,6 +59,10 @@ class EngineStats:
                            "wall_ms": dt * 1e3, "after_prefill": bool(after_prefill)})
         if shard_rows is not None:
             self.trace[-1]["shard_rows"] = shard_rows
+        if bucket is not None:
+            self.trace[-1]["bucket"] = int(bucket)
+        if context is not None:
+            self.trace[-1]["context"] = int(context)
         return dt
 
     def end_run(self, requests) -> None:

@@ -595,3 +595,32 @@ def test_engine_assigned_seeds_stay_off_the_seeds_users_pick():
     assert seeds == [_engine_seed(0, rid) for rid in range(2000)]
     assert len(set(seeds)) == len(seeds) and min(seeds) >= 2 ** 16 and max(seeds) < 2 ** 32
     assert set(seeds).isdisjoint(_engine_seed(1, rid) for rid in range(2000))
+
+
+def test_round_times_are_credited_to_the_bucket_their_program_ran(pair):
+    """A dispatch is launched before the one ahead of it is read back, so it runs at the
+    bucket of rows that may just have finished, and rows finish inside multi-round
+    dispatches: every round's time goes to the program's bucket (the controller's latency
+    learning and the trace), not to the bucket of the rows still live."""
+    from dsd_jax.buckets import bucket_for
+    engine = make_engine(*pair, method="draft_model", max_seq_len=64, batch_buckets=[1, 2, 4],
+                         num_speculative_tokens=2)
+    ran, credited = [], []
+    step = engine.programs.step
+
+    def recording_step(k, b):
+        ran.append(b)
+        return step(k, b)
+
+    class Recorder(FixedK):
+        def observe(self, k, num_accepted, step_time_s=None, request_ids=None, context_len=None,
+                    batch_size=None):
+            credited.append(batch_size)
+
+    engine.programs.step = recording_step
+    engine.controller = Recorder([2])
+    engine.generate([[1, 2, 3, 4, 5]] * 3, [SamplingParams(temperature=0.0, max_tokens=m) for m in (3, 9, 20)])
+    trace = engine.stats.trace
+    assert credited == [t["bucket"] for t in trace]
+    assert set(credited) <= set(ran) and all(t["context"] >= 5 for t in trace)
+    assert any(t["bucket"] > bucket_for(t["batch_size"], [1, 2, 4]) for t in trace)  # the case that was wrong

@@ -29,7 +29,6 @@ import time
 from typing import Callable
 
 from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES, base_name, method_of, methods_of, parse_config
-from dsd_jax.buckets import bucket_for
 from dsd_jax.config import DynamicConfig, SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.profile import Profile
@@ -170,8 +169,9 @@ def _run_info(engine, ctl) -> dict:
             "k_hist": {int(k): int(v) for k, v in sorted(st.k_hist.items())},
             "decode_tokens": int(sum(t["emitted"] for t in decode)),
             "decode_s": float(sum(t["wall_ms"] for t in decode) / 1e3),
-            # (K, batch bucket, wall ms) of every decode-only step, for calibration
-            "step_ms": [(t["k"], bucket_for(t["batch_size"], engine.batch_buckets), t["wall_ms"]) for t in decode],
+            # (K, batch bucket, wall ms, context) of every decode-only step, for calibration:
+            # the bucket and context its program ran at
+            "step_ms": [(t["k"], t["bucket"], t["wall_ms"], t["context"]) for t in decode],
             "accepted": st.accepted_per_pos.copy(), "proposed": st.proposed_per_pos.copy()}
     stats = getattr(ctl, "stats", None)
     if ctl is not None and ctl.mode == "goodput" and callable(stats):
@@ -265,15 +265,17 @@ def run_interleaved(points, run: Callable, repeats: int, on_repeat: Callable | N
 # --------------------------------------------------------------------------- rows
 
 def calibration(step_ms, profile: Profile | None) -> list[dict]:
-    """Measured step time per (K, bucket) (median over steps) next to the profile's ITL."""
-    groups: dict[tuple, list[float]] = {}
-    for k, b, ms in step_ms:
-        groups.setdefault((int(k), int(b)), []).append(float(ms))
+    """Measured step time per (K, bucket) (median over steps) next to the profile's ITL
+    (the median of its ITL at each step's context)."""
+    groups: dict[tuple, list[tuple[float, int]]] = {}
+    for k, b, ms, context in step_ms:
+        groups.setdefault((int(k), int(b)), []).append((float(ms), int(context)))
     out = []
-    for (k, b), ms in sorted(groups.items()):
+    for (k, b), steps in sorted(groups.items()):
+        ms = [m for m, _ in steps]
         entry = {"k": k, "bucket": b, "steps": len(ms), "measured_ms": round(median(ms), 3)}
         if profile is not None and k <= profile.max_k:
-            pred = profile.itl_ms(b, k)
+            pred = median([profile.itl_ms(b, k, context) for _, context in steps])
             entry["profile_ms"] = round(pred, 3)
             entry["measured_over_profile"] = round(entry["measured_ms"] / pred, 3)
         out.append(entry)

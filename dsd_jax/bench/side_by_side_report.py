@@ -34,7 +34,7 @@ def is_engine(config: str) -> bool:
 # --------------------------------------------------------------------------- analysis
 
 def _median_ms(step_ms, k: int, bucket: int) -> float | None:
-    ms = [m for kk, bb, m in step_ms if kk == k and bb == bucket]
+    ms = [m for kk, bb, m, _ in step_ms if kk == k and bb == bucket]
     return median(ms) if ms else None
 
 

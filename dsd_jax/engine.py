@@ -195,18 +195,21 @@ class SpecEngine:
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
                                  prefill_rows, prefill_chunks, self.placement, fallback=fallback)
         if controller is None:
+            # warns loudly when the profile was measured for other models, hardware or mesh
+            from dsd_jax.profiler import device_kind
+            expect = dict(expect_fingerprints=self.fingerprints(), expect_device_kind=device_kind(),
+                          expect_mesh=self.placement.sizes)
             if profile is None and spec.dynamic is not None and spec.dynamic.profile:
-                # warns loudly when the profile was measured for other models or hardware
-                from dsd_jax.profiler import device_kind
-                profile = Profile.load(spec.dynamic.profile, expect_fingerprints=self.fingerprints(),
-                                       expect_device_kind=device_kind(),
-                                       expect_mesh=self.placement.sizes)
+                profile = Profile.load(spec.dynamic.profile, **expect)
+            elif profile is not None:
+                profile.check_compatible(**expect, source="the profile given to SpecEngine")
             # under data parallelism a step's time is set by the fullest shard: the
             # controller sees per-shard batch sizes
             controller = Controller(spec, profile, max_batch_size=per_shard,
                                     batch_buckets=self.batch_buckets)
             if spec.dynamic is not None and profile is not None:  # goodput: K from this profile
-                for problem in profile.fit_problems(self.max_k, per_shard, max_seq_len):
+                fit = profile.fit_problems(self.max_k, per_shard, max_seq_len, self.batch_buckets[0])
+                for problem in fit:
                     warnings.warn(f"{problem}; re-profile this engine (`dsd-jax profile`)",
                                   ProfileMismatchWarning, stacklevel=2)
         self.controller = controller

@@ -423,10 +423,16 @@ class Profile:
         engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
         return engine.get("max_seq_len") if isinstance(engine, dict) else None
 
-    def fit_problems(self, max_k: int, max_batch_size: int, max_seq_len: int) -> list[str]:
+    def fit_problems(self, max_k: int, max_batch_size: int, max_seq_len: int,
+                     min_batch_size: int = 1) -> list[str]:
         """Ways this profile does not describe an engine with these limits (empty: it fits).
-        `max_batch_size` is the largest batch one step runs (per data shard)."""
+        `max_batch_size` / `min_batch_size` are the largest / smallest batch one step runs
+        (per data shard: the engine's largest and smallest batch buckets)."""
         problems = []
+        if self.batch_sizes[0] > min_batch_size:
+            problems.append(f"the profile covers batch sizes from {self.batch_sizes[0]} but the engine runs "
+                            f"from {min_batch_size}: smaller batches use the ITL of "
+                            f"{self.batch_sizes[0]} (clamped)")
         if self.max_batch_size < max_batch_size:
             problems.append(f"the profile covers batch sizes up to {self.max_batch_size} but the engine runs up "
                             f"to {max_batch_size}: larger batches use the ITL of "

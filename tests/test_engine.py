@@ -399,6 +399,11 @@ def test_profile_for_other_models_warns(pair, tmp_path):
     spec = SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig(profile=str(path)))
     with pytest.warns(ProfileMismatchWarning, match="fingerprint"):
         SpecEngine(*pair, spec, max_batch_size=4, max_seq_len=32)
+    # a Profile object given to the engine is checked like one it loads
+    given = Profile.load(path)
+    with pytest.warns(ProfileMismatchWarning, match="the profile given to SpecEngine: .*fingerprint"):
+        SpecEngine(*pair, SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig()), max_batch_size=4,
+                   max_seq_len=32, profile=given)
 
 
 def test_profile_that_does_not_fit_the_engine_warns(pair, tmp_path):
@@ -416,6 +421,10 @@ def test_profile_that_does_not_fit_the_engine_warns(pair, tmp_path):
     for needle in ("covers batch sizes up to 2 but the engine runs up to 4",
                    "covers K <= 1 but the engine allows K <= 2", "max_seq_len 64, the engine has 32"):
         assert needle in said
+    Profile(device_kind="cpu", batch_sizes=[2, 4], ks=[0, 1, 2], latency_ms=[[1.0, 1.5, 2.0]] * 2,
+            acceptance=[0.8, 0.6]).save(path)
+    with pytest.warns(ProfileMismatchWarning, match="covers batch sizes from 2 but the engine runs from 1"):
+        SpecEngine(*pair, spec, max_batch_size=4, max_seq_len=32)
 
 
 def test_max_seq_len_past_the_models_positions_warns(pair):

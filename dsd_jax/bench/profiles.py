@@ -34,7 +34,8 @@ def load(profile) -> tuple[Profile | None, str | None]:
 
 def profile_fit_problems(profile: Profile, engine) -> list[str]:
     """Ways a profile does not describe `engine`'s programs (empty list: it fits)."""
-    return profile.fit_problems(engine.max_k, engine.batch_buckets[-1], engine.max_seq_len)
+    return profile.fit_problems(engine.max_k, engine.batch_buckets[-1], engine.max_seq_len,
+                                engine.batch_buckets[0])
 
 
 def _measure(engine, method: str, s: Settings, prompts: list[list[int]], log) -> Profile:

@@ -160,8 +160,10 @@ def test_engine_programs_lower_for_cuda_with_pallas(monkeypatch):
                          max_seq_len=256, batch_buckets=(8,), backend="pallas", prefill_chunk=32)
     p = eng.programs
 
+    from lowering import lower_for  # tests/lowering.py: jax >= 0.11 needs an abstract GPU
+
     def lower(fn, *args):  # as tests/test_kernels.py: jaxlib lowers Pallas for cuda on a CPU host
-        return fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        return lower_for("cuda", fn, *args).as_text()
 
     step = lambda k: jax.jit(p._step_shards(functools.partial(p._rounds, k, 8)), donate_argnums=2)
     # K = 0: one target attention; K = 3: draft catch-up, window and 3 proposals, target

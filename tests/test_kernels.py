@@ -22,6 +22,7 @@ from dsd_jax.kernels import attention_pallas, rejection_pallas
 from dsd_jax.kernels.attention_ref import verify_attention_xla
 from dsd_jax.kernels.rejection_ref import rejection_sample_xla
 from dsd_jax.device_check import cache_rows, query_positions, rejection_inputs  # device_check's cases on a GPU
+from lowering import lower_for  # tests/lowering.py: jax >= 0.11 needs an abstract GPU to lower for
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 TOL = {F32: 1e-5, BF16: 1e-2}
@@ -245,10 +246,11 @@ LOWERING = {"cuda": "gpu", "tpu": "tpu"}
 
 
 def _lower(fn, args, lowering_platform):
-    """Lower for a platform this host does not have. Skips (with the exact reason) only when
-    this jax build has no Pallas lowering for it; any other failure is a real bug."""
+    """Lower for a platform this host does not have (`lowering.lower_for`). Skips (with the
+    exact reason) only when this jax build has no Pallas lowering for it; any other failure
+    is a real bug."""
     try:
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=(lowering_platform,))
+        return lower_for(lowering_platform, jax.jit(fn), *args)
     except ValueError as e:  # raised by pallas_call when its Triton/Mosaic backend is missing
         if "Cannot lower pallas_call on platform" in str(e):
             pytest.skip(f"this jax build cannot lower Pallas for {lowering_platform}: {e}")

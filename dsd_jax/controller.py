@@ -181,8 +181,8 @@ class Controller:
         self.profile = profile = _load_profile(spec, self.mode, profile)
         buckets = None if batch_buckets is None else _check_buckets(batch_buckets, self.max_batch_size)
         self._init_policy(spec.dynamic)
-        # Candidate Ks: 0..max_k restricted to the profile's ks (goodput mode).
-        self._kc = min(self.max_k, profile.max_k) if self.mode == "goodput" else self.max_k
+        # Candidate Ks: 0..max_k restricted to the profile's ks (its ITL has no others).
+        self._kc = self.max_k if profile is None else min(self.max_k, profile.max_k)
         self._latency = None  # no profile: no ITL predictions (calibration logs measured times only)
         if profile is not None:
             lat_forget = spec.dynamic.latency_forgetting if self.mode == "goodput" else 0.0

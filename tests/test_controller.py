@@ -540,3 +540,14 @@ def test_settled_only_where_no_probe_or_learning_can_change_the_choice():
     assert not no_probes.settled(1, 0) and no_probes.choose_k(1) == 1 and not no_probes.settled(1, 1)
     _drive_to_zero(no_probes, 1)
     assert no_probes.settled(1, 0) and not any(no_probes.choose_k(1) for _ in range(50))
+
+
+def test_static_controller_with_a_profile_of_fewer_ks_predicts_over_the_profiles_ks():
+    """predicted_goodput / held_k on a static controller whose K exceeds the profile's
+    (it raised a broadcasting error: AL over 0..4 against ITL over the profile's 0..2)."""
+    p = realistic_profile(max_k=2, acceptance=(0.8, 0.6))
+    c = Controller(SpecConfig(num_speculative_tokens=4), p, max_batch_size=8)
+    g = c.predicted_goodput(2)
+    assert g.shape == (3,) and np.all(np.isfinite(g))
+    assert c.held_k(2) == int(np.argmax(g))
+    assert c.choose_k(2) == 4  # the static K itself is untouched

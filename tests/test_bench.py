@@ -227,6 +227,28 @@ def test_paired_intervals_on_hand_made_rows():
     assert "static-2 higher than vanilla: 1.1" in table and "not resolved" in table
 
 
+def test_summary_point_estimate_is_the_paired_ratio_its_interval_is_around():
+    """The ratio of medians (104 / 100 = 1.04 here) can sit at the edge of the paired
+    interval printed beside it; the summary now gives the paired ratio and picks the best
+    other configuration by the paired ranking, in the sweep and the rollout alike."""
+    per = {"vanilla": [60] * 7, "static-2": [100] * 4 + [130] * 3, "dynamic": [104] * 4 + [124] * 3}
+    rows = []
+    for workload, b in (("sweep", 4), ("rollout", None)):
+        for c, xs in per.items():
+            r = _row(b, c, float(statistics.median(xs)), workload)
+            r["tokens_per_s_pairs"] = xs
+            rows.append(r)
+    bench.add_intervals(rows)
+    s = bench.summarize(rows)
+    sweep, roll = s["sweep"][0], s["rollout"]
+    ci = sweep["dynamic_vs_best_other_ci"]
+    assert sweep["best_other"] == roll["best_other"] == "static-2"
+    assert sweep["dynamic_vs_best_other"] == pytest.approx(ci["ratio"]) and ci["lo"] <= ci["ratio"] <= ci["hi"]
+    assert abs(sweep["dynamic_vs_best_other"] - 1.04) > 0.02
+    assert roll["dynamic_vs_best_other"] == pytest.approx(roll["dynamic_vs_best_other_ci"]["ratio"])
+    assert roll["dynamic_vs_best_other"] == pytest.approx(1 / sweep["dynamic_vs_best_other"])
+
+
 def test_eagle3_configurations_in_the_summary():
     """The head's configurations beside the draft model's: each dynamic one compared with the
     best other, where each method stops paying, eagle3 only at the batch sizes it ran."""

@@ -24,7 +24,7 @@ def points(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
     return out
 
 
-def _throughput_score(r: dict) -> float:
+def throughput_score(r: dict) -> float:
     """Geometric mean of the paired tokens/s (the ranking the paired ratios give), else the median."""
     pairs = r.get("tokens_per_s_pairs")
     return float(np.exp(np.mean(np.log(pairs)))) if pairs else r["tokens_per_s"]
@@ -34,7 +34,7 @@ def best_static(pts: dict[str, dict]) -> str | None:
     """The static-K configuration with the highest throughput at a point (None: none ran),
     ranked as the paired ratios rank them. Chosen from the same data it is then compared
     with, so "better than the best static" is, if anything, slightly understated."""
-    statics = {c: _throughput_score(r) for c, r in pts.items() if parse_config(c)[0] == "static"}
+    statics = {c: throughput_score(r) for c, r in pts.items() if parse_config(c)[0] == "static"}
     return max(statics, key=statics.get) if statics else None
 
 

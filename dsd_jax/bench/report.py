@@ -9,7 +9,7 @@ from typing import Any
 
 from dsd_jax import stats
 from dsd_jax.bench.environment import environment
-from dsd_jax.bench.pairs import differences, pair_ratios, points
+from dsd_jax.bench.pairs import differences, pair_ratios, points, throughput_score
 from dsd_jax.bench.settings import method_of, methods_of, parse_config
 
 SCHEMA = "dsd_jax.bench/1"
@@ -25,13 +25,16 @@ def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
     """Each dynamic configuration against the best other configuration at one batch size, and
     the noise there."""
     pts = {c: r["tokens_per_s"] for c, r in rows_b.items()}
-    others = {c: v for c, v in pts.items() if parse_config(c)[0] != "dynamic"}
+    # ranked and compared as the paired intervals rank them (the geometric mean over pair
+    # units), so a point estimate is never at odds with the interval printed beside it
+    score = {c: throughput_score(r) for c, r in rows_b.items()}
+    others = {c: v for c, v in score.items() if parse_config(c)[0] != "dynamic"}
     best_c = max(others, key=others.get)
-    entry = {"batch_size": b, "best_config": max(pts, key=pts.get), "best_other": best_c,
+    entry = {"batch_size": b, "best_config": max(score, key=score.get), "best_other": best_c,
              "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
     ratios = pair_ratios(rows_b, best_c)
-    entry["dynamic_configs"] = {d: {"vs_best_other": pts[d] / others[best_c], "ci": ratios[d]}
-                                for d in _dynamic_names(pts)}
+    entry["dynamic_configs"] = {d: {"vs_best_other": _paired_or(ratios[d], score[d] / others[best_c]),
+                                    "ci": ratios[d]} for d in _dynamic_names(pts)}
     if "dynamic" in pts:  # the draft model's, under the keys the summary always had
         entry["dynamic_vs_best_other"] = entry["dynamic_configs"]["dynamic"]["vs_best_other"]
         entry["dynamic_vs_best_other_ci"] = entry["dynamic_configs"]["dynamic"]["ci"]
@@ -47,11 +50,15 @@ def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
     return entry
 
 
+def _paired_or(ci: dict | None, fallback: float) -> float:
+    """The paired ratio where there are pairs, else `fallback`."""
+    return ci["ratio"] if ci and ci.get("ratio") is not None else fallback
+
+
 def _gain(r: dict, vanilla: dict) -> float:
     """A row's throughput over vanilla's: the paired ratio (geometric mean over pair units, as
     robust to drift as the intervals) when there are pairs, else the ratio of medians."""
-    paired = (r.get("vs_vanilla") or {}).get("ratio")
-    return paired if paired is not None else r["tokens_per_s"] / vanilla["tokens_per_s"]
+    return _paired_or(r.get("vs_vanilla"), r["tokens_per_s"] / vanilla["tokens_per_s"])
 
 
 def _stops_paying_at(by_point: dict, sizes: list[int], chosen=None) -> int | None:
@@ -82,13 +89,17 @@ def _stops_paying_by(by_point: dict, sizes: list[int]) -> dict[str, int | None]:
 
 def _rollout_entry(rows_r: dict[str, dict]) -> dict:
     roll = {c: r["makespan_s"] for c, r in rows_r.items()}
-    others = {c: v for c, v in roll.items() if parse_config(c)[0] != "dynamic"}
-    best_c = min(others, key=others.get)
-    out = {"best_other": best_c, "best_other_makespan_s": others[best_c], "vanilla_makespan_s": roll.get("vanilla")}
+    score = {c: throughput_score(r) for c, r in rows_r.items()}  # as in `_sweep_entry`
+    others = {c: v for c, v in score.items() if parse_config(c)[0] != "dynamic"}
+    best_c = max(others, key=others.get)
+    out = {"best_other": best_c, "best_other_makespan_s": roll[best_c], "vanilla_makespan_s": roll.get("vanilla")}
     ratios = pair_ratios(rows_r, best_c)
     # makespan ratios (below 1: the dynamic configuration finished sooner)
-    out["dynamic_configs"] = {d: {"makespan_s": roll[d], "vs_best_other": roll[d] / others[best_c],
-                                  "ci": stats.reciprocal(ratios[d])} for d in _dynamic_names(roll)}
+    out["dynamic_configs"] = {}
+    for d in _dynamic_names(roll):
+        ci = stats.reciprocal(ratios[d])
+        out["dynamic_configs"][d] = {"makespan_s": roll[d], "ci": ci,
+                                     "vs_best_other": _paired_or(ci, others[best_c] / score[d])}
     if "dynamic" in roll:
         out["dynamic_makespan_s"] = roll["dynamic"]
         out["dynamic_vs_best_other"] = out["dynamic_configs"]["dynamic"]["vs_best_other"]

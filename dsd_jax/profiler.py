@@ -205,6 +205,14 @@ def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup
     return state, {"chunk": int(chunk), "ms": ms}
 
 
+def _sample_start(engine, context: int, k: int, rounds: int) -> int:
+    """The context a sample of `rounds` rounds of K = k starts at: `context`, or where a
+    context near max_seq_len would run out of cache room within the sample, just early
+    enough that every round fits (rows ending early would share the dispatch overhead
+    among fewer rounds at K > 0 than at K = 0: up to 21 positions early at K = 6, 4 rounds)."""
+    return max(1, min(context, engine.capacity - rounds * (k + 1)))
+
+
 def _time_step(engine, programs, step, state, batch: int, context: int, lag: int, rounds: int):
     """(state, seconds a round) of one call of the step program `step` asking for `rounds`
     rounds, from `batch` rows live at `context` (the drafter `lag` tokens behind)."""
@@ -401,7 +409,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
             steps = [engine.programs.step(k, b) for k in ks]  # compiles on first use
             for rep in range(warm + reps):
                 for k in ks:  # interleaved: drift hits every K of this row alike
-                    state, t = _time_step(engine, programs, steps[k], state, b, ctx, 0, rounds)
+                    start = _sample_start(engine, ctx, k, rounds)
+                    state, t = _time_step(engine, programs, steps[k], state, b, start, 0, rounds)
                     if rep >= warm:
                         samples[ci, bi, pass_ * reps + rep - warm, k] = t * 1e3
             for _ in ks:

@@ -274,3 +274,23 @@ def test_format_profile(run):
     text = prof_lib.format_profile(prof)
     assert "context 8" in text and "context 24" in text and "K=1" in text
     assert not math.isnan(prof.acceptance[0])
+
+
+def test_every_sample_runs_all_its_rounds_at_the_largest_context(engine, monkeypatch):
+    """At context = max_seq_len a K > 0 row has room for one round in the cache (capacity
+    max_seq_len + K + 1) and ended the sample early, sharing the dispatch overhead among
+    fewer rounds than K = 0's; samples there now start early enough to run every round."""
+    ran = []
+    unpack = prof_lib.unpack_rounds
+
+    def spy(packed):
+        out, rounds = unpack(packed)
+        ran.append(rounds)
+        return out, rounds
+
+    monkeypatch.setattr(prof_lib, "unpack_rounds", spy)
+    prof_lib.profile_engine(engine, context_lengths=(engine.max_seq_len,), repeats=1, warmup_reps=0,
+                            passes=1, rounds_per_sample=4, acceptance=[0.5] * K)
+    cells = len(engine.batch_buckets) * (K + 1)  # the latency samples (the catch-up's come after)
+    assert ran[:cells] == [4] * cells
+    assert prof_lib._sample_start(engine, 8, K, 4) == 8  # room to spare: the context itself

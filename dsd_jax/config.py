@@ -295,7 +295,7 @@ class SpecConfig:
     draft_sampling: "sample" (draft samples from q) or "argmax" (one-hot q).
     prompt_lookup_min / prompt_lookup_max: n-gram sizes for methods "ngram" and "suffix".
     suffix_bank_len: tokens of references each slot holds for method "suffix" (earlier
-        rollouts of its prompt; the newest kept).
+        rollouts of its prompt; the last `suffix_bank_len` tokens of them, newest last, kept).
     dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller.
     """
 

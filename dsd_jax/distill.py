@@ -27,7 +27,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dsd_jax.models.transformer import rope_cos_sin
+from dsd_jax.models.eagle3 import Eagle3Head
+from dsd_jax.models.transformer import Transformer, rope_cos_sin
 
 
 def sequence_logits(model, tokens, mask):
@@ -110,16 +111,31 @@ class DraftDistiller:
     optimizer state from one RL step to the next.
 
     target, draft: the models the engine was built from (their graph definitions are used;
-    the weights come from the engine at every refresh). `temperature`: the rollout's
-    sampling temperature (acceptance compares the two distributions at it; 0 is read as 1).
+    the weights come from the engine at every refresh); the draft is a `Transformer` (method
+    "draft_model"), not an EAGLE-3 head. `temperature`: the rollout's sampling temperature
+    (acceptance compares the two distributions at it; 0 is read as 1).
     `rows`: sequences per optimizer step (a fixed shape: one compilation)."""
 
     def __init__(self, target, draft, *, learning_rate: float = 1e-3, temperature: float = 1.0,
                  rows: int = 16, weight_decay: float = 0.0, seed: int = 0):
         if draft is None:
             raise ValueError("DraftDistiller needs the draft model")
+        if isinstance(draft, Eagle3Head):
+            raise ValueError("DraftDistiller trains a draft Transformer, not an EAGLE-3 head "
+                             "(method 'draft_model'; an EAGLE-3 head is trained on the target's "
+                             "hidden states, which this loss does not use)")
+        for role, model in (("target", target), ("draft", draft)):
+            if not isinstance(model, Transformer):
+                raise TypeError(f"DraftDistiller needs the {role} as a dsd_jax Transformer, got "
+                                f"{type(model).__name__}")
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
+                             f"{target.config.vocab_size}: the draft must share the tokenizer")
         self.target_graph = nnx.graphdef(target)
         self.draft_graph = nnx.graphdef(draft)
+        # what the engine's params must look like at refresh (structure, shapes, dtypes)
+        self._like = {role: _abstract(nnx.state(m)) for role, m in (("target", target),
+                                                                    ("draft", draft))}
         self.temperature = float(temperature) if temperature > 0 else 1.0
         self.rows = int(rows)
         self.tx = optax.adamw(learning_rate, weight_decay=weight_decay)
@@ -134,27 +150,51 @@ class DraftDistiller:
         """`steps` optimizer steps on random rows of `batch`; returns (new draft params,
         {"loss_before", "loss_after"} on the whole batch, first rows-sized slice)."""
         params = jax.tree.map(jnp.copy, draft_params)  # the engine's copy stays valid
-        if self.opt_state is None:
-            self.opt_state = self.tx.init(params)
+        # the steps donate the optimizer state: held here and stored back only when every
+        # step succeeded, so a failure leaves None (a fresh state next time), never a
+        # deleted one that would fail every later call
+        opt_state, self.opt_state = self.opt_state, None
+        if opt_state is None:
+            opt_state = self.tx.init(params)
         n = len(batch.tokens)
         take = lambda idx: (batch.tokens[idx], batch.mask[idx], batch.loss_mask[idx])
         probe = take(np.arange(self.rows) % n)
         before = float(self._eval(target_params, params, *probe))
         for _ in range(steps):
             idx = self.rng.choice(n, self.rows, replace=n < self.rows)
-            params, self.opt_state = self._step(target_params, params, self.opt_state, *take(idx))
+            params, opt_state = self._step(target_params, params, opt_state, *take(idx))
         after = float(self._eval(target_params, params, *probe))
+        self.opt_state = opt_state
         dtypes = jax.tree.map(lambda x: x.dtype, draft_params)
         params = jax.tree.map(lambda x, d: x.astype(d), params, dtypes)
         return params, {"loss_before": before, "loss_after": after, "steps": steps}
 
     def refresh(self, engine, outputs: Sequence, steps: int = 8) -> dict:
         """Distils the engine's draft on `outputs` (its completed rollouts) against the
-        engine's current target and swaps the result in (`set_params`: no recompilation)."""
+        engine's current target and swaps the result in (`set_params`: no recompilation).
+        A ValueError when the engine has no draft model, or its models are not the ones this
+        distiller was built for, or `outputs` hold no completion tokens; the engine is then
+        left as it was."""
+        if engine._draft_params is None:
+            raise ValueError(f"this engine has no draft model to distil (method "
+                             f"{engine.spec.method!r}); DraftDistiller needs method 'draft_model'")
+        if engine.spec.method == "eagle3":
+            raise ValueError("DraftDistiller trains a draft Transformer, not an EAGLE-3 head "
+                             "(this engine's method is 'eagle3')")
+        for role, params in (("target", engine._target_params), ("draft", engine._draft_params)):
+            if _abstract(params) != self._like[role]:
+                raise ValueError(f"the engine's {role} is not the {role} this DraftDistiller was "
+                                 "built with (parameter structure, shapes or dtypes differ)")
         batch = rollout_batch(outputs)
         params, metrics = self.fit(engine._target_params, engine._draft_params, batch, steps)
         engine.set_params(draft=params)
         return metrics
+
+
+def _abstract(params):
+    """(tree structure, ((shape, dtype), ...)) of a param tree: cheap to compare."""
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves)
 
 
 def _loss(t_graph, d_graph, temperature, t_params, d_params, tokens, mask, loss_mask):

@@ -91,8 +91,14 @@ class SamplingParams:
     `stop_token_ids`: token ids that end the completion (a sequence, or one id).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
-    prompt is prefilled once; completion g draws from seed `seed + g` (so with a seed it
-    equals a single request with that seed), or from an engine-assigned seed of its own.
+    prompt is prefilled once; completion g draws from seed `seed + g`, or from an
+    engine-assigned seed of its own. With a seed, completion g equals a single request
+    with seed `seed + g` under `SpecConfig(acceptance="drafter_invariant")` (every output
+    is token-identical to plain sampling with its seed). Under the default "rejection"
+    acceptance the tokens also depend on the drafts, so they are equal only when the
+    drafter reads each row alone ("draft_model", "eagle3", "ngram") and K does not depend
+    on the batch (a static K); with method "suffix" siblings draft for each other and a
+    member's tokens differ from the single request's (each is still an exact sample).
 
     Every field is checked and normalised here (ints, floats, a tuple of ints): a float
     where an integer belongs (n=2.0, seed=2.5, a stop id 1.9) is refused, not truncated.

@@ -83,3 +83,53 @@ def test_distillation_recovers_acceptance_after_the_target_moves(tiny_pair):
     print(f"accepted length: fresh {fresh:.2f}, stale {stale:.2f}, recovered {recovered:.2f}")
     assert stale < fresh - 0.3, (fresh, stale)
     assert recovered > stale + 0.3, (fresh, stale, recovered)
+
+
+def test_distiller_refuses_what_it_cannot_train(tiny_pair):
+    """Named errors, before anything runs: an EAGLE-3 head as the draft, an engine with no
+    draft model, an EAGLE-3 engine, an engine built from another draft, rollouts without a
+    completion token. A refresh that fails midway keeps the engine's draft and drops the
+    optimizer state (its buffers went to the failed steps), so the next refresh works."""
+    import dataclasses
+
+    from dsd_jax.models.eagle3 import Eagle3Config, init_eagle3
+    target, draft = tiny_pair
+    t = target.config
+    fields = {f.name: getattr(t, f.name) for f in dataclasses.fields(type(t))}
+    head = init_eagle3(Eagle3Config(**{**fields, "num_layers": 1}, draft_vocab_size=32,
+                                    aux_layers=(0, 0, 1)), 0)
+    with pytest.raises(ValueError, match="trains a draft Transformer, not an EAGLE-3 head"):
+        DraftDistiller(target, head)
+    small = dict(max_batch_size=2, max_seq_len=32, batch_buckets=(2,), num_speculative_tokens=2)
+    outs = [RequestOutput(0, [1, 2, 3], [4, 5], "length"), RequestOutput(1, [6], [7], "stop")]
+    distiller = DraftDistiller(target, draft, rows=2)
+    with pytest.raises(ValueError, match="this engine has no draft model to distil"):
+        distiller.refresh(make_engine(target, None, method="suffix", **small), outs, steps=1)
+    with pytest.raises(ValueError, match="not an EAGLE-3 head"):
+        distiller.refresh(make_engine(target, head, method="eagle3", **small), outs, steps=1)
+    other = models.init_model(tiny_config(num_layers=1, hidden_size=32, intermediate_size=64,
+                                          num_heads=2, num_kv_heads=1, head_dim=16), seed=3)
+    with pytest.raises(ValueError, match="engine's draft is not the draft this DraftDistiller"):
+        distiller.refresh(make_engine(target, other, method="draft_model", **small), outs, steps=1)
+    engine = make_engine(target, draft, method="draft_model", **small)
+    with pytest.raises(ValueError, match="no completed tokens"):
+        distiller.refresh(engine, [RequestOutput(0, [1, 2], [], "stop")], steps=1)
+
+    kept = jax.tree.leaves(engine._draft_params)
+    step, calls = distiller._step, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("step failed")
+        return step(*args)
+
+    distiller._step = failing
+    with pytest.raises(RuntimeError, match="step failed"):
+        distiller.refresh(engine, outs, steps=3)
+    assert distiller.opt_state is None
+    assert all(a is b for a, b in zip(kept, jax.tree.leaves(engine._draft_params)))
+    distiller._step = step
+    assert distiller.refresh(engine, outs, steps=2)["steps"] == 2
+    assert distiller.opt_state is not None
+    assert any(not np.array_equal(a, b) for a, b in zip(kept, jax.tree.leaves(engine._draft_params)))

@@ -18,7 +18,7 @@ from tunix.models.qwen3 import model as qwen3
 from tunix.rl import common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
-from dsd_jax import SamplingParams, SpecConfig, param_mapping
+from dsd_jax import SpecConfig, param_mapping
 from dsd_jax.compilation import compilation_count
 from dsd_jax.distill import token_logps
 from dsd_jax.integrations.tunix import SpecRollout, from_tunix
@@ -208,8 +208,10 @@ def test_sampled_logprobs_follow_grpo_convention(policy, rollout):
 
 def test_repeated_prompts_become_groups(rollout):
     """GRPO's repeated prompts become SamplingParams(n=run) requests, outputs in order; with a
-    seed, completion r of the call draws from seed + r, so a group member equals a single
-    request with that seed."""
+    seed, completion r of the call draws from seed + r, and under acceptance
+    "drafter_invariant" (the fixture's; the documented way to reproducible groups) a group
+    member equals a single request with that seed, although with method "suffix" its
+    siblings draft for it."""
     calls = []
     inner = rollout.engine.generate
 
@@ -250,6 +252,46 @@ def test_an_eagle3_head_is_a_draft_as_is(policy, rollout):
     cfg = config(top_p=None)
     a, b = with_head.generate(PROMPTS, cfg), rollout.generate(PROMPTS, cfg)
     assert [x.tolist() for x in a.tokens] == [x.tolist() for x in b.tokens]
+
+
+def test_distillation_skips_an_empty_rollout_and_never_traps_later_calls(policy):
+    """distill_steps > 0 with a vLLM-style spec dict: a rollout whose completions are all
+    empty (EOS first) has nothing to distil on, so the round after the next sync is skipped
+    and noted, and generation goes on; the next sync distils; a round that raises does so
+    from one call only, the following call generates."""
+    from dsd_jax import models
+    with pytest.raises(ValueError, match="distill_steps needs a draft model"):
+        SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(),
+                    spec={"method": "suffix"}, distill_steps=2)
+    draft = models.init_model(models.ModelConfig(
+        vocab_size=len(WORDS), hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+        num_kv_heads=1, head_dim=8), seed=1)
+    r = SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(),
+                    max_batch_size=2, prefill_chunk=16, batch_buckets=(2,), draft=draft,
+                    spec={"method": "draft_model", "num_speculative_tokens": 2},
+                    distill_steps=2, distill={"rows": 2})
+    assert r.engine.spec.method == "draft_model"
+    prompt, cfg = ["w3 w4 w5"], config(top_p=None)
+    first = int(r.generate(prompt, cfg).tokens[0][0])
+    assert [len(t) for t in r.generate(prompt, config(top_p=None, eos_tokens=[first])).tokens] == [0]
+    sync = lambda: r.update_params(nnx.state(policy, nnx.Param))
+    sync()
+    for _ in range(2):
+        assert len(r.generate(prompt, cfg).tokens[0]) > 0
+    assert r.distill_log == [{"skipped": "no completed tokens"}]
+    sync()
+    r.generate(prompt, cfg)
+    assert len(r.distill_log) == 2 and r.distill_log[1]["steps"] == 2
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("distillation broke")
+
+    r._distiller.refresh = broken
+    sync()
+    with pytest.raises(RuntimeError, match="distillation broke"):
+        r.generate(prompt, cfg)
+    assert r.distill_log[-1] == {"error": "RuntimeError: distillation broke"}
+    assert len(r.generate(prompt, cfg).tokens[0]) > 0
 
 
 def test_update_params_under_transfer_guards_compiles_nothing(policy):

@@ -42,8 +42,10 @@ class SuffixState(NamedTuple):
 
 
 def pack_references(references, bank_len: int) -> np.ndarray:
-    """References (oldest first) -> one bank row: each followed by a -1 separator, the
-    newest kept whole when they do not all fit, -1 padding after."""
+    """References (oldest first) -> one bank row: each followed by a -1 separator, -1
+    padding after. When they do not all fit, the row keeps the last `bank_len` tokens of
+    that sequence: the oldest references are dropped and the oldest one kept may lose its
+    head; a newest reference longer than the row keeps only its tail."""
     row = np.full(bank_len, -1, np.int32)
     seq: list[int] = []
     for ref in references:

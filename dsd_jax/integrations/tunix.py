@@ -32,9 +32,6 @@ they do for Tunix's own sampler.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,7 +77,7 @@ def config_from_tunix(module) -> ModelConfig:
     c = module.config
     dtypes = {np.dtype(x.dtype) for x in jax.tree.leaves(nnx.state(module, nnx.Param))}
     if len(dtypes) != 1 or dtypes.pop() not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16)):
-        raise ValueError(f"the Tunix model's parameters must all be float32 or all bfloat16")
+        raise ValueError("the Tunix model's parameters must all be float32 or all bfloat16")
     dtype = str(jax.tree.leaves(nnx.state(module, nnx.Param))[0].dtype)
     tied = c.weight_tying if name == "llama3" else c.use_tied_embedding
     return ModelConfig(
@@ -160,8 +157,9 @@ class SpecRollout(base_rollout.BaseRollout):
     draft: our `Transformer` sharing the policy's vocabulary (or a Tunix Llama3/Qwen3 module,
         converted the same way), for method "draft_model"; or an EAGLE-3 head
         (`dsd_jax.models.load_eagle3`), for method "eagle3";
-    spec: `SpecConfig` (default: "draft_model" with a draft model, "eagle3" with a head,
-        else "suffix": siblings of a GRPO group draft for each other);
+    spec: `SpecConfig` or a vLLM-style dict of its fields (default: "draft_model" with a
+        draft model, "eagle3" with a head, else "suffix": siblings of a GRPO group draft
+        for each other);
     target: our `Transformer` to serve instead of converting `rollout_actor`;
     mapping: the `ParamMapping` for `update_params` (default: the policy family's);
     max_batch_size: engine slots (default 64; more requests queue);
@@ -170,13 +168,26 @@ class SpecRollout(base_rollout.BaseRollout):
     distill_steps: when > 0 (needs a draft model), before each rollout that follows a
         weight sync the draft takes that many optax steps toward the new policy on the
         previous rollout's completions (`dsd_jax.distill.DraftDistiller`; its keyword
-        arguments in `distill=`); `distill_log` keeps the losses;
+        arguments in `distill=`); `distill_log` keeps the losses, one entry per sync:
+        `{"skipped": "no completed tokens"}` when those completions were all empty (the
+        round is skipped, the draft kept), `{"error": ...}` when distillation raised (the
+        error propagates from that one `generate`; the next call generates, and the next
+        sync tries again);
     everything else goes to `SpecEngine` (batch_buckets, prefill_chunk, profile, controller,
     backend, seed, ...).
+
+    With a seed, completion r of a call draws from seed + r. Whether a GRPO group member
+    then equals the single request with its seed depends on the acceptance rule: always
+    under `SpecConfig(acceptance="drafter_invariant")` (every output is token-identical to
+    plain sampling with its seed); under the default "rejection" only when the drafter reads
+    each row alone and K does not depend on the batch, which the default method without a
+    draft ("suffix": siblings draft for each other) does not do, so a group's tokens differ
+    from the single requests' (each still an exact sample from the policy). For
+    reproducible groups use acceptance "drafter_invariant".
     """
 
     def __init__(self, rollout_actor=None, tokenizer=None, mesh=None, rollout_config=None, *,
-                 draft=None, spec: SpecConfig | None = None, target: Transformer | None = None,
+                 draft=None, spec: SpecConfig | dict | None = None, target: Transformer | None = None,
                  mapping: param_mapping.ParamMapping | None = None, max_batch_size: int = 64,
                  max_seq_len: int | None = None, check: bool = True, distill_steps: int = 0,
                  distill: dict | None = None, **engine_kwargs):
@@ -193,6 +204,12 @@ class SpecRollout(base_rollout.BaseRollout):
         if spec is None:
             method = "suffix" if draft is None else "eagle3" if isinstance(draft, Eagle3Head) else "draft_model"
             spec = SpecConfig(method=method)
+        elif isinstance(spec, dict):  # vLLM's speculative_config, as SpecEngine takes it
+            spec = SpecConfig.from_dict(spec)
+        self.distill_steps = int(distill_steps)
+        if self.distill_steps > 0 and (draft is None or spec.method != "draft_model"):
+            raise ValueError("distill_steps needs a draft model (method 'draft_model', got "
+                             f"{spec.method!r})")
         if max_seq_len is None:
             max_seq_len = rollout_config.kv_cache_size if rollout_config is not None else 1024
         self._tokenizer = tokenizer
@@ -203,12 +220,9 @@ class SpecRollout(base_rollout.BaseRollout):
                                  max_seq_len=max_seq_len, mesh=_mesh_for(mesh), **engine_kwargs)
         self._replicated = (None if self.engine.placement.mesh is None else
                             NamedSharding(self.engine.placement.mesh, PartitionSpec()))
-        self.distill_steps = int(distill_steps)
         self.distill_log: list[dict] = []
         self._distiller = None
         if self.distill_steps > 0:
-            if draft is None or spec.method != "draft_model":
-                raise ValueError("distill_steps needs a draft model (method 'draft_model')")
             temperature = rollout_config.temperature if rollout_config is not None else 1.0
             self._distiller = DraftDistiller(target, draft, **{"temperature": temperature,
                                                                **(distill or {})})
@@ -255,9 +269,7 @@ class SpecRollout(base_rollout.BaseRollout):
                     for start, n in runs]
         if self._distiller is not None and self._synced and self._last_outputs:
             # not in update_params: Tunix runs it under guards against host->device copies
-            self.distill_log.append(self._distiller.refresh(self.engine, self._last_outputs,
-                                                            self.distill_steps))
-            self._synced = False
+            self._distill()
         outs = self.engine.generate([ids[start] for start, _ in runs], sampling,
                                     return_logprobs=cfg.return_logprobs)
         self._last_outputs = outs
@@ -271,6 +283,21 @@ class SpecRollout(base_rollout.BaseRollout):
         return base_rollout.RolloutOutput(
             text=[self._tokenizer.decode(t.tolist()) for t in tokens], logits=[],
             tokens=tokens, left_padded_prompt_tokens=padded, logprobs=logprobs)
+
+    def _distill(self) -> None:
+        """One distillation round on the previous rollout, once per sync: `_synced` is
+        cleared first, so a round that fails raises from this call only (the engine keeps
+        its draft; the next sync tries again) instead of from every later call."""
+        self._synced = False
+        if not any(len(o.token_ids) for o in self._last_outputs):  # every completion empty
+            self.distill_log.append({"skipped": "no completed tokens"})
+            return
+        try:
+            metrics = self._distiller.refresh(self.engine, self._last_outputs, self.distill_steps)
+        except Exception as e:
+            self.distill_log.append({"error": f"{type(e).__name__}: {e}"})
+            raise
+        self.distill_log.append(metrics)
 
     def _rollout_logprobs(self, outs, padded, tokens, cfg) -> list[np.ndarray]:
         """Tunix's convention: log_softmax(logits / T), unfiltered, of each sampled token."""

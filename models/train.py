@@ -19,7 +19,11 @@ few steps (printed and written to `DIR/train_log.json`); pass them back as
 `--joint-steps/--distill-steps` (and `--minutes 0`, plus `--joint-stop` when phase 1
 ended at its time limit) to reproduce a run step for step.
 Checkpoints (bf16, `models.save`) go to `DIR/target` and `DIR/draft` every
-`--ckpt-minutes` and at the end, so the job can be stopped at any time.
+`--ckpt-minutes` and at the end, so the job can be stopped at any time. A DIR that
+already holds `target` or `draft` is refused unless `--overwrite` is passed, and even
+then only model checkpoints (`config.json` + `params/`) are ever removed there. A reused
+`DIR/tokenizer.json` must fit the models (at most 4096 ids, `<|endoftext|>` = id 0), and
+non-finite losses or parameters stop the run before they are checkpointed.
 """
 
 from __future__ import annotations
@@ -82,12 +86,31 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     return tok
 
 
+def check_tokenizer(tok, vocab_size: int = VOCAB_SIZE, source: str = "tokenizer") -> None:
+    """Raises ValueError unless every id of `tok` is below `vocab_size` (the models'
+    embedding rows) and `<|endoftext|>` is id 0 (the separator `encode_corpus` writes)."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    top = max(vocab.values(), default=-1)
+    if top >= vocab_size:
+        raise ValueError(f"{source}: its ids go up to {top} ({tok.get_vocab_size()} tokens) but the "
+                         f"models have {vocab_size} embedding rows; use a tokenizer of at most "
+                         f"{vocab_size} tokens (or remove it to train a fresh one)")
+    eot = tok.token_to_id(EOT)
+    if eot != 0:
+        raise ValueError(f"{source}: {EOT!r} is id {eot}, not 0 (the document separator the training "
+                         "stream uses); remove it to train a fresh tokenizer")
+
+
 def encode_corpus(tok, texts: list[str]) -> np.ndarray:
     ids = []
     for enc in tok.encode_batch(texts):
         ids.extend(enc.ids)
         ids.append(0)
-    return np.asarray(ids, dtype=np.uint16)
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.size and arr.max() > np.iinfo(np.uint16).max:
+        raise ValueError(f"token id {int(arr.max())} does not fit the uint16 training stream "
+                         "(the tokenizer is larger than 65536 tokens)")
+    return arr.astype(np.uint16)
 
 
 # ----------------------------------------------------------------------------- model math
@@ -189,45 +212,139 @@ def make_steps(t_graph, d_graph, t_opt, d_opt, alpha: float):
 
 # ----------------------------------------------------------------------------- driver
 
+_CKPT_ENTRIES = {"config.json", "params", "checksums.json"}  # what `models.save` writes
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """A `models.save` directory: `config.json` and `params/` (not a link)."""
+    return (path.is_dir() and not path.is_symlink() and (path / "config.json").is_file()
+            and (path / "params").is_dir())
+
+
+def _is_partial_save(path: Path) -> bool:
+    """What an interrupted `models.save` leaves: a directory holding only its entries."""
+    return (path.is_dir() and not path.is_symlink() and (path / "params").is_dir()
+            and {p.name for p in path.iterdir()} <= _CKPT_ENTRIES)
+
+
+def _removable(path: Path, tmp: bool = False) -> bool:
+    return _is_checkpoint(path) or (tmp and _is_partial_save(path))
+
+
+def _refuse_removal(path: Path) -> str:
+    return (f"{path} exists and is not a model checkpoint (config.json + params/): "
+            "refusing to remove it; move it away or choose another --out")
+
+
 def _save_atomic(graph, params, path: Path):
+    """Writes a checkpoint to `path` through `path.tmp`; only ever removes a model
+    checkpoint (or an interrupted save's leftovers) that is there."""
     tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
+    if tmp.exists() or tmp.is_symlink():
+        if not _removable(tmp, tmp=True):
+            raise FileExistsError(_refuse_removal(tmp))
         shutil.rmtree(tmp)
     save(nnx.merge(graph, params), tmp, dtype="bfloat16")
-    if path.exists():
+    if path.exists() or path.is_symlink():
+        if not _removable(path):
+            raise FileExistsError(_refuse_removal(path))
         shutil.rmtree(path)
     os.replace(tmp, path)
+
+
+def check_out(out: Path, overwrite: bool) -> str | None:
+    """Why training into `out` must not start (None: it may): `out` is a file, or holds
+    `target`/`draft` entries (without `overwrite`, or that are not model checkpoints)."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is an existing file, not a directory"
+    for name in ("target", "draft"):
+        for path, tmp in ((out / name, False), (out / (name + ".tmp"), True)):
+            if not (path.exists() or path.is_symlink()):
+                continue
+            if not overwrite:
+                return (f"--out {out} already holds {path}; pass --overwrite to replace the "
+                        "checkpoints there (or choose another --out)")
+            if not _removable(path, tmp):
+                return _refuse_removal(path)
+    return None
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _float_in(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+    """A finite float in [low, high] (open ends where asked)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        ok = (math.isfinite(value) and (value > low if low_open else value >= low)
+              and (value < high if high_open else value <= high))
+        if not ok:
+            lo, hi = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
+            raise argparse.ArgumentTypeError(f"must be a finite number in {lo}{low:g}, {high:g}{hi}, "
+                                             f"got {text}")
+        return value
+    return parse
+
+
+positive_int, nonneg_int = _int_at_least(1), _int_at_least(0)
+positive_float = _float_in(0.0, low_open=True)
+nonneg_float = _float_in(0.0)
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced NaN/inf losses or parameters; nothing was checkpointed."""
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=60.0,
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the checkpoints already in DIR/target and DIR/draft")
+    ap.add_argument("--minutes", type=nonneg_float, default=60.0,
                     help="wall-clock budget for both phases (0: no limit, needs --joint-steps)")
-    ap.add_argument("--distill-fraction", type=float, default=0.2,
-                    help="share of the budget for phase 2 (draft-only distillation)")
-    ap.add_argument("--joint-steps", type=int, default=None, help="planned phase-1 steps")
-    ap.add_argument("--distill-steps", type=int, default=None, help="planned phase-2 steps")
-    ap.add_argument("--joint-stop", type=int, default=None,
+    ap.add_argument("--distill-fraction", type=_float_in(0.0, 1.0, high_open=True), default=0.2,
+                    help="share of the budget for phase 2 (draft-only distillation), in [0, 1)")
+    ap.add_argument("--joint-steps", type=positive_int, default=None, help="planned phase-1 steps")
+    ap.add_argument("--distill-steps", type=nonneg_int, default=None, help="planned phase-2 steps")
+    ap.add_argument("--joint-stop", type=nonneg_int, default=None,
                     help="end phase 1 after this many steps (reproduces a run whose phase 1 hit "
                          "its wall-clock limit; the schedule still spans --joint-steps)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=60)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--alpha", type=float, default=0.2, help="draft loss: alpha*CE + (1-alpha)*KL")
-    ap.add_argument("--ckpt-minutes", type=float, default=5.0)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--rate-steps", type=int, default=8, help="steps timed to plan the budget")
+    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--batch", type=positive_int, default=8)
+    ap.add_argument("--seq-len", type=positive_int, default=256)
+    ap.add_argument("--lr", type=positive_float, default=2e-3)
+    ap.add_argument("--draft-lr", type=positive_float, default=3e-3)
+    ap.add_argument("--warmup", type=nonneg_int, default=60)
+    ap.add_argument("--weight-decay", type=nonneg_float, default=0.1)
+    ap.add_argument("--alpha", type=_float_in(0.0, 1.0), default=0.2,
+                    help="draft loss: alpha*CE + (1-alpha)*KL, in [0, 1]")
+    ap.add_argument("--ckpt-minutes", type=nonneg_float, default=5.0)
+    ap.add_argument("--log-every", type=positive_int, default=20)
+    ap.add_argument("--rate-steps", type=positive_int, default=8, help="steps timed to plan the budget")
     args = ap.parse_args(argv)
     if args.minutes <= 0 and args.joint_steps is None:
         ap.error("--minutes 0 needs --joint-steps (and --distill-steps)")
+    max_len = min(TARGET_CONFIG.max_position_embeddings, DRAFT_CONFIG.max_position_embeddings)
+    if args.seq_len > max_len:
+        ap.error(f"--seq-len {args.seq_len} exceeds the models' max_position_embeddings {max_len}")
+    out = Path(args.out)
+    problem = check_out(out, args.overwrite)
+    if problem:
+        ap.error(problem)
 
     t_start = time.time()
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_lines = []
 
@@ -243,6 +360,10 @@ def main(argv=None):
     tok_path = out / "tokenizer.json"
     if tok_path.exists():
         tok = Tokenizer.from_file(str(tok_path))
+        try:
+            check_tokenizer(tok, min(TARGET_CONFIG.vocab_size, DRAFT_CONFIG.vocab_size), str(tok_path))
+        except ValueError as e:
+            ap.error(str(e))
         log(f"tokenizer: reusing {tok_path}")
     else:
         tok = train_tokenizer(texts)
@@ -255,6 +376,9 @@ def main(argv=None):
 
     rng = np.random.default_rng(args.seed)
     L = args.seq_len + 1
+    if len(stream) <= L:
+        ap.error(f"--seq-len {args.seq_len} needs a training stream longer than {L} tokens; "
+                 f"it has {len(stream)}")
 
     def next_batch():
         offs = rng.integers(0, len(stream) - L, size=args.batch)
@@ -289,8 +413,24 @@ def main(argv=None):
               "train_tokens": int(len(stream)), "train_bytes": n_bytes}
     last_ckpt = time.time()
 
+    # First step of each phase whose loss was not finite (-1: none), kept on the device so
+    # that watching for it costs no host sync per step.
+    bad_step = {"joint": jnp.int32(-1), "distill": jnp.int32(-1)}
+
+    def check_finite(where, params_too=True):
+        """Raises NonFiniteError, before anything is written, on a NaN/inf loss since the
+        start of the run or (params_too) on NaN/inf parameters."""
+        keep = f"stopping without checkpointing (the previous checkpoint in {out} is left as it was)"
+        for phase, step in bad_step.items():
+            if int(step) >= 0:
+                raise NonFiniteError(f"non-finite loss at {phase} step {int(step)} (found at {where}); {keep}")
+        for name, params in (("target", t_params), ("draft", d_params)) if params_too else ():
+            if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
+                raise NonFiniteError(f"non-finite {name} parameters at {where}; {keep}")
+
     def checkpoint(tag):
         nonlocal last_ckpt
+        check_finite(tag)
         _save_atomic(t_graph, t_params, out / "target")
         _save_atomic(d_graph, d_params, out / "draft")
         record["log"] = log_lines[-400:]
@@ -358,7 +498,10 @@ def main(argv=None):
             acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
             n_acc += 1
             done = i + 1
+            finite = jnp.all(jnp.stack([jnp.isfinite(v) for v in m.values()]))
+            bad_step[name] = jnp.where((bad_step[name] < 0) & ~finite, done, bad_step[name])
             if done % args.log_every == 0 or done == steps:
+                check_finite(f"{name} step {done}", params_too=False)
                 mm = {k: float(v) / n_acc for k, v in acc.items()}
                 log(f"{name} {done}/{steps} t_ce {mm['t_ce']:.4f} d_ce {mm['d_ce']:.4f} "
                     f"kl {mm['kl']:.4f} ({n_acc / (time.time() - s0):.3f} steps/s)")

@@ -14,16 +14,37 @@ restricted to the draft vocabulary (no feature loss, as in EAGLE-3).
 
 The draft vocabulary is the `--draft-vocab` most frequent training tokens (`d2t`).
 Checkpoints (bf16, the published key layout, `models.save_eagle3`) go to DIR every
-`--ckpt-minutes` and at the end, with `train_log.json`; `--eval` then measures
-per-position acceptance through the engine beside the built-in draft model's
-(`DIR/EVAL.json`).
+`--ckpt-minutes` and at the end, with `train_log.json` and `DIR/train_state/` (the
+float32 weights, the optimizer state, the step and the schedule; `models.load_eagle3`
+reads only `config.json` + `model.safetensors`). A DIR that already holds a head is
+refused unless `--overwrite` (start a new head there) or `--resume` is passed. Non-finite
+losses or weights stop the run before they are checkpointed.
+
+`--resume` continues the head in DIR: its config and draft vocabulary (an explicit
+`--draft-vocab`/`--intermediate` must agree), and, from `train_state/`, its weights,
+optimizer state and step, so the LR schedule (`--lr`, `--warmup`, the planned steps;
+override them by passing them) and the data order go on where the run stopped;
+`--steps` is the total planned step count, as in the first run. `train_log.json` keeps
+the earlier runs' records under `previous_runs`. A head without a saved training state
+(an older one) resumes with a fresh optimizer and a new schedule from step 0, with a note.
+`--resume --new-schedule` keeps the weights but starts a fresh optimizer and a new
+`--steps` schedule (a cool-down). The shipped head (`models/builtin/eagle3`) was trained
+with `--minutes 18 --batch 4 --seq-len 128 --ttt-steps 3 --draft-vocab 2048 --lr 3e-3
+--warmup 10` (683 steps planned from the measured rate, 226 done in the budget), then
+cooled down with a fresh 50-step schedule, `--resume --new-schedule --minutes 3.2
+--steps 50 --lr 1e-3 --warmup 5` (it predates `train_state/`: plain `--resume` did that).
+`--eval` measures per-position acceptance through the engine beside the built-in draft
+model's (`DIR/EVAL.json`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,10 +58,18 @@ from flax import nnx
 from . import corpus
 from .builtin import builtin
 from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3, save_eagle3
-from .train import encode_corpus
+from .hf import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
+from .train import (NonFiniteError, encode_corpus, nonneg_float, nonneg_int, positive_float,
+                    positive_int)
 from .transformer import rope_cos_sin
 
 DECAY = 0.8  # EAGLE-3's per-step loss weight
+STATE_DIR = "train_state"        # DIR/train_state: what --resume needs beyond the head
+STATE_FILE = "state.json"        # step, planned steps, schedule, the head file's digest
+ARRAYS_FILE = "arrays.npz"       # float32 weights and optimizer state
+LOG_FILE = "train_log.json"
+HEAD_ENTRIES = (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, STATE_DIR, LOG_FILE)
+DEFAULTS = {"draft_vocab": 3072, "intermediate": 704, "lr": 2e-3, "warmup": 20}
 
 
 def head_config(target_cfg, draft_vocab: int, intermediate: int) -> Eagle3Config:
@@ -142,35 +171,142 @@ def make_train_step(t_graph, h_graph, h_rest, opt, aux_layers, steps: int, d2t):
     return train_step
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _keyed_leaves(tree) -> tuple[list[str], list]:
+    pairs = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [jax.tree_util.keystr(k) for k, _ in pairs], [v for _, v in pairs]
+
+
+def _is_state_dir(path: Path) -> bool:
+    """A directory `save_train_state` wrote (or began to): only its two files."""
+    return (path.is_dir() and not path.is_symlink()
+            and {p.name for p in path.iterdir()} <= {STATE_FILE, ARRAYS_FILE})
+
+
+def _remove_state_dir(path: Path) -> None:
+    if path.exists() or path.is_symlink():
+        if not _is_state_dir(path):
+            raise FileExistsError(f"{path} is not a training state this script wrote "
+                                  f"({STATE_FILE}, {ARRAYS_FILE}): refusing to remove it")
+        shutil.rmtree(path)
+
+
+def save_train_state(out: Path, h_params, opt_state, info: dict) -> None:
+    """Writes `out/train_state` (through `train_state.tmp`): the float32 weights, the
+    optimizer state and `info` (step, schedule), tied to the head file beside it by its
+    digest. Call after `save_eagle3` wrote the head to `out`."""
+    tmp, final = out / (STATE_DIR + ".tmp"), out / STATE_DIR
+    _remove_state_dir(tmp)
+    tmp.mkdir()
+    p_keys, p_leaves = _keyed_leaves(h_params)
+    o_keys, o_leaves = _keyed_leaves(opt_state)
+    arrays = {f"p{i}": np.asarray(jax.device_get(x)) for i, x in enumerate(p_leaves)}
+    arrays.update({f"o{i}": np.asarray(jax.device_get(x)) for i, x in enumerate(o_leaves)})
+    np.savez(tmp / ARRAYS_FILE, **arrays)
+    (tmp / STATE_FILE).write_text(json.dumps(
+        {**info, "head_sha256": _sha256(out / WEIGHTS_FILE), "params": p_keys, "opt_state": o_keys},
+        indent=1) + "\n")
+    _remove_state_dir(final)
+    os.replace(tmp, final)
+
+
+def load_train_state(out: Path, h_params, opt_state):
+    """(info, h_params, opt_state) from `out/train_state`, with `h_params`/`opt_state` as
+    templates; or (reason, None, None) when there is none that belongs to the head in `out`."""
+    d = out / STATE_DIR
+    if not (d / STATE_FILE).is_file() or not (d / ARRAYS_FILE).is_file():
+        return f"{out} has no saved training state ({STATE_DIR}/)", None, None
+    try:
+        info = json.loads((d / STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        return f"{d / STATE_FILE} is unreadable ({e})", None, None
+    if info.get("head_sha256") != _sha256(out / WEIGHTS_FILE):
+        return (f"{d} belongs to another {WEIGHTS_FILE} (the head changed after it was "
+                "written)"), None, None
+    restored = []
+    with np.load(d / ARRAYS_FILE) as z:
+        for tree, tag, name in ((h_params, "p", "params"), (opt_state, "o", "opt_state")):
+            keys, leaves = _keyed_leaves(tree)
+            if info.get(name) != keys:
+                return f"{d} was saved for a different head or optimizer ({name})", None, None
+            arrs = [z[f"{tag}{i}"] for i in range(len(leaves))]
+            if any(a.shape != np.shape(x) or a.dtype != np.asarray(x).dtype
+                   for a, x in zip(arrs, leaves)):
+                return f"{d} holds arrays of other shapes or dtypes than the head's ({name})", None, None
+            restored.append(jax.tree.unflatten(jax.tree.structure(tree), [jnp.asarray(a) for a in arrs]))
+    return info, restored[0], restored[1]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=20.0,
+    ap.add_argument("--minutes", type=nonneg_float, default=20.0,
                     help="wall-clock budget; the step plan is set from the measured rate "
                          "(0: no limit, needs --steps)")
-    ap.add_argument("--steps", type=int, default=None, help="planned steps (the LR schedule)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--ttt-steps", type=int, default=4)
-    ap.add_argument("--draft-vocab", type=int, default=3072)
-    ap.add_argument("--intermediate", type=int, default=704)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--rate-steps", type=int, default=3, help="steps timed to plan the budget")
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--ckpt-minutes", type=float, default=4.0)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--resume", action="store_true", help="start from DIR's checkpoint")
+    ap.add_argument("--steps", type=positive_int, default=None,
+                    help="planned steps (the LR schedule; with --resume, the total count)")
+    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--batch", type=positive_int, default=4)
+    ap.add_argument("--seq-len", type=positive_int, default=256)
+    ap.add_argument("--ttt-steps", type=positive_int, default=4)
+    ap.add_argument("--draft-vocab", type=positive_int, default=None,
+                    help=f"draft vocabulary size, 1..target vocab (default {DEFAULTS['draft_vocab']}; "
+                         "--resume: the head's)")
+    ap.add_argument("--intermediate", type=positive_int, default=None,
+                    help=f"SwiGLU size (default {DEFAULTS['intermediate']}; --resume: the head's)")
+    ap.add_argument("--lr", type=positive_float, default=None,
+                    help=f"peak learning rate (default {DEFAULTS['lr']:g}; --resume: the saved one)")
+    ap.add_argument("--warmup", type=nonneg_int, default=None,
+                    help=f"warm-up steps (default {DEFAULTS['warmup']}; --resume: the saved count)")
+    ap.add_argument("--rate-steps", type=positive_int, default=3, help="steps timed to plan the budget")
+    ap.add_argument("--weight-decay", type=nonneg_float, default=0.0)
+    ap.add_argument("--ckpt-minutes", type=nonneg_float, default=4.0)
+    ap.add_argument("--log-every", type=positive_int, default=20)
+    ap.add_argument("--resume", action="store_true",
+                    help="continue training DIR's head (its optimizer state, step and schedule)")
+    ap.add_argument("--new-schedule", action="store_true",
+                    help="with --resume: a fresh optimizer and a new --steps schedule from step 0")
+    ap.add_argument("--overwrite", action="store_true", help="replace the head already in DIR")
     ap.add_argument("--eval", action="store_true", help="only measure acceptance of DIR's head")
     args = ap.parse_args(argv)
-    if args.minutes <= 0 and args.steps is None and not args.eval:
-        ap.error("--minutes 0 needs --steps")
     out = Path(args.out)
     if args.eval:
         res = evaluate(out)
         (out / "EVAL.json").write_text(json.dumps(res, indent=1) + "\n")
         return
+    if args.new_schedule and not args.resume:
+        ap.error("--new-schedule only applies with --resume")
+    if args.resume and args.overwrite:
+        ap.error("--resume continues the head in --out, --overwrite replaces it: pass one of them")
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {out} is an existing file, not a directory")
+    if args.resume:
+        missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (out / f).is_file()]
+        if missing:
+            ap.error(f"--resume: {out} holds no EAGLE-3 head to resume ({', '.join(missing)} missing)")
+    else:
+        present = [f for f in HEAD_ENTRIES if (out / f).exists() or (out / f).is_symlink()]
+        if present and not args.overwrite:
+            ap.error(f"--out {out} already holds a head ({', '.join(present)}); pass --resume to "
+                     "continue training it or --overwrite to replace it")
+        if args.minutes <= 0 and args.steps is None:
+            ap.error("--minutes 0 needs --steps")
+    if (out / WEIGHTS_INDEX_FILE).exists():  # save_eagle3 would refuse it after training
+        ap.error(f"--out {out} holds a sharded checkpoint ({WEIGHTS_INDEX_FILE}): use another directory")
+    for name in (STATE_DIR, STATE_DIR + ".tmp"):
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not _is_state_dir(path):
+            ap.error(f"{path} is not a training state this script wrote: refusing to replace it")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if (out / name).is_dir():
+            ap.error(f"{out / name} is a directory")
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     lines = []
@@ -181,24 +317,48 @@ def main(argv=None):
         lines.append(line)
 
     target, _, tok = builtin("float32")
+    tcfg = target.config
     texts = corpus.read_texts(corpus.train_files())
     stream = encode_corpus(tok, texts)
     log(f"train stream: {len(stream) / 1e6:.2f} M tokens")
-    cfg = head_config(target.config, args.draft_vocab, args.intermediate)
-    d2t = draft_vocabulary(stream, cfg.vocab_size, cfg.draft_vocab_size)
-    covered = np.isin(stream, np.arange(cfg.draft_vocab_size) + d2t).mean()
-    log(f"draft vocabulary: {cfg.draft_vocab_size} of {cfg.vocab_size} ids cover {covered:.4f} "
-        "of training tokens")
+    L = args.seq_len + args.ttt_steps + 1
+    if len(stream) <= L:
+        ap.error(f"--seq-len {args.seq_len} with --ttt-steps {args.ttt_steps} needs a training stream "
+                 f"longer than {L} tokens; it has {len(stream)}")
+    if L - 1 > tcfg.max_position_embeddings:
+        ap.error(f"--seq-len {args.seq_len} + --ttt-steps {args.ttt_steps} exceeds the target's "
+                 f"max_position_embeddings {tcfg.max_position_embeddings}")
+
+    state_info, start, note = None, 0, None
     if args.resume:
         head = load_eagle3(out, dtype="float32")
-        log(f"resumed from {out.name}")
+        cfg = head.config
+        try:
+            aux_layers = cfg.target_aux_layers(tcfg)
+        except ValueError as e:
+            ap.error(f"--resume: the head in {out} does not fit the built-in target: {e}")
+        for flag, given, have in (("--draft-vocab", args.draft_vocab, cfg.draft_vocab_size),
+                                  ("--intermediate", args.intermediate, cfg.intermediate_size)):
+            if given is not None and given != have:
+                ap.error(f"{flag} {given} conflicts with the resumed head's {have} "
+                         f"(leave {flag} out with --resume)")
+        d2t = np.asarray(head.d2t[...])
+        log(f"resumed the head in {out.name}: draft vocabulary {cfg.draft_vocab_size}")
     else:
+        draft_vocab = args.draft_vocab if args.draft_vocab is not None else DEFAULTS["draft_vocab"]
+        if not 1 <= draft_vocab <= tcfg.vocab_size:
+            ap.error(f"--draft-vocab {draft_vocab} must be in 1..{tcfg.vocab_size} (the target's vocabulary)")
+        cfg = head_config(tcfg, draft_vocab, args.intermediate or DEFAULTS["intermediate"])
+        d2t = draft_vocabulary(stream, cfg.vocab_size, cfg.draft_vocab_size)
         head = Eagle3Head(cfg, rngs=nnx.Rngs(args.seed))
         head.d2t.set_value(jnp.asarray(d2t))
         # warm start in the target's output space: its final norm and (tied) embedding rows
         head.norm.set_value(target.final_norm[...])
         head.lm_head.set_value(target.embed[...][np.arange(cfg.draft_vocab_size) + d2t].T)
-    aux_layers = default_aux_layers(target.config.num_layers)
+        aux_layers = default_aux_layers(tcfg.num_layers)
+    covered = np.isin(stream, np.arange(cfg.draft_vocab_size) + d2t).mean()
+    log(f"draft vocabulary: {cfg.draft_vocab_size} of {cfg.vocab_size} ids cover {covered:.4f} "
+        "of training tokens")
     t_graph, t_params = nnx.split(target, nnx.Param)
     h_graph, h_params, h_rest = nnx.split(head, nnx.Param, ...)  # d2t is not trained
     # AdamW at unit rate; train_step scales the update by the scheduled rate
@@ -207,51 +367,103 @@ def main(argv=None):
                       optax.adamw(1.0, b1=0.9, b2=0.95, weight_decay=args.weight_decay,
                                   mask=decay_mask))
     opt_state = opt.init(h_params)
+    lr, warmup, planned = args.lr, args.warmup, args.steps
+    if args.resume:
+        reason, p, o = load_train_state(out, h_params, opt_state)
+        if p is None:
+            note = (f"note: {reason}; resuming its weights with a fresh optimizer state and a new "
+                    "schedule from step 0 (an older head, or one trained elsewhere)")
+        else:
+            state_info = reason
+            h_params = p  # the float32 weights (the head file holds them in bf16)
+            if args.new_schedule:
+                note = "--new-schedule: the saved weights with a fresh optimizer state and schedule"
+            else:
+                opt_state, start = o, int(state_info["step"])
+                lr = lr if lr is not None else state_info.get("lr")
+                warmup = warmup if warmup is not None else state_info.get("warmup")
+                planned = planned if planned is not None else state_info.get("planned_steps")
+                if planned is not None and planned <= start:
+                    ap.error(f"--resume: the head in {out} has done {start} steps of a {planned}-step "
+                             "schedule; pass a larger --steps to extend it, or --new-schedule for a "
+                             "fresh one (e.g. a cool-down)")
+                log(f"resuming at step {start} of {planned}: optimizer state restored from "
+                    f"{out.name}/{STATE_DIR}")
+        if note:
+            log(note)
+    lr = lr if lr is not None else DEFAULTS["lr"]
+    warmup = warmup if warmup is not None else DEFAULTS["warmup"]
+    if args.minutes <= 0 and planned is None:
+        ap.error("--minutes 0 needs --steps")
     train_step = make_train_step(t_graph, h_graph, h_rest, opt, aux_layers, args.ttt_steps,
                                  jnp.asarray(d2t))
-    rng = np.random.default_rng(args.seed + (1 if args.resume else 0))
-    L = args.seq_len + args.ttt_steps + 1
+    if start:  # the data order of an uninterrupted run: skip the batches already drawn
+        rng = np.random.default_rng(args.seed)
+        for _ in range(start):
+            rng.integers(0, len(stream) - L, size=args.batch)
+    else:
+        rng = np.random.default_rng(args.seed + (1 if args.resume else 0))
 
     def next_batch():
         offs = rng.integers(0, len(stream) - L, size=args.batch)
         return jnp.asarray(np.stack([stream[o:o + L] for o in offs]).astype(np.int32))
 
     record = {"args": {**vars(args), "out": out.name}, "config": cfg.to_dict(),
-              "aux_layers": list(aux_layers), "draft_vocab_coverage": float(covered)}
+              "aux_layers": list(aux_layers), "draft_vocab_coverage": float(covered),
+              "schedule": {"lr": lr, "warmup": warmup}, "start_step": start}
+    if note:
+        record["note"] = note
+    if args.resume and (out / LOG_FILE).is_file():
+        try:
+            prev = json.loads((out / LOG_FILE).read_text())
+        except (OSError, ValueError) as e:
+            log(f"note: the earlier {LOG_FILE} is unreadable ({e}); it is replaced")
+        else:
+            record["previous_runs"] = prev.pop("previous_runs", []) + [prev]
     last_ckpt = time.time()
 
     def checkpoint(tag):
         nonlocal last_ckpt
+        if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(h_params)):
+            raise NonFiniteError(f"non-finite head weights at {tag}; stopping without checkpointing "
+                                 f"(the previous head in {out} is left as it was)")
+        # --out was checked before training: what is there now is this run's own (or the
+        # head it resumed, or one --overwrite asked to replace)
         save_eagle3(nnx.merge(h_graph, h_params, h_rest), out, dtype="bfloat16", overwrite=True)
+        save_train_state(out, h_params, opt_state, {"step": done, "planned_steps": planned, "lr": lr,
+                                                    "warmup": warmup, "seed": args.seed})
+        record["planned_steps"], record["steps_done"] = planned, done
         record["log"] = lines[-300:]
-        (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
+        (out / LOG_FILE).write_text(json.dumps(record, indent=1) + "\n")
         last_ckpt = time.time()
         log(f"checkpoint ({tag}) -> {out.name}")
 
     deadline = t_start + args.minutes * 60 if args.minutes > 0 else math.inf
-    planned = args.steps
 
     def lr_at(i):  # linear warm-up, cosine to 5% over the planned steps
-        warm = min(1.0, (i + 1) / max(1, args.warmup))
+        warm = min(1.0, (i + 1) / max(1, warmup))
         frac = min(1.0, i / max(1, (planned or 10_000) - 1))
-        return args.lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        return lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     acc_sum, n_sum, s0 = None, 0, time.time()
-    done, i = 0, 0
+    done = i = start
+    t_rate = None
     while planned is None or i < planned:
         if time.time() > deadline:
             log(f"wall-clock budget reached after {i} of {planned} steps")
             break
-        if planned is None and i == 2 + args.rate_steps:  # steps 0-1 compiled; plan from the rate
+        if planned is None and i - start == 2 + args.rate_steps:  # 2 compiled; plan from the rate
             rate = args.rate_steps / (time.time() - t_rate)
             planned = max(i + 1, int(i + rate * (deadline - time.time()) * 0.95))
             log(f"measured {rate:.3f} steps/s; plan: --steps {planned}")
-            record["planned_steps"] = planned
-        if i == 2:
+        if i - start == 2:
             t_rate = time.time()
-        h_params, opt_state, loss, losses, accs = train_step(h_params, t_params, opt_state,
-                                                             next_batch(), jnp.float32(lr_at(i)))
-        loss.block_until_ready()  # steps take seconds: keeps the rate and the deadline honest
+        h_new, opt_new, loss, losses, accs = train_step(h_params, t_params, opt_state,
+                                                        next_batch(), jnp.float32(lr_at(i)))
+        if not np.isfinite(float(loss)):  # (waits for the step: keeps the rate and deadline honest)
+            raise NonFiniteError(f"non-finite loss at step {i + 1}; stopping without checkpointing "
+                                 f"(the previous head in {out} is left as it was)")
+        h_params, opt_state = h_new, opt_new
         i += 1
         m = jnp.concatenate([losses, accs])
         acc_sum = m if acc_sum is None else acc_sum + m
@@ -268,7 +480,6 @@ def main(argv=None):
             acc_sum, n_sum, s0 = None, 0, time.time()
         if time.time() - last_ckpt > args.ckpt_minutes * 60:
             checkpoint(f"step {done}")
-    record["steps_done"] = done
     record["wall_seconds"] = time.time() - t_start
     checkpoint("final")
 

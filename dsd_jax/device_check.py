@@ -176,23 +176,34 @@ def _guard(fn: Callable, *args, **kw) -> dict:
         return {"error": _first_line(e), "traceback": traceback.format_exc(limit=8)}
 
 
-def time_chain(step: Callable, x, consts: Sequence, reps: int, chain: int) -> float:
+def chained_calls(step: Callable) -> Callable:
+    """`(x, consts, per_call) -> x`: `step(x, *consts, *extra)` for each `extra` in `per_call`, in turn."""
+    def chained(x, consts, per_call):
+        for extra in per_call:
+            x = step(x, *consts, *extra)
+        return x
+    return chained
+
+
+def time_chain(step: Callable, x, consts: Sequence, reps: int, chain: int,
+               per_call: Sequence[tuple] | None = None) -> float:
     """Seconds per call of `step(x, *consts) -> x'` (x' like x): a jitted chain of `chain`
     dependent calls, the median of `reps` timed dispatches divided by `chain` (one dispatch's
     overhead is spread over the chain; each call waits on the one before). `x` is donated
-    and threaded from dispatch to dispatch (a KV cache in it is updated in place)."""
-    def chained(x, *consts):
-        for _ in range(chain):
-            x = step(x, *consts)
-        return x
-
-    f = jax.jit(chained, donate_argnums=0)
-    x = jax.block_until_ready(f(x, *consts))  # compile + warm
-    x = jax.block_until_ready(f(x, *consts))
+    and threaded from dispatch to dispatch (a KV cache in it is updated in place).
+    per_call: `chain` tuples of further arguments, call i getting the i-th
+    (`step(x, *consts, *per_call[i])`): separate buffers where work that does not read x
+    would otherwise be done once for the whole chain."""
+    per_call = [()] * chain if per_call is None else list(per_call)
+    if len(per_call) != chain:
+        raise ValueError(f"per_call has {len(per_call)} entries for a chain of {chain}")
+    f = jax.jit(chained_calls(step), donate_argnums=0)
+    x = jax.block_until_ready(f(x, consts, per_call))  # compile + warm
+    x = jax.block_until_ready(f(x, consts, per_call))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        x = jax.block_until_ready(f(x, *consts))
+        x = jax.block_until_ready(f(x, consts, per_call))
         times.append(time.perf_counter() - t0)
     return statistics.median(times) / chain
 
@@ -393,6 +404,18 @@ def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
     return out
 
 
+def rejection_chain_step(backend: str):
+    """One call of `time_chain`'s chain for the rejection sampler: `u' = step(u, tiny, p, q,
+    d, g)`, each call of the chain given its own copy of p, q and g (`per_call`). The passes
+    over the vocabulary read p, q and g, not u: given the same buffers, XLA merges the
+    chain's identical passes into one (it timed 10 calls as 1); writing into them to tell
+    the calls apart would cost a full pass over each on XLA:CPU."""
+    def f(u, tiny, p, q, d, g):
+        n, t = kernels.rejection_sample(p, q, d, u, g, backend=backend)
+        return u + tiny * (n[:, None] + t[:, :u.shape[1]]).astype(u.dtype)
+    return f
+
+
 def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
     V = shape[3]
     B, K, one_hot_q = point
@@ -406,19 +429,14 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
     out = {"model": model, "B": B, "K": K, "V": V, "q": "one-hot" if one_hot_q else "dense"}
     tiny = jnp.float32(1e-30)
 
-    def step(backend):
-        def f(u, p, q, d, g, tiny):
-            n, t = kernels.rejection_sample(p, q, d, u, g, backend=backend)
-            return u + tiny * (n[:, None] + t[:, :K]).astype(u.dtype)
-        return f
-
+    copies = [tuple(None if a is None else jnp.copy(a) for a in (p, q, d, g)) for _ in range(s.chain)]
     for backend in ("xla", s.backend):
-        res = _guard(lambda b=backend: {"t": time_chain(step(b), jnp.copy(u), (p, q, d, g, tiny),
-                                                       s.timing_reps, s.chain)})
+        res = _guard(lambda b=backend: {"t": time_chain(rejection_chain_step(b), jnp.copy(u), (tiny,),
+                                                       s.timing_reps, s.chain, per_call=copies)})
         out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
     if "us" in out["xla"] and "us" in out[s.backend]:
         out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
-    del p, q, g
+    del p, q, g, copies
     gc.collect()
     return out
 
@@ -502,6 +520,9 @@ def _mean_accepted(engine) -> float | None:
         return None
 
 
+NEAR_TIE_ULPS = 4  # a greedy divergence at a top-2 gap within this many bf16 ulps is a near-tie
+
+
 def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
     """At the first greedy divergence, the target's top-2 logit gap (XLA, full forward): a
     gap within bf16 rounding means a near-tie, not a kernel bug."""
@@ -522,8 +543,12 @@ def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
         return logits[0, -1]
 
     top = np.sort(np.asarray(last_logits(params, jnp.asarray(seq, jnp.int32)), np.float64))[-2:]
-    return {"request": i, "position": div[i], "top2_gap": float(top[1] - top[0]),
-            "top1_logit": float(top[1])}
+    gap = float(top[1] - top[0])
+    # a bf16 ulp at the top logit's magnitude: two backends that round a long bf16 sum
+    # differently can swap two logits this close (random weights make such near-ties common)
+    ulp = 2.0 ** (np.floor(np.log2(max(abs(top[1]), 1e-30))) - 7)
+    return {"request": i, "position": div[i], "top2_gap": gap, "top1_logit": float(top[1]),
+            "gap_in_bf16_ulps": round(gap / ulp, 2), "near_tie": bool(gap <= NEAR_TIE_ULPS * ulp)}
 
 
 def e2e_builtin(s: Settings) -> dict:
@@ -632,11 +657,19 @@ def precompile(engine, jobs: Sequence[tuple], threads: int = 8) -> str:
     programs = engine.programs
     fallback = programs._fallback
     jobs = list(dict.fromkeys(tuple(j) for j in jobs))
+    # the caller's `jax.default_matmul_precision` is thread-local: the workers re-enter it,
+    # or their programs would compile at the default precision (TF32 dots on a GPU)
+    precision = jax.config.jax_default_matmul_precision
+
+    def compile_job(job):
+        with jax.default_matmul_precision(precision):
+            return getattr(programs, job[0])(*job[1:])
+
     try:
-        getattr(programs, jobs[0][0])(*jobs[0][1:])
+        compile_job(jobs[0])
         programs._fallback = False  # no kernel switch while threads compile
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            list(pool.map(lambda j: getattr(programs, j[0])(*j[1:]), jobs[1:]))
+            list(pool.map(compile_job, jobs[1:]))
         return f"{len(jobs)} programs, {threads} threads"
     except Exception as e:  # noqa: BLE001
         return f"incomplete ({_first_line(e)}); the rest compiled one by one"
@@ -777,9 +810,11 @@ def format_report(results: dict) -> str:
                                  f"(first calls {v['greedy']['first_call_s']} / {v['sampled']['first_call_s']} s)")
             if r.get("first_divergence"):
                 lines.append(f"    first divergence per prompt: {r['first_divergence']}")
-            if r.get("greedy_divergence_top2_gap"):
-                lines.append(f"    target's top-2 logit gap at the first greedy divergence: "
-                             f"{r['greedy_divergence_top2_gap']}")
+            gap = r.get("greedy_divergence_top2_gap")
+            if gap:
+                verdict = ("" if "near_tie" not in gap else " -> a near-tie (bf16 rounding), not a kernel bug"
+                           if gap["near_tie"] else " -> NOT a near-tie: look for a kernel bug")
+                lines.append(f"    target's top-2 logit gap at the first greedy divergence: {gap}{verdict}")
         lines.append("")
     p = results.get("profile")
     if p:
@@ -812,6 +847,7 @@ def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mo
     bad = [x for x in sections if x not in SECTIONS]
     if bad:
         raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")
+    os.makedirs(out_dir, exist_ok=True)  # sections write into it (profile.json) before the report
     results: dict[str, Any] = {"mode": mode, "device": device_info(),
                                "settings": dataclasses.asdict(settings), "seconds": {}}
     steps = {"kernels": check_kernels, "timings": time_kernels, "e2e": end_to_end,

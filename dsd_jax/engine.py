@@ -196,13 +196,14 @@ class SpecEngine:
                                  prefill_rows, prefill_chunks, self.placement, fallback=fallback)
         if controller is None:
             # warns loudly when the profile was measured for other models, hardware or mesh
+            # (fingerprints hash every weight: only computed when there is a profile)
             from dsd_jax.profiler import device_kind
-            expect = dict(expect_fingerprints=self.fingerprints(), expect_device_kind=device_kind(),
-                          expect_mesh=self.placement.sizes)
+            expect = lambda: dict(expect_fingerprints=self.fingerprints(), expect_device_kind=device_kind(),
+                                  expect_mesh=self.placement.sizes)
             if profile is None and spec.dynamic is not None and spec.dynamic.profile:
-                profile = Profile.load(spec.dynamic.profile, **expect)
+                profile = Profile.load(spec.dynamic.profile, **expect())
             elif profile is not None:
-                profile.check_compatible(**expect, source="the profile given to SpecEngine")
+                profile.check_compatible(**expect(), source="the profile given to SpecEngine")
             # under data parallelism a step's time is set by the fullest shard: the
             # controller sees per-shard batch sizes
             controller = Controller(spec, profile, max_batch_size=per_shard,

@@ -181,3 +181,56 @@ def test_e2e_builtin_pair_plumbing():
     r = dc.e2e_builtin(s)
     assert r["tokens_identical"] is True and r["xla"]["greedy"]["tokens"] == 2
     assert r["xla"]["precompiled"].endswith("threads")
+
+
+def test_precompile_keeps_the_callers_matmul_precision():
+    """`jax.default_matmul_precision` is thread-local: programs compiled in the worker
+    threads lost it (a GPU's f32 dots then run in TF32 in one backend's prefill only)."""
+    import jax
+
+    import dsd_jax as dsd
+    from dsd_jax.models import synthetic
+    target = synthetic("tiny-llama", seed=0, dtype="float32")
+    engine = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), max_batch_size=2,
+                            max_seq_len=22, batch_buckets=(1, 2))
+    with jax.default_matmul_precision("highest"):
+        assert dc.precompile_steps(engine, range(1), (1, 2), threads=2) == "2 programs, 2 threads"
+    for b in (1, 2):  # bucket 2 compiled in a worker thread
+        hlo = engine.programs._compiled[("step", 0, b)].as_text()
+        assert "dot(" in hlo and "operand_precision={highest,highest}" in hlo, b
+
+
+def test_run_creates_the_output_folder_first(tmp_path):
+    """A section writes into --out before the report does (profile.json): a fresh folder
+    given to `--sections profile` lost the finished profile at its end."""
+    out = tmp_path / "fresh" / "dc"
+    dc.run(str(out), dc.Settings.cpu_smoke(), sections=(), log=lambda m: None)
+    assert out.is_dir()
+
+
+def test_rejection_timing_chain_does_every_call():
+    """The chained rejection calls each read their own p, q and g: given the same buffers,
+    XLA merged the passes over the vocabulary into one (10 calls timed as 1)."""
+    import jax
+    import jax.numpy as jnp
+    B, K, V = 2, 3, 1024
+    ks = jax.random.split(jax.random.PRNGKey(0), 5)
+    p = jax.nn.softmax(jax.random.normal(ks[0], (B, K + 1, V)), -1)
+    q = jax.nn.softmax(jax.random.normal(ks[1], (B, K, V)), -1)
+    d = jax.random.randint(ks[2], (B, K), 0, V, jnp.int32)
+    u, g = jax.random.uniform(ks[3], (B, K)), jax.random.gumbel(ks[4], (B, K + 1, V))
+    flops = {}
+    for n in (1, 4):
+        per_call = [tuple(jnp.copy(a) for a in (p, q, d, g)) for _ in range(n)]
+        chained = jax.jit(dc.chained_calls(dc.rejection_chain_step("xla")))
+        cost = chained.lower(u, (jnp.float32(1e-30),), per_call).compile().cost_analysis()
+        flops[n] = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    assert flops[4] == pytest.approx(4 * flops[1], rel=0.01)
+
+
+def test_divergence_verdict_in_bf16_ulps():
+    res = {"e2e": {"synthetic": {"pair": "p", "k": 3, "prompts": 2, "max_tokens": 4, "identical": {"x": False},
+                                 "greedy_divergence_top2_gap": {"top2_gap": 0.01, "near_tie": True}}}}
+    assert "a near-tie (bf16 rounding)" in dc.format_report(res)
+    res["e2e"]["synthetic"]["greedy_divergence_top2_gap"]["near_tie"] = False
+    assert "NOT a near-tie" in dc.format_report(res)

@@ -399,8 +399,6 @@ def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
         gc.collect()
     if "us" in out["xla"] and "us" in out[s.backend]:
         out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
-    del q, kc, vc
-    gc.collect()
     return out
 
 
@@ -436,8 +434,6 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
         out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
     if "us" in out["xla"] and "us" in out[s.backend]:
         out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
-    del p, q, g, copies
-    gc.collect()
     return out
 
 
@@ -446,10 +442,13 @@ def time_kernels(s: Settings) -> dict:
     bw = info.get("hbm_bytes_per_s")
     attn, rej = [], []
     for i, (model, shape) in enumerate(s.timing_models.items()):
+        # gc after each point: its arrays (KV caches, 10 copies of p/q/g) go with its frame
         for point in (s.attn_points if i == 0 else s.attn_points_short):
             attn.append(_guard(time_attention, model, shape, point, s, bw))
+            gc.collect()
         for point in (s.rej_points if i == 0 else s.rej_points_short):
             rej.append(_guard(time_rejection, model, shape, point, s, bw))
+            gc.collect()
     return {"backend": s.backend, "dtype": s.dtype, "hbm_bytes_per_s": bw, "chain": s.chain,
             "reps": s.timing_reps, "attention": attn, "rejection": rej}
 

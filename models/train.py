@@ -513,6 +513,12 @@ def main(argv=None):
         return done
 
     run_phase("joint", joint_steps, joint_step, joint_deadline if args.minutes > 0 else math.inf)
+    if record["joint_steps_done"] == 0 and args.joint_stop != 0:
+        # compiling and timing the plan used the whole phase-1 budget: untrained models
+        # must not be checkpointed as a result
+        raise RuntimeError(f"the --minutes {args.minutes:g} budget ended before the first joint "
+                           "step (compiling and timing the steps took it); nothing was "
+                           "checkpointed: give more --minutes, or --minutes 0 with --joint-steps")
     run_phase("distill", distill_steps, distill_step, deadline if args.minutes > 0 else math.inf)
     record["wall_seconds"] = time.time() - t_start
     record["tokens_seen"] = {

@@ -89,6 +89,16 @@ def test_train_rerun_needs_overwrite(tmp_path, capsys, tiny_train):
     assert _digest(out / "target") != before["target"]
 
 
+def test_train_refuses_to_checkpoint_untrained_models(tmp_path, tiny_train):
+    """A budget spent on compiling and timing left phase 1 with no step, and the untrained
+    models were checkpointed as the result."""
+    argv = ["--out", str(tmp_path / "o"), "--minutes", "0.0001", "--rate-steps", "1", "--batch", "1",
+            "--seq-len", "8", "--log-every", "100", "--ckpt-minutes", "100"]
+    with pytest.raises(RuntimeError, match="budget ended before the first joint step"):
+        tr.main(argv)
+    assert not (tmp_path / "o" / "target").exists() and not (tmp_path / "o" / "draft").exists()
+
+
 def test_train_rejects_a_tokenizer_that_does_not_fit(tmp_path, capsys, tiny_train):
     from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 

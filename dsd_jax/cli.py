@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 from dsd_jax import loading
+from dsd_jax.models.argtypes import int_at_least, nonneg_int, positive_int
 
 __all__ = ["main", "build_parser"]
 
@@ -65,24 +66,8 @@ def _str_list(text: str) -> list[str]:
     return out
 
 
-def _int_at_least(lowest: int, what: str, highest: int | None = None):
-    """An argparse type: an integer in [`lowest`, `highest`], else an error saying `what` was
-    expected."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if v < lowest or (highest is not None and v > highest):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
-        return v
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-_nonneg_int = _int_at_least(0, "an integer >= 0")
 SEED_LIMIT = 2 ** 32  # seeds are taken modulo this: a larger one would repeat a smaller one's samples
-_seed = _int_at_least(0, "an integer in [0, 2**32 - 1]", SEED_LIMIT - 1)
+_seed = int_at_least(0, "an integer in [0, 2**32 - 1]", SEED_LIMIT - 1)
 
 
 # --------------------------------------------------------------------------- shared setup
@@ -115,11 +100,11 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
                    help="speculative method, e.g. eagle3 (the built-in head unless the speculative "
                         "config names \"model\"): short for --speculative-config '{\"method\": NAME}', "
                         "or the method of a --speculative-config that names none")
-    g.add_argument("--max-batch-size", type=_positive_int, default=max_batch,
+    g.add_argument("--max-batch-size", type=positive_int, default=max_batch,
                    help=f"live request slots (default {max_batch})")
-    g.add_argument("--max-seq-len", type=_positive_int, default=max_seq,
+    g.add_argument("--max-seq-len", type=positive_int, default=max_seq,
                    help=f"prompt + output tokens per request (default {max_seq})")
-    g.add_argument("--prefill-chunk", type=_positive_int, default=256, help="prompt chunk (default 256)")
+    g.add_argument("--prefill-chunk", type=positive_int, default=256, help="prompt chunk (default 256)")
     g.add_argument("--backend", choices=("auto", "xla", "pallas", "interpret"), default="auto",
                    help="kernel backend (default auto)")
     g.add_argument("--compilation-cache-dir", metavar="DIR",
@@ -528,17 +513,17 @@ def _add_profile(sub) -> None:
     _add_engine_flags(p, max_batch=16, max_seq=1024)
     p.add_argument("--context-lengths", type=_int_list, metavar="N,N,...",
                    help="context lengths to time (default 128,512, those <= --max-seq-len)")
-    p.add_argument("--repeats", type=_positive_int, default=7,
+    p.add_argument("--repeats", type=positive_int, default=7,
                    help="timed calls per cell and pass (median; default 7)")
-    p.add_argument("--warmup-reps", type=_nonneg_int, default=2, help="untimed calls per cell and pass (default 2)")
-    p.add_argument("--passes", type=_positive_int, default=2,
+    p.add_argument("--warmup-reps", type=nonneg_int, default=2, help="untimed calls per cell and pass (default 2)")
+    p.add_argument("--passes", type=positive_int, default=2,
                    help="times the whole latency table over, samples pooled (default 2)")
     p.add_argument("--prompts", metavar="FILE",
                    help="acceptance prompts (same format as generate; default: the built-in held-out prompts)")
     _add_prompt_format_flag(p)
-    p.add_argument("--num-prompts", type=_positive_int, default=16,
+    p.add_argument("--num-prompts", type=positive_int, default=16,
                    help="built-in held-out prompts to use (default 16)")
-    p.add_argument("--acceptance-max-tokens", type=_positive_int, default=64,
+    p.add_argument("--acceptance-max-tokens", type=positive_int, default=64,
                    help="tokens generated per prompt in the acceptance runs (default 64)")
     p.add_argument("--temperatures", type=_float_list, default=[0.0], metavar="T,T,...",
                    help="acceptance run temperatures; the first is the profile's default, and the "
@@ -571,9 +556,9 @@ def _add_generate(sub) -> None:
     _add_prompt_format_flag(g)
     g.add_argument("--out", metavar="FILE", help="JSONL output (default stdout)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    g.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off (default)")
+    g.add_argument("--top-k", type=nonneg_int, default=0, help="0 = off (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")
-    g.add_argument("--max-tokens", type=_positive_int, default=64, help="tokens per request (default 64)")
+    g.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per request (default 64)")
     g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
     g.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the tokenizer's end-of-text token")
@@ -606,10 +591,10 @@ def _add_bench(sub) -> None:
     b.add_argument("--batch-sizes", type=_int_list, metavar="1,2,4,...", help="batch sizes")
     b.add_argument("--configs", type=_str_list, metavar="vanilla,static-1,...,dynamic,eagle3-static-2,...",
                    help="configurations to run (eagle3-...: the EAGLE-3 head)")
-    b.add_argument("--eagle3-max-batch", type=_positive_int, metavar="N",
+    b.add_argument("--eagle3-max-batch", type=positive_int, metavar="N",
                    help="run the eagle3 configurations only at batch sizes <= N")
-    b.add_argument("--repeats", type=_positive_int, help="repeats per point")
-    b.add_argument("--max-tokens", type=_positive_int, help="tokens per request")
+    b.add_argument("--repeats", type=positive_int, help="repeats per point")
+    b.add_argument("--max-tokens", type=positive_int, help="tokens per request")
     b.add_argument("--compilation-cache-dir", metavar="DIR",
                    help="persistent XLA compilation cache (makes the next run start fast)")
     b.add_argument("--mesh", type=_mesh_shape, metavar="DATAxMODEL",

@@ -44,7 +44,8 @@ import optax
 from flax import nnx
 
 from . import corpus
-from .checkpoint import save
+from .argtypes import float_in, nonneg_float, nonneg_int, positive_float, positive_int
+from .checkpoint import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, save
 from .config import ModelConfig
 from .transformer import init_kv_cache, init_model, rope_cos_sin
 
@@ -212,18 +213,18 @@ def make_steps(t_graph, d_graph, t_opt, d_opt, alpha: float):
 
 # ----------------------------------------------------------------------------- driver
 
-_CKPT_ENTRIES = {"config.json", "params", "checksums.json"}  # what `models.save` writes
+_CKPT_ENTRIES = {CONFIG_FILE, PARAMS_DIR, CHECKSUMS_FILE}  # what `models.save` writes
 
 
 def _is_checkpoint(path: Path) -> bool:
     """A `models.save` directory: `config.json` and `params/` (not a link)."""
-    return (path.is_dir() and not path.is_symlink() and (path / "config.json").is_file()
-            and (path / "params").is_dir())
+    return (path.is_dir() and not path.is_symlink() and (path / CONFIG_FILE).is_file()
+            and (path / PARAMS_DIR).is_dir())
 
 
 def _is_partial_save(path: Path) -> bool:
     """What an interrupted `models.save` leaves: a directory holding only its entries."""
-    return (path.is_dir() and not path.is_symlink() and (path / "params").is_dir()
+    return (path.is_dir() and not path.is_symlink() and (path / PARAMS_DIR).is_dir()
             and {p.name for p in path.iterdir()} <= _CKPT_ENTRIES)
 
 
@@ -269,40 +270,6 @@ def check_out(out: Path, overwrite: bool) -> str | None:
     return None
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
-        return value
-    return parse
-
-
-def _float_in(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
-    """A finite float in [low, high] (open ends where asked)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        ok = (math.isfinite(value) and (value > low if low_open else value >= low)
-              and (value < high if high_open else value <= high))
-        if not ok:
-            lo, hi = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
-            raise argparse.ArgumentTypeError(f"must be a finite number in {lo}{low:g}, {high:g}{hi}, "
-                                             f"got {text}")
-        return value
-    return parse
-
-
-positive_int, nonneg_int = _int_at_least(1), _int_at_least(0)
-positive_float = _float_in(0.0, low_open=True)
-nonneg_float = _float_in(0.0)
-
-
 class NonFiniteError(FloatingPointError):
     """Training produced NaN/inf losses or parameters; nothing was checkpointed."""
 
@@ -314,7 +281,7 @@ def main(argv=None):
                     help="replace the checkpoints already in DIR/target and DIR/draft")
     ap.add_argument("--minutes", type=nonneg_float, default=60.0,
                     help="wall-clock budget for both phases (0: no limit, needs --joint-steps)")
-    ap.add_argument("--distill-fraction", type=_float_in(0.0, 1.0, high_open=True), default=0.2,
+    ap.add_argument("--distill-fraction", type=float_in(0.0, 1.0, high_open=True), default=0.2,
                     help="share of the budget for phase 2 (draft-only distillation), in [0, 1)")
     ap.add_argument("--joint-steps", type=positive_int, default=None, help="planned phase-1 steps")
     ap.add_argument("--distill-steps", type=nonneg_int, default=None, help="planned phase-2 steps")
@@ -328,7 +295,7 @@ def main(argv=None):
     ap.add_argument("--draft-lr", type=positive_float, default=3e-3)
     ap.add_argument("--warmup", type=nonneg_int, default=60)
     ap.add_argument("--weight-decay", type=nonneg_float, default=0.1)
-    ap.add_argument("--alpha", type=_float_in(0.0, 1.0), default=0.2,
+    ap.add_argument("--alpha", type=float_in(0.0, 1.0), default=0.2,
                     help="draft loss: alpha*CE + (1-alpha)*KL, in [0, 1]")
     ap.add_argument("--ckpt-minutes", type=nonneg_float, default=5.0)
     ap.add_argument("--log-every", type=positive_int, default=20)

@@ -59,8 +59,8 @@ from . import corpus
 from .builtin import builtin
 from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3, save_eagle3
 from .hf import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
-from .train import (NonFiniteError, encode_corpus, nonneg_float, nonneg_int, positive_float,
-                    positive_int)
+from .argtypes import nonneg_float, nonneg_int, positive_float, positive_int
+from .train import NonFiniteError, encode_corpus
 from .transformer import rope_cos_sin
 
 DECAY = 0.8  # EAGLE-3's per-step loss weight

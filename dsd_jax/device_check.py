@@ -17,6 +17,16 @@ run cut short keeps what it finished) and DIR/device_check.txt (the report):
   "auto" with its per-kernel fallback), the acceptance given (the vLLM dynamic-SD PR's
   a_i), and the K schedule the goodput rule derives from it, beside the PR's H100 one.
 
+``--time-budget S`` keeps the whole run within about S seconds, so that one call of a lent
+machine's limited time always returns a report: a section, or an item inside one (a kernel
+case, a timing point, an e2e pair, a profile row), starts only while its share of the time is
+left; what was cut says "skipped (time budget)". Each section may use a share of the time
+left when it starts (`SECTION_WEIGHTS`): the kernel checks all of it, then timings, e2e and
+the profile 3 : 3 : 4 (time a section leaves unused passes to the next). The profile compiles
+and times its batch sizes in the order given (`Settings.profile_buckets`), so a cut profile
+keeps the first ones. A run may overshoot S by its longest item: an e2e pair, or the programs
+being compiled when time ran out.
+
 ``--cpu-smoke`` runs the same code on tiny shapes in interpret mode on the CPU (the test
 suite runs it). Everything is in small functions so the tests and other tools can call
 each piece.
@@ -59,6 +69,14 @@ VLLM_H100_SCHEDULE = "K*=3 up to B~16-64, K*=1 around B~64-128, K*=0 at B=256"
 # Peak HBM bandwidth (bytes/s) and dense bf16 FLOP/s by device kind (ROOFLINE.md numbers).
 _HARDWARE = (("H200", 4.8e12, 990e12), ("H100 PCIe", 2.0e12, 756e12), ("H100", 3.35e12, 990e12),
              ("A100", 2.0e12, 312e12))
+
+# Shares of the time left under --time-budget that a section may use when it starts, among
+# the sections still to run (None: all of it; the kernel checks come first and are short).
+SECTION_WEIGHTS = {"kernels": None, "timings": 3, "e2e": 3, "profile": 4}
+PROFILE_COMPILE_SHARE = 0.6  # of the profile's time, at most, for compiling its step programs
+# seconds the profile keeps after its last row: the pair's fingerprints (a hash of every
+# weight, ~18 s for 8B + 1B), the draft's catch-up timing and the file
+PROFILE_RESERVE_S = 40.0
 
 # Correctness cases: the GPU cases of tests/test_kernels.py (tests/test_device_check.py keeps
 # them equal). (B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, row kinds)
@@ -109,7 +127,9 @@ class Settings:
     e2e_max_tokens: int = 32
     e2e_k: int = 3
     profile_pair: tuple = ("llama-3.1-8b", "llama-3.2-1b")
-    profile_buckets: Sequence = (1, 16, 32, 64, 128, 256)
+    # the profile's batch buckets, in the order they are compiled and timed: a profile cut
+    # by the time budget keeps the first (the ends of the range, then its middle)
+    profile_buckets: Sequence = (1, 256, 64, 16, 128, 32)
     profile_contexts: Sequence = (128, 512)
     profile_max_k: int = 4
     profile_max_seq_len: int | None = None  # None: the longest context + 64
@@ -166,6 +186,18 @@ def hardware_peaks(device_kind: str) -> tuple[float, float] | None:
 def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+SKIPPED = "time budget"
+
+
+def _unless_expired(deadline: float | None, fn: Callable, *args, **kw) -> dict:
+    """`_guard(fn, ...)`, or {"skipped": "time budget"} once `deadline` has passed."""
+    return {"skipped": SKIPPED} if _expired(deadline) else _guard(fn, *args, **kw)
 
 
 def _guard(fn: Callable, *args, **kw) -> dict:
@@ -311,12 +343,14 @@ def rejection_case(case, backend: str) -> dict:
             "ok": same}
 
 
-def check_kernels(s: Settings) -> dict:
-    attn = [_guard(attention_case, c, s.backend) for c in s.attn_cases]
-    rej = [_guard(rejection_case, c, s.backend) for c in s.rej_cases]
+def check_kernels(s: Settings, deadline: float | None = None) -> dict:
+    attn = [_unless_expired(deadline, attention_case, c, s.backend) for c in s.attn_cases]
+    rej = [_unless_expired(deadline, rejection_case, c, s.backend) for c in s.rej_cases]
     rows = attn + rej
+    skipped = sum("skipped" in r for r in rows)
     return {"backend": s.backend, "attention": attn, "rejection": rej,
-            "passed": sum(bool(r.get("ok")) for r in rows), "total": len(rows)}
+            "passed": sum(bool(r.get("ok")) for r in rows), "total": len(rows) - skipped,
+            "skipped": skipped}
 
 
 # --------------------------------------------------------------------------- kernels: timings
@@ -437,17 +471,19 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
     return out
 
 
-def time_kernels(s: Settings) -> dict:
+def time_kernels(s: Settings, deadline: float | None = None) -> dict:
     info = device_info()
     bw = info.get("hbm_bytes_per_s")
     attn, rej = [], []
     for i, (model, shape) in enumerate(s.timing_models.items()):
         # gc after each point: its arrays (KV caches, 10 copies of p/q/g) go with its frame
         for point in (s.attn_points if i == 0 else s.attn_points_short):
-            attn.append(_guard(time_attention, model, shape, point, s, bw))
+            attn.append({"model": model, "point": list(point),
+                         **_unless_expired(deadline, time_attention, model, shape, point, s, bw)})
             gc.collect()
         for point in (s.rej_points if i == 0 else s.rej_points_short):
-            rej.append(_guard(time_rejection, model, shape, point, s, bw))
+            rej.append({"model": model, "point": list(point),
+                        **_unless_expired(deadline, time_rejection, model, shape, point, s, bw)})
             gc.collect()
     return {"backend": s.backend, "dtype": s.dtype, "hbm_bytes_per_s": bw, "chain": s.chain,
             "reps": s.timing_reps, "attention": attn, "rejection": rej}
@@ -577,12 +613,13 @@ def e2e_synthetic(s: Settings) -> dict:
     return {"pair": f"{t_name} + {d_name} ({s.dtype}, random weights)", **res}
 
 
-def end_to_end(s: Settings) -> dict:
+def end_to_end(s: Settings, deadline: float | None = None) -> dict:
     out = {}
     if s.builtin:
-        out["builtin"] = _guard(e2e_builtin, s)
-    out["synthetic"] = _guard(e2e_synthetic, s)
-    out["tokens_identical"] = all(r.get("tokens_identical") is True for r in out.values())
+        out["builtin"] = _unless_expired(deadline, e2e_builtin, s)
+    out["synthetic"] = _unless_expired(deadline, e2e_synthetic, s)
+    compared = [r for r in out.values() if "skipped" not in r]
+    out["tokens_identical"] = bool(compared) and all(r.get("tokens_identical") is True for r in compared)
     return out
 
 
@@ -646,12 +683,13 @@ def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
     return out
 
 
-def precompile(engine, jobs: Sequence[tuple], threads: int = 8) -> str:
+def precompile(engine, jobs: Sequence[tuple], threads: int = 8, deadline: float | None = None) -> str:
     """Compiles `engine.programs` programs ahead of use, `threads` at a time (XLA compiles
     release the GIL); a job is a method name and its arguments, e.g. ("step", 4, 1). The
     first job compiles first, alone: give one holding both kernels (a K > 0 step), so a
-    Pallas fallback happens before the threads start. Anything that fails here is left for
-    the first use to compile (and report)."""
+    Pallas fallback happens before the threads start. Jobs are started in order, none after
+    `deadline` (a `time.perf_counter()` value) but the first. Anything that fails or is left
+    here is left for the first use to compile (and report)."""
     from concurrent.futures import ThreadPoolExecutor
     programs = engine.programs
     fallback = programs._fallback
@@ -660,47 +698,74 @@ def precompile(engine, jobs: Sequence[tuple], threads: int = 8) -> str:
     # or their programs would compile at the default precision (TF32 dots on a GPU)
     precision = jax.config.jax_default_matmul_precision
 
-    def compile_job(job):
+    def compile_job(job) -> bool:
+        if job is not jobs[0] and _expired(deadline):
+            return False
         with jax.default_matmul_precision(precision):
-            return getattr(programs, job[0])(*job[1:])
+            getattr(programs, job[0])(*job[1:])
+        return True
 
     try:
         compile_job(jobs[0])
         programs._fallback = False  # no kernel switch while threads compile
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            list(pool.map(compile_job, jobs[1:]))
-        return f"{len(jobs)} programs, {threads} threads"
+            done = 1 + sum(pool.map(compile_job, jobs[1:]))
+        left = f" ({len(jobs) - done} left: time budget)" if done < len(jobs) else ""
+        return f"{done} programs, {threads} threads{left}"
     except Exception as e:  # noqa: BLE001
         return f"incomplete ({_first_line(e)}); the rest compiled one by one"
     finally:
         programs._fallback = fallback
 
 
-def precompile_steps(engine, ks, buckets, threads: int = 8) -> str:
-    """`precompile` of the (K, B) step programs, the largest K of the first bucket first."""
+def precompile_steps(engine, ks, buckets, threads: int = 8, deadline: float | None = None) -> str:
+    """`precompile` of the (K, B) step programs bucket after bucket in the order given, the
+    largest K of the first bucket first."""
     ks, buckets = list(ks), list(buckets)
     return precompile(engine, [("step", ks[-1], buckets[0])]
-                      + [("step", k, b) for b in buckets for k in ks], threads)
+                      + [("step", k, b) for b in buckets for k in ks], threads, deadline)
 
 
-def profile_pair(s: Settings, out_dir: str | None = None) -> dict:
+def bucket_order(buckets: Sequence[int]) -> list[int]:
+    """`Settings.profile_buckets` checked: distinct positive batch sizes, order kept."""
+    order = [int(b) for b in buckets]
+    if not order or len(set(order)) != len(order) or min(order) < 1:
+        raise ValueError(f"profile buckets must be distinct positive batch sizes, got {list(buckets)}")
+    return order
+
+
+def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None = None) -> dict:
+    """The synthetic pair's ITL(B, K) profile and the K schedules it implies. Under a
+    `deadline`, the step programs compile in the order of `s.profile_buckets` for at most
+    `PROFILE_COMPILE_SHARE` of the time, the compiled buckets are timed until
+    `PROFILE_RESERVE_S` before it, and the profile holds those timed (its meta says what
+    was cut)."""
     import dsd_jax as dsd
     from dsd_jax.models import synthetic
     from dsd_jax.profiler import format_profile
+    order = bucket_order(s.profile_buckets)
     t_name, d_name = s.profile_pair
     target = synthetic(t_name, dtype=s.dtype, seed=0)
     draft = synthetic(d_name, dtype=s.dtype, seed=1)
-    buckets = tuple(s.profile_buckets)
     engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.profile_max_k),
-                            max_batch_size=buckets[-1],
+                            max_batch_size=max(order),
                             max_seq_len=s.profile_max_seq_len or max(s.profile_contexts) + 64,
-                            batch_buckets=buckets, backend="auto")
+                            batch_buckets=tuple(sorted(order)), backend="auto")
     del target, draft
     t0 = time.perf_counter()
-    compiled = precompile_steps(engine, range(s.profile_max_k + 1), buckets, s.compile_threads)
+    ks = range(s.profile_max_k + 1)
+    timing_end = compile_end = None
+    if deadline is not None:
+        timing_end = deadline - PROFILE_RESERVE_S
+        compile_end = t0 + PROFILE_COMPILE_SHARE * max(0.0, timing_end - t0)
+    compiled = precompile_steps(engine, ks, order, s.compile_threads, compile_end)
     t_compile = time.perf_counter() - t0
+    # only buckets whose programs are all compiled, unless precompiling failed (then the
+    # profile compiles each as it reaches it)
+    ready = [b for b in order if all(engine.programs.is_compiled("step", k, b) for k in ks)]
     prof = profile_with_acceptance(engine, s.acceptance, context_lengths=s.profile_contexts,
-                                   repeats=s.profile_repeats, warmup_reps=s.profile_warmup_reps)
+                                   repeats=s.profile_repeats, warmup_reps=s.profile_warmup_reps,
+                                   batch_sizes=ready or order, deadline=timing_end)
     prof.meta["synthetic"] = {"target": t_name, "draft": d_name, "dtype": s.dtype}
     path = None
     if out_dir:
@@ -709,7 +774,7 @@ def profile_pair(s: Settings, out_dir: str | None = None) -> dict:
     schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
     res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
            "seconds": round(time.perf_counter() - t0, 1), "compile_seconds": round(t_compile, 1),
-           "precompiled": compiled, "profile_path": path,
+           "precompiled": compiled, "profile_path": path, "truncated": prof.meta.get("truncated"),
            "batch_sizes": list(prof.batch_sizes), "ks": list(prof.ks),
            "context_lengths": list(prof.context_lengths), "latency_ms": prof.latency_ms,
            "latency_ms_raw": prof.meta.get("latency_ms_raw"), "acceptance": list(prof.acceptance),
@@ -729,6 +794,10 @@ def _fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def _not_run(row: dict) -> str:
+    return f"skipped ({row['skipped']})" if "skipped" in row else f"ERROR {row.get('error')}"
+
+
 def format_report(results: dict) -> str:
     info = results.get("device", {})
     lines = [f"device_check: {info.get('device_kind')} ({info.get('platform')}), jax {info.get('jax')}, "
@@ -742,15 +811,16 @@ def format_report(results: dict) -> str:
     results = {n: v for n, v in results.items() if n not in failed}
     k = results.get("kernels")
     if k:
-        lines.append(f"## Kernels on the device ({k.get('backend')} vs xla): {k.get('passed')}/{k.get('total')} passed")
+        lines.append(f"## Kernels on the device ({k.get('backend')} vs xla): {k.get('passed')}/{k.get('total')} passed"
+                     + (f", {k['skipped']} skipped ({SKIPPED})" if k.get("skipped") else ""))
         for r in k.get("attention", []):
             lines.append(f"  attention {r.get('case', '?')}: " + (
                 f"rel err {r['rel_err']:.2e} (tol {r['tol']:.0e}), NaN match {r['nan_match']} -> "
-                f"{'OK' if r['ok'] else 'FAIL'}" if "rel_err" in r else f"ERROR {r.get('error')}"))
+                f"{'OK' if r['ok'] else 'FAIL'}" if "rel_err" in r else _not_run(r)))
         for r in k.get("rejection", []):
             lines.append(f"  rejection {r.get('case', '?')}: " + (
                 f"tokens identical {r['tokens_identical']} -> {'OK' if r['ok'] else 'FAIL'}"
-                if "ok" in r else f"ERROR {r.get('error')}"))
+                if "ok" in r else _not_run(r)))
         lines.append("")
     t = results.get("timings")
     if t:
@@ -764,8 +834,8 @@ def format_report(results: dict) -> str:
         lines.append(f"  attention  model          B   T     L | kernel us  GB/s  frac | {be} us  frac | "
                      f"xla us  frac | floor us | xla/{be}")
         for r in t.get("attention", []):
-            if "error" in r:
-                lines.append(f"  attention ERROR {r['error']}")
+            if "error" in r or "skipped" in r:
+                lines.append(f"  attention  {r.get('model')} {r.get('point')}: {_not_run(r)}")
                 continue
             x, p, kk = r.get("xla", {}), r.get(be, {}), r.get("kernel", {})
             lines.append(f"  attention  {r['model']:<12} {r['B']:>3} {r['T']:>3} {r['L']:>5} | "
@@ -779,8 +849,8 @@ def format_report(results: dict) -> str:
         lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us | floor us | "
                      f"{be} GB/s  frac | xla frac | speedup")
         for r in t.get("rejection", []):
-            if "error" in r:
-                lines.append(f"  rejection ERROR {r['error']}")
+            if "error" in r or "skipped" in r:
+                lines.append(f"  rejection  {r.get('model')} {r.get('point')}: {_not_run(r)}")
                 continue
             x, p = r.get("xla", {}), r.get(be, {})
             lines.append(f"  rejection  {r['model']:<12} {r['B']:>3} {r['K']:>3}  {r['q']:<7} | "
@@ -797,8 +867,8 @@ def format_report(results: dict) -> str:
             r = e.get(key)
             if not r:
                 continue
-            if "error" in r:
-                lines.append(f"  {key}: ERROR {r['error']}")
+            if "error" in r or "skipped" in r:
+                lines.append(f"  {key}: {_not_run(r)}")
                 continue
             lines.append(f"  {r['pair']}: K={r['k']}, {r['prompts']} prompts x {r['max_tokens']} tokens; "
                          f"identical {r.get('identical')}")
@@ -820,6 +890,8 @@ def format_report(results: dict) -> str:
         lines.append(f"## ITL(B, K) profile of {p['pair']} (kernels {p['kernel_backends']}, "
                      f"{p['seconds']} s, of which compiling {p.get('compile_seconds')} s: "
                      f"{p.get('precompiled')})")
+        if p.get("truncated"):
+            lines.append(f"  cut by the time budget: {p['truncated']}")
         lines.append(p["table"])
         lines.append(f"K schedule from the goodput rule with a_i = {list(p['acceptance'])}:")
         for c, ranges in p["k_schedule_ranges"].items():
@@ -838,11 +910,26 @@ def write_results(results: dict, out_dir: str) -> None:
         f.write(format_report(results))
 
 
+def section_deadline(sections: Sequence[str], end: float | None, now: float | None = None) -> float | None:
+    """The deadline of `sections[0]`, starting `now`, when the run must end at `end` and
+    `sections[1:]` still follow: its `SECTION_WEIGHTS` share of the time left (all of it
+    for a weight of None or the last section)."""
+    if end is None:
+        return None
+    now = time.perf_counter() if now is None else now
+    weight = SECTION_WEIGHTS[sections[0]]
+    if weight is None or len(sections) == 1:
+        return end
+    total = weight + sum(SECTION_WEIGHTS[n] or 0 for n in sections[1:])
+    return now + max(0.0, end - now) * weight / total
+
+
 def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mode: str = "gpu",
         log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
         time_budget_s: float | None = None) -> dict:
-    """Runs `sections` in order, rewriting the JSON and text report after each; a section
-    that would start after `time_budget_s` seconds is skipped (and says so)."""
+    """Runs `sections` in order, rewriting the JSON and text report after each. With
+    `time_budget_s`, each section gets a deadline (`section_deadline`) and stops starting
+    items past it; a section that would start after the budget is skipped (and says so)."""
     bad = [x for x in sections if x not in SECTIONS]
     if bad:
         raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")
@@ -850,9 +937,10 @@ def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mo
     results: dict[str, Any] = {"mode": mode, "device": device_info(),
                                "settings": dataclasses.asdict(settings), "seconds": {}}
     steps = {"kernels": check_kernels, "timings": time_kernels, "e2e": end_to_end,
-             "profile": lambda s: profile_pair(s, out_dir)}
+             "profile": functools.partial(profile_pair, out_dir=out_dir)}
     start = time.perf_counter()
-    for name in sections:
+    end = None if time_budget_s is None else start + time_budget_s
+    for i, name in enumerate(sections):
         used = time.perf_counter() - start
         if time_budget_s is not None and used > time_budget_s:
             results[name] = {"error": f"skipped: {used:.0f} s of the {time_budget_s:.0f} s budget "
@@ -860,9 +948,11 @@ def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mo
             log(f"device_check: {name} skipped (time budget)")
             write_results(results, out_dir)
             continue
-        log(f"device_check: {name} ...")
+        deadline = section_deadline(sections[i:], end)
+        log(f"device_check: {name} ..." + ("" if deadline is None else
+                                            f" (until {deadline - start:.0f} s of {time_budget_s:.0f})"))
         t0 = time.perf_counter()
-        results[name] = _guard(steps[name], settings)
+        results[name] = _guard(steps[name], settings, deadline=deadline)
         results["seconds"][name] = round(time.perf_counter() - t0, 1)
         log(f"device_check: {name} done in {results['seconds'][name]} s"
             + (f" (ERROR {results[name]['error']})" if "error" in results[name] else ""))

@@ -84,10 +84,11 @@ def paired_cells(samples: np.ndarray) -> np.ndarray:
     one batch size, and a rep's Ks ran back to back, so the ratio of a pair cancels the
     machine's slower and faster stretches that separate medians keep: on the built-in
     pair (`benchmarks/results/profile_rounds/`) the spread of K/K0 between profiles fell
-    from 2-5% to 2-3.7% in one pass, and to 1.3-2.3% over two passes."""
+    from 2-5% to 2-3.7% in one pass, and to 1.3-2.3% over two passes. NaN samples (reps
+    not timed) are left out."""
     samples = np.asarray(samples, dtype=float)
-    k0 = np.median(samples[..., :1], axis=-2)
-    ratios = np.median(samples[..., 1:] / samples[..., :1], axis=-2)
+    k0 = np.nanmedian(samples[..., :1], axis=-2)
+    ratios = np.nanmedian(samples[..., 1:] / samples[..., :1], axis=-2)
     return np.concatenate([k0, k0 * ratios], axis=-1)
 
 
@@ -182,8 +183,9 @@ def _reset(drafter, per_shard, state, batch, context, lag):
     )
 
 
-def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup_reps: int):
-    """(state, {"chunk": C, "ms": [per batch bucket]} or None): what one round of the
+def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup_reps: int,
+                     buckets: Sequence[int]):
+    """(state, {"chunk": C, "ms": [per batch size of `buckets`]} or None): what one round of the
     drafter's catch-up adds to a K = 1 step, C tokens a row behind against none, timed
     interleaved per bucket (a step after K = 0 steps catches up what they committed:
     what a switch from K = 0 costs on top of the step; `dsd-jax profile` shows it). None
@@ -193,7 +195,7 @@ def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup
     if not chunk or engine.max_k < 1 or context < chunk + 2:
         return state, None
     ms = []
-    for b in engine.batch_buckets:
+    for b in buckets:
         step = engine.programs.step(1, b)
         times: dict[int, list[float]] = {0: [], chunk: []}
         for rep in range(warmup_reps + repeats):
@@ -203,6 +205,18 @@ def _measure_catchup(engine, programs, state, context: int, repeats: int, warmup
                     times[lag].append(t)
         ms.append(max(0.0, (statistics.median(times[chunk]) - statistics.median(times[0])) * 1e3))
     return state, {"chunk": int(chunk), "ms": ms}
+
+
+def _timing_order(engine, batch_sizes: Sequence[int] | None) -> list[int]:
+    """The batch buckets `profile_engine` times, in the order given (default: all, ascending)."""
+    if batch_sizes is None:
+        return list(engine.batch_buckets)
+    order = [int(b) for b in batch_sizes]
+    unknown = sorted(set(order) - set(engine.batch_buckets))
+    if not order or unknown or len(set(order)) != len(order):
+        raise ValueError(f"batch_sizes must be distinct batch buckets of the engine "
+                         f"{list(engine.batch_buckets)}, got {list(batch_sizes)}")
+    return order
 
 
 def _sample_start(engine, context: int, k: int, rounds: int) -> int:
@@ -332,7 +346,9 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                    acceptance_max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
                    progress: Callable[[int, int], None] | None = None,
                    latency_temperature: float = 0.0, seed: int = 0,
-                   acceptance: Sequence[float] | None = None) -> Profile:
+                   acceptance: Sequence[float] | None = None,
+                   batch_sizes: Sequence[int] | None = None,
+                   deadline: float | None = None) -> Profile:
     """Profiles `engine` (a `SpecEngine`) and returns a `Profile` (not saved).
 
     context_lengths: committed tokens per slot in the latency runs (each in
@@ -357,6 +373,13 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     acceptance: a_1..a_max_k to record instead of measuring them (e.g. a published
         per-position curve, for models with random weights): the acceptance runs are
         skipped and `prompts`/`temperatures` are not used.
+    batch_sizes: the engine's batch buckets to time (default: all of them), in the order
+        they are timed within a pass; the profile lists them sorted.
+    deadline: a `time.perf_counter()` value after which no further (pass, batch size)
+        row of the latency table starts (the first row always runs): the profile then
+        holds the batch sizes reached, from the passes that reached them, and its meta
+        says what was cut (``meta["truncated"]``). The acceptance runs, when measured,
+        and the catch-up timing are not cut.
 
     With a drafter that lags after K = 0 steps (the draft model, EAGLE-3), the profile
     also holds what one round of its catch-up adds to a step per bucket (`catchup_ms`,
@@ -386,39 +409,50 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                              f"got {acceptance}")
         check_nonincreasing("acceptance", acceptance)  # the whole curve given, not only a_1..a_max_k
         acceptance = acceptance[:engine.max_k]
-    buckets = list(engine.batch_buckets)
+    order = _timing_order(engine, batch_sizes)
     ks = list(range(engine.max_k + 1))
     do_acceptance = engine.max_k > 0 and acceptance is None
-    total = (int(passes) * len(context_lengths) * len(buckets) * len(ks)
+    total = (int(passes) * len(context_lengths) * len(order) * len(ks)
              + (len(temperatures) if do_acceptance else 0))
     done = 0
     t_start = time.perf_counter()
 
     # (a) latency on a synthetic state (the engine's own buffers, borrowed).
     reps, warm = int(repeats), int(warmup_reps)
-    samples = np.zeros((len(context_lengths), len(buckets), int(passes) * reps, len(ks)))
+    # NaN: not timed (a row the deadline cut)
+    samples = np.full((len(context_lengths), len(order), int(passes) * reps, len(ks)), np.nan)
+    timed = np.zeros((int(passes), len(order)), bool)  # every context of the row done
     programs = _state_programs(engine)
     state = engine.state
     engine.state = None  # borrowed: the step programs donate it
     try:
         state = programs.fill(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
                           float(latency_temperature))
-        for pass_, ci, bi in itertools.product(range(int(passes)), range(len(context_lengths)),
-                                               range(len(buckets))):
-            ctx, b = context_lengths[ci], buckets[bi]
+        for pass_, bi in itertools.product(range(int(passes)), range(len(order))):
+            if deadline is not None and (pass_, bi) != (0, 0) and time.perf_counter() > deadline:
+                break
+            b = order[bi]
             steps = [engine.programs.step(k, b) for k in ks]  # compiles on first use
-            for rep in range(warm + reps):
-                for k in ks:  # interleaved: drift hits every K of this row alike
-                    start = _sample_start(engine, ctx, k, rounds)
-                    state, t = _time_step(engine, programs, steps[k], state, b, start, 0, rounds)
-                    if rep >= warm:
-                        samples[ci, bi, pass_ * reps + rep - warm, k] = t * 1e3
-            for _ in ks:
-                done += 1
-                if progress:
-                    progress(done, total)
-        table = paired_cells(samples)
-        state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1], reps, warm)
+            for ci, ctx in enumerate(context_lengths):
+                for rep in range(warm + reps):
+                    for k in ks:  # interleaved: drift hits every K of this row alike
+                        start = _sample_start(engine, ctx, k, rounds)
+                        state, t = _time_step(engine, programs, steps[k], state, b, start, 0, rounds)
+                        if rep >= warm:
+                            samples[ci, bi, pass_ * reps + rep - warm, k] = t * 1e3
+                for _ in ks:
+                    done += 1
+                    if progress:
+                        progress(done, total)
+            timed[pass_, bi] = True
+        keep = [bi for bi in np.argsort(order) if timed[:, bi].any()]  # sorted by batch size
+        buckets = [order[bi] for bi in keep]
+        truncated = None if timed.all() else {
+            "dropped_batch_sizes": sorted(order[bi] for bi in range(len(order)) if bi not in keep),
+            "passes_timed": {str(order[bi]): int(timed[:, bi].sum()) for bi in keep}}
+        table = paired_cells(samples[:, keep])
+        state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1], reps, warm,
+                                          buckets)
     finally:
         if state is not None and _state_usable(state):
             engine.state = programs.idle(state)
@@ -484,10 +518,11 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 "max_seq_len": engine.max_seq_len,
                 "capacity": engine.capacity,
                 "mesh": dict(engine.placement.sizes),
-                "batch_buckets": buckets,
+                "batch_buckets": list(engine.batch_buckets),
                 "spec": engine.spec.to_dict(),
             },
             "profiler_seconds": {"latency": round(latency_s, 3), "acceptance": round(acceptance_s, 3)},
+            **({} if truncated is None else {"truncated": truncated}),
         },
     )
 

@@ -83,6 +83,11 @@ class Programs:
         """Each kernel's backend in these programs, e.g. {"attention": "pallas", ...}."""
         return kernels.resolve_backends(self.opts.backend)._asdict()
 
+    def is_compiled(self, *key) -> bool:
+        """Whether a program is compiled, e.g. `is_compiled("step", k, b)` (the method's
+        name and arguments)."""
+        return tuple(key) in self._compiled
+
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:

@@ -234,3 +234,37 @@ def test_divergence_verdict_in_bf16_ulps():
     assert "a near-tie (bf16 rounding)" in dc.format_report(res)
     res["e2e"]["synthetic"]["greedy_divergence_top2_gap"]["near_tie"] = False
     assert "NOT a near-tie" in dc.format_report(res)
+
+
+def test_section_deadlines_share_the_time_left():
+    secs = list(dc.SECTIONS)
+    assert dc.section_deadline(secs, None) is None
+    assert dc.section_deadline(secs, 100.0, now=0.0) == 100.0  # the kernel checks: all of it
+    assert dc.section_deadline(secs[1:], 100.0, now=0.0) == pytest.approx(30.0)  # 3 of 3 + 3 + 4
+    assert dc.section_deadline(secs[2:], 100.0, now=40.0) == pytest.approx(40 + 60 * 3 / 7)
+    assert dc.section_deadline(secs[3:], 100.0, now=50.0) == 100.0
+    assert dc.section_deadline(["timings"], 100.0, now=0.0) == 100.0  # the last takes the rest
+    assert dc.section_deadline(secs[1:], 100.0, now=120.0) == 120.0  # none left
+
+
+def test_time_budget_cuts_items_and_the_report_says_so(tmp_path):
+    """Past a section's deadline its items are skipped, not run; the profile still compiles
+    its first program and times the first batch size of its order, and holds only that."""
+    import time
+    past = time.perf_counter() - 1
+    s = dc.Settings.cpu_smoke()
+    k = dc.check_kernels(s, deadline=past)
+    assert k["total"] == 0 and k["skipped"] == len(s.attn_cases) + len(s.rej_cases)
+    t = dc.time_kernels(s, deadline=past)
+    assert t["attention"] and all(r["skipped"] == dc.SKIPPED for r in t["attention"] + t["rejection"])
+    e = dc.end_to_end(s, deadline=past)
+    assert e["tokens_identical"] is False and e["synthetic"] == {"skipped": dc.SKIPPED}
+    p = dc.profile_pair(dc.Settings.cpu_smoke(profile_buckets=(2, 1)), str(tmp_path), deadline=past)
+    assert p["batch_sizes"] == [2] and p["truncated"]["dropped_batch_sizes"] == [1]
+    assert p["precompiled"] == "1 programs, 8 threads (3 left: time budget)"
+    assert Profile.load(p["profile_path"]).batch_sizes == [2]
+    report = dc.format_report({"kernels": k, "timings": t, "e2e": e, "profile": p})
+    assert "0/0 passed, 3 skipped (time budget)" in report and "attention  tiny-llama [2, 3, 40]: skipped" in report
+    assert "synthetic: skipped (time budget)" in report and "cut by the time budget" in report
+    with pytest.raises(ValueError, match="distinct positive"):
+        dc.bucket_order((2, 2))

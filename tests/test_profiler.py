@@ -294,3 +294,32 @@ def test_every_sample_runs_all_its_rounds_at_the_largest_context(engine, monkeyp
     cells = len(engine.batch_buckets) * (K + 1)  # the latency samples (the catch-up's come after)
     assert ran[:cells] == [4] * cells
     assert prof_lib._sample_start(engine, 8, K, 4) == 8  # room to spare: the context itself
+
+
+def test_batch_size_order_and_deadline_cut_the_table(engine, tmp_path):
+    """`batch_sizes` sets the order rows are timed in; past the deadline no row starts but
+    the first: the profile holds the batch sizes reached, says what was cut, and loads."""
+    import time
+    assert list(engine.batch_buckets) == [1, 2]
+    prof = prof_lib.profile_engine(engine, context_lengths=(8, 16), repeats=2, warmup_reps=0,
+                                   acceptance=[0.5] * K, batch_sizes=(2, 1),
+                                   deadline=time.perf_counter() - 1)
+    assert prof.batch_sizes == [2]
+    assert prof.meta["truncated"] == {"dropped_batch_sizes": [1], "passes_timed": {"2": 1}}
+    assert np.asarray(prof.latency_ms).shape == (2, 1, K + 1)
+    assert np.all(np.isfinite(prof.latency_ms)) and np.all(np.asarray(prof.latency_ms) > 0)
+    prof.save(tmp_path / "cut.json")
+    assert Profile.load(tmp_path / "cut.json").batch_sizes == [2]
+    full = prof_lib.profile_engine(engine, context_lengths=(8,), repeats=1, warmup_reps=0, passes=1,
+                                   acceptance=[0.5] * K, batch_sizes=(2, 1))
+    assert full.batch_sizes == [1, 2] and "truncated" not in full.meta
+    for bad in ((3,), (2, 2), ()):
+        with pytest.raises(ValueError, match="batch_sizes must be distinct batch buckets"):
+            prof_lib.profile_engine(engine, context_lengths=(8,), batch_sizes=bad)
+
+
+def test_paired_cells_leave_out_untimed_reps():
+    """A pass the deadline cut leaves NaN samples: the cells are the medians of the rest."""
+    timed = np.array([[10.0, 15.0], [12.0, 24.0], [11.0, 22.0]])  # [rep, K]
+    cut = np.concatenate([timed, np.full((2, 2), np.nan)])
+    assert prof_lib.paired_cells(cut).tolist() == prof_lib.paired_cells(timed).tolist() == [11.0, 22.0]

@@ -1,0 +1,52 @@
+"""Compiling an engine's programs ahead of use, several at a time (e2e, the profile, the CLI)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+
+from .settings import _expired, _first_line
+
+
+def precompile(engine, jobs: Sequence[tuple], threads: int = 8, deadline: float | None = None) -> str:
+    """Compiles `engine.programs` programs ahead of use, `threads` at a time (XLA compiles
+    release the GIL); a job is a method name and its arguments, e.g. ("step", 4, 1). The
+    first job compiles first, alone: give one holding both kernels (a K > 0 step), so a
+    Pallas fallback happens before the threads start. Jobs are started in order, none after
+    `deadline` (a `time.perf_counter()` value) but the first. Anything that fails or is left
+    here is left for the first use to compile (and report)."""
+    from concurrent.futures import ThreadPoolExecutor
+    programs = engine.programs
+    fallback = programs._fallback
+    jobs = list(dict.fromkeys(tuple(j) for j in jobs))
+    # the caller's `jax.default_matmul_precision` is thread-local: the workers re-enter it,
+    # or their programs would compile at the default precision (TF32 dots on a GPU)
+    precision = jax.config.jax_default_matmul_precision
+
+    def compile_job(job) -> bool:
+        if job is not jobs[0] and _expired(deadline):
+            return False
+        with jax.default_matmul_precision(precision):
+            getattr(programs, job[0])(*job[1:])
+        return True
+
+    try:
+        compile_job(jobs[0])
+        programs._fallback = False  # no kernel switch while threads compile
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            done = 1 + sum(pool.map(compile_job, jobs[1:]))
+        left = f" ({len(jobs) - done} left: time budget)" if done < len(jobs) else ""
+        return f"{done} programs, {threads} threads{left}"
+    except Exception as e:  # noqa: BLE001
+        return f"incomplete ({_first_line(e)}); the rest compiled one by one"
+    finally:
+        programs._fallback = fallback
+
+
+def precompile_steps(engine, ks, buckets, threads: int = 8, deadline: float | None = None) -> str:
+    """`precompile` of the (K, B) step programs bucket after bucket in the order given, the
+    largest K of the first bucket first."""
+    ks, buckets = list(ks), list(buckets)
+    return precompile(engine, [("step", ks[-1], buckets[0])]
+                      + [("step", k, b) for b in buckets for k in ks], threads, deadline)

@@ -1,0 +1,133 @@
+"""The ``profile`` section: the ITL(B, K) profile of a synthetic pair and the K schedules it implies."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .compile import precompile_steps
+from .settings import PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, VLLM_H100_SCHEDULE, Settings
+
+
+def profile_with_acceptance(engine, acceptance: Sequence[float], **kw):
+    """`profiler.profile_engine(engine, **kw)` with the acceptance given, not measured: the
+    latency table is measured on this device, a_1..a_max_k are `acceptance` (at least
+    max_k values; extra ones are dropped). Returns the `Profile`."""
+    from dsd_jax.profiler import profile_engine
+    acc = [float(a) for a in acceptance]
+    if len(acc) < engine.max_k:
+        raise ValueError(f"need at least max_k={engine.max_k} acceptance values, got {len(acc)}")
+    acc = acc[:engine.max_k]
+    prof = profile_engine(engine, acceptance=acc, **kw)
+    prof.meta["acceptance_source"] = "given"
+    return prof
+
+
+def k_schedule(profile, acceptance: Sequence[float], context_len: float | None = None,
+               batch_sizes: Sequence[int] | None = None) -> list[dict]:
+    """argmax_K AL(K) / ITL(B, K) per batch size (the goodput rule, no margin), with
+    AL(K) = 1 + a_1 + ... + a_K over the profile's Ks."""
+    acc = list(acceptance)[:profile.max_k]
+    acc += [0.0] * (profile.max_k - len(acc))
+    al = np.concatenate([[1.0], 1.0 + np.cumsum(acc)])
+    rows = []
+    for b in batch_sizes or profile.batch_sizes:
+        itl = np.array([profile.itl_ms(b, k, context_len) for k in profile.ks])
+        good = al[np.asarray(profile.ks)] / itl
+        best = int(profile.ks[int(np.argmax(good))])
+        rows.append({"B": int(b), "best_k": best, "itl_ms": itl.round(4).tolist(),
+                     "goodput_tok_per_ms_row": good.round(4).tolist(),
+                     "speedup_vs_k0": float(good.max() / good[0])})
+    return rows
+
+
+def controller_schedule(profile, context_len: float | None = None) -> list[dict]:
+    """The K the engine's goodput controller (`dsd_jax.controller.Controller`, default
+    `DynamicConfig`: margin, hysteresis) picks first at each profiled batch size, starting
+    from K = 0, with the profile's acceptance as its prior."""
+    from dsd_jax.config import DynamicConfig, SpecConfig
+    from dsd_jax.controller import Controller
+    spec = SpecConfig(num_speculative_tokens=profile.max_k, dynamic=DynamicConfig())
+    rows = []
+    for b in profile.batch_sizes:
+        ctl = Controller(spec, profile, max_batch_size=max(profile.batch_sizes),
+                         batch_buckets=profile.batch_sizes)
+        rows.append({"B": int(b), "best_k": int(ctl.choose_k(int(b), context_len))})
+    return rows
+
+
+def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
+    """[[start_bs, end_bs, K], ...] (vLLM's per-batch-size format) from `k_schedule` rows."""
+    out: list[list[int]] = []
+    for r in rows:
+        if out and out[-1][2] == r["best_k"]:
+            out[-1][1] = r["B"]
+        else:
+            out.append([r["B"], r["B"], r["best_k"]])
+    return out
+
+
+def bucket_order(buckets: Sequence[int]) -> list[int]:
+    """`Settings.profile_buckets` checked: distinct positive batch sizes, order kept."""
+    order = [int(b) for b in buckets]
+    if not order or len(set(order)) != len(order) or min(order) < 1:
+        raise ValueError(f"profile buckets must be distinct positive batch sizes, got {list(buckets)}")
+    return order
+
+
+def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None = None) -> dict:
+    """The synthetic pair's ITL(B, K) profile and the K schedules it implies. Under a
+    `deadline`, the step programs compile in the order of `s.profile_buckets` for at most
+    `PROFILE_COMPILE_SHARE` of the time, the compiled buckets are timed until
+    `PROFILE_RESERVE_S` before it, and the profile holds those timed (its meta says what
+    was cut)."""
+    import dsd_jax as dsd
+    from dsd_jax.models import synthetic
+    from dsd_jax.profiler import format_profile
+    order = bucket_order(s.profile_buckets)
+    t_name, d_name = s.profile_pair
+    target = synthetic(t_name, dtype=s.dtype, seed=0)
+    draft = synthetic(d_name, dtype=s.dtype, seed=1)
+    engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.profile_max_k),
+                            max_batch_size=max(order),
+                            max_seq_len=s.profile_max_seq_len or max(s.profile_contexts) + 64,
+                            batch_buckets=tuple(sorted(order)), backend="auto")
+    del target, draft
+    t0 = time.perf_counter()
+    ks = range(s.profile_max_k + 1)
+    timing_end = compile_end = None
+    if deadline is not None:
+        timing_end = deadline - PROFILE_RESERVE_S
+        compile_end = t0 + PROFILE_COMPILE_SHARE * max(0.0, timing_end - t0)
+    compiled = precompile_steps(engine, ks, order, s.compile_threads, compile_end)
+    t_compile = time.perf_counter() - t0
+    # only buckets whose programs are all compiled, unless precompiling failed (then the
+    # profile compiles each as it reaches it)
+    ready = [b for b in order if all(engine.programs.is_compiled("step", k, b) for k in ks)]
+    prof = profile_with_acceptance(engine, s.acceptance, context_lengths=s.profile_contexts,
+                                   repeats=s.profile_repeats, warmup_reps=s.profile_warmup_reps,
+                                   batch_sizes=ready or order, deadline=timing_end)
+    prof.meta["synthetic"] = {"target": t_name, "draft": d_name, "dtype": s.dtype}
+    path = None
+    if out_dir:
+        path = os.path.join(out_dir, "profile.json")
+        prof.save(path)
+    schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
+    res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
+           "seconds": round(time.perf_counter() - t0, 1), "compile_seconds": round(t_compile, 1),
+           "precompiled": compiled, "profile_path": path, "truncated": prof.meta.get("truncated"),
+           "batch_sizes": list(prof.batch_sizes), "ks": list(prof.ks),
+           "context_lengths": list(prof.context_lengths), "latency_ms": prof.latency_ms,
+           "latency_ms_raw": prof.meta.get("latency_ms_raw"), "acceptance": list(prof.acceptance),
+           "k_schedule": schedules,
+           "k_schedule_ranges": {c: schedule_ranges(r) for c, r in schedules.items()},
+           "controller_schedule_ranges": {
+               str(c): schedule_ranges(controller_schedule(prof, c)) for c in prof.context_lengths},
+           "vllm_h100_schedule": VLLM_H100_SCHEDULE, "table": format_profile(prof)}
+    del engine
+    gc.collect()
+    return res

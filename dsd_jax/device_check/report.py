@@ -1,0 +1,128 @@
+"""The text report of a run's results, and writing device_check.{json,txt}."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .settings import SECTIONS, SKIPPED
+
+
+def _fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def _not_run(row: dict) -> str:
+    return f"skipped ({row['skipped']})" if "skipped" in row else f"ERROR {row.get('error')}"
+
+
+def format_report(results: dict) -> str:
+    info = results.get("device", {})
+    lines = [f"device_check: {info.get('device_kind')} ({info.get('platform')}), jax {info.get('jax')}, "
+             f"mode {results.get('mode')}", ""]
+    failed = {n: results[n]["error"] for n in SECTIONS
+              if isinstance(results.get(n), dict) and "error" in results[n]}
+    for name, err in failed.items():
+        lines.append(f"## {name}: ERROR {err}")
+    if failed:
+        lines.append("")
+    results = {n: v for n, v in results.items() if n not in failed}
+    k = results.get("kernels")
+    if k:
+        lines.append(f"## Kernels on the device ({k.get('backend')} vs xla): {k.get('passed')}/{k.get('total')} passed"
+                     + (f", {k['skipped']} skipped ({SKIPPED})" if k.get("skipped") else ""))
+        for r in k.get("attention", []):
+            lines.append(f"  attention {r.get('case', '?')}: " + (
+                f"rel err {r['rel_err']:.2e} (tol {r['tol']:.0e}), NaN match {r['nan_match']} -> "
+                f"{'OK' if r['ok'] else 'FAIL'}" if "rel_err" in r else _not_run(r)))
+        for r in k.get("rejection", []):
+            lines.append(f"  rejection {r.get('case', '?')}: " + (
+                f"tokens identical {r['tokens_identical']} -> {'OK' if r['ok'] else 'FAIL'}"
+                if "ok" in r else _not_run(r)))
+        lines.append("")
+    t = results.get("timings")
+    if t:
+        be = t.get("backend")
+        bw = t.get("hbm_bytes_per_s")
+        lines.append(f"## Kernel timings ({t.get('dtype')}; us per call, chain of {t.get('chain')}; "
+                     + (f"floor = ideal bytes / {bw / 1e12:.2f} TB/s)" if bw else
+                        "no floor: HBM bandwidth of this device unknown)"))
+        lines.append("  attention: kernel = verify_attention alone; xla and " + be + " = the engine's "
+                     "attend_and_write (scatter + attention); frac = floor / time")
+        lines.append(f"  attention  model          B   T     L | kernel us  GB/s  frac | {be} us  frac | "
+                     f"xla us  frac | floor us | xla/{be}")
+        for r in t.get("attention", []):
+            if "error" in r or "skipped" in r:
+                lines.append(f"  attention  {r.get('model')} {r.get('point')}: {_not_run(r)}")
+                continue
+            x, p, kk = r.get("xla", {}), r.get(be, {}), r.get("kernel", {})
+            lines.append(f"  attention  {r['model']:<12} {r['B']:>3} {r['T']:>3} {r['L']:>5} | "
+                         f"{_fmt(kk.get('us')):>9} {_fmt(kk.get('achieved_GBps'), '.0f'):>5} "
+                         f"{_fmt(kk.get('fraction_of_floor'), '.2f'):>5} | {_fmt(p.get('us')):>6} "
+                         f"{_fmt(p.get('fraction_of_floor'), '.2f'):>5} | {_fmt(x.get('us')):>6} "
+                         f"{_fmt(x.get('fraction_of_floor'), '.2f'):>5} | "
+                         f"{_fmt(kk.get('floor_us', x.get('floor_us'))):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
+                         + "".join(f"  [{n}: {v['error']}]" for n, v in (("kernel", kk), (be, p), ("xla", x))
+                                   if "error" in v))
+        lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us | floor us | "
+                     f"{be} GB/s  frac | xla frac | speedup")
+        for r in t.get("rejection", []):
+            if "error" in r or "skipped" in r:
+                lines.append(f"  rejection  {r.get('model')} {r.get('point')}: {_not_run(r)}")
+                continue
+            x, p = r.get("xla", {}), r.get(be, {})
+            lines.append(f"  rejection  {r['model']:<12} {r['B']:>3} {r['K']:>3}  {r['q']:<7} | "
+                         f"{_fmt(x.get('us')):>7} {_fmt(p.get('us')):>9} | {_fmt(p.get('floor_us', x.get('floor_us'))):>8} | "
+                         f"{_fmt(p.get('achieved_GBps'), '.0f'):>7} {_fmt(p.get('fraction_of_floor'), '.2f'):>5} | "
+                         f"{_fmt(x.get('fraction_of_floor'), '.2f'):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
+                         + (f"  [{be}: {p['error']}]" if "error" in p else "")
+                         + (f"  [xla: {x['error']}]" if "error" in x else ""))
+        lines.append("")
+    e = results.get("e2e")
+    if e:
+        lines.append(f"## End to end: tokens identical across backends: {e.get('tokens_identical')}")
+        for key in ("builtin", "synthetic"):
+            r = e.get(key)
+            if not r:
+                continue
+            if "error" in r or "skipped" in r:
+                lines.append(f"  {key}: {_not_run(r)}")
+                continue
+            lines.append(f"  {r['pair']}: K={r['k']}, {r['prompts']} prompts x {r['max_tokens']} tokens; "
+                         f"identical {r.get('identical')}")
+            for be, v in r.items():
+                if isinstance(v, dict) and "kernel_backends" in v:
+                    lines.append(f"    {be}: kernels {v['kernel_backends']}; greedy "
+                                 f"{v['greedy']['second_call_s']} s, sampled {v['sampled']['second_call_s']} s "
+                                 f"(first calls {v['greedy']['first_call_s']} / {v['sampled']['first_call_s']} s)")
+            if r.get("first_divergence"):
+                lines.append(f"    first divergence per prompt: {r['first_divergence']}")
+            gap = r.get("greedy_divergence_top2_gap")
+            if gap:
+                verdict = ("" if "near_tie" not in gap else " -> a near-tie (bf16 rounding), not a kernel bug"
+                           if gap["near_tie"] else " -> NOT a near-tie: look for a kernel bug")
+                lines.append(f"    target's top-2 logit gap at the first greedy divergence: {gap}{verdict}")
+        lines.append("")
+    p = results.get("profile")
+    if p:
+        lines.append(f"## ITL(B, K) profile of {p['pair']} (kernels {p['kernel_backends']}, "
+                     f"{p['seconds']} s, of which compiling {p.get('compile_seconds')} s: "
+                     f"{p.get('precompiled')})")
+        if p.get("truncated"):
+            lines.append(f"  cut by the time budget: {p['truncated']}")
+        lines.append(p["table"])
+        lines.append(f"K schedule from the goodput rule with a_i = {list(p['acceptance'])}:")
+        for c, ranges in p["k_schedule_ranges"].items():
+            lines.append(f"  context {c}: [start_bs, end_bs, K] = {ranges} (argmax AL/ITL); the "
+                         f"controller, from K=0 with its margin: "
+                         f"{p.get('controller_schedule_ranges', {}).get(c)}")
+        lines.append(f"vLLM PR, profiled on an H100: {p['vllm_h100_schedule']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "device_check.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "device_check.txt"), "w") as f:
+        f.write(format_report(results))

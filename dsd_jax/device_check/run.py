@@ -1,0 +1,110 @@
+"""Running the sections under a time budget, and the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from .e2e import end_to_end
+from .kernel_checks import check_kernels
+from .profile import profile_pair
+from .report import format_report, write_results
+from .settings import SECTION_WEIGHTS, SECTIONS, Settings, _guard, device_info
+from .timings import time_kernels
+
+
+def section_deadline(sections: Sequence[str], end: float | None, now: float | None = None) -> float | None:
+    """The deadline of `sections[0]`, starting `now`, when the run must end at `end` and
+    `sections[1:]` still follow: its `SECTION_WEIGHTS` share of the time left (all of it
+    for a weight of None or the last section)."""
+    if end is None:
+        return None
+    now = time.perf_counter() if now is None else now
+    weight = SECTION_WEIGHTS[sections[0]]
+    if weight is None or len(sections) == 1:
+        return end
+    total = weight + sum(SECTION_WEIGHTS[n] or 0 for n in sections[1:])
+    return now + max(0.0, end - now) * weight / total
+
+
+def run(out_dir: str, settings: Settings, sections: Sequence[str] = SECTIONS, mode: str = "gpu",
+        log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+        time_budget_s: float | None = None) -> dict:
+    """Runs `sections` in order, rewriting the JSON and text report after each. With
+    `time_budget_s`, each section gets a deadline (`section_deadline`) and stops starting
+    items past it; a section that would start after the budget is skipped (and says so)."""
+    bad = [x for x in sections if x not in SECTIONS]
+    if bad:
+        raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")
+    os.makedirs(out_dir, exist_ok=True)  # sections write into it (profile.json) before the report
+    results: dict[str, Any] = {"mode": mode, "device": device_info(),
+                               "settings": dataclasses.asdict(settings), "seconds": {}}
+    steps = {"kernels": check_kernels, "timings": time_kernels, "e2e": end_to_end,
+             "profile": functools.partial(profile_pair, out_dir=out_dir)}
+    start = time.perf_counter()
+    end = None if time_budget_s is None else start + time_budget_s
+    for i, name in enumerate(sections):
+        used = time.perf_counter() - start
+        if time_budget_s is not None and used > time_budget_s:
+            results[name] = {"error": f"skipped: {used:.0f} s of the {time_budget_s:.0f} s budget "
+                                      f"used; run --sections {name} separately"}
+            log(f"device_check: {name} skipped (time budget)")
+            write_results(results, out_dir)
+            continue
+        deadline = section_deadline(sections[i:], end)
+        log(f"device_check: {name} ..." + ("" if deadline is None else
+                                            f" (until {deadline - start:.0f} s of {time_budget_s:.0f})"))
+        t0 = time.perf_counter()
+        results[name] = _guard(steps[name], settings, deadline=deadline)
+        results["seconds"][name] = round(time.perf_counter() - t0, 1)
+        log(f"device_check: {name} done in {results['seconds'][name]} s"
+            + (f" (ERROR {results[name]['error']})" if "error" in results[name] else ""))
+        write_results(results, out_dir)
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dsd_jax import device_check  # the package's docstring documents the command
+    p = argparse.ArgumentParser(prog="device_check", description=device_check.__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for device_check.{json,txt}, profile.json")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, interpret mode, on the CPU")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--profile-buckets", metavar="B,B,...", help="batch buckets of the ITL profile")
+    p.add_argument("--profile-contexts", metavar="N,N,...", help="context lengths of the ITL profile")
+    p.add_argument("--no-builtin", action="store_true", help="skip the built-in pair in e2e")
+    p.add_argument("--e2e-pair", metavar="TARGET,DRAFT", help="synthetic pair of the e2e section "
+                   "(default llama-3.1-8b,llama-3.2-1b)")
+    p.add_argument("--profile-pair", metavar="TARGET,DRAFT", help="synthetic pair of the profile "
+                   "(default llama-3.1-8b,llama-3.2-1b; e.g. qwen3-8b,qwen3-0.6b)")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="skip the sections that would start after this many seconds")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    kw: dict[str, Any] = {}
+    if args.profile_buckets:
+        kw["profile_buckets"] = tuple(int(x) for x in args.profile_buckets.split(","))
+    if args.profile_contexts:
+        kw["profile_contexts"] = tuple(int(x) for x in args.profile_contexts.split(","))
+    if args.no_builtin:
+        kw["builtin"] = False
+    for flag, key in (("e2e_pair", "e2e_pair"), ("profile_pair", "profile_pair")):
+        value = getattr(args, flag)
+        if value:
+            pair = tuple(x.strip() for x in value.split(","))
+            if len(pair) != 2:
+                raise SystemExit(f"device_check: --{flag.replace('_', '-')} needs TARGET,DRAFT, got {value!r}")
+            kw[key] = pair
+    settings = Settings.cpu_smoke(**kw) if args.cpu_smoke else Settings.gpu(**kw)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    results = run(args.out, settings, sections, mode="cpu-smoke" if args.cpu_smoke else "device",
+                  time_budget_s=args.time_budget)
+    print(format_report(results))
+    return 0

@@ -49,7 +49,7 @@ from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
 from .report import format_report, write_results
-from .run import build_parser, main, run, section_deadline
+from .command import build_parser, main, run, section_deadline
 
 __all__ = [
     "ATTN_CASES", "BF16", "F32", "PROFILE_COMPILE_SHARE", "PROFILE_RESERVE_S", "REJ_CASES",

@@ -225,21 +225,31 @@ class SpecEngine:
         self._run_lock = threading.Lock()
 
     # ---- weights ------------------------------------------------------------------------
-    def set_params(self, target=None, draft=None) -> None:
-        """Swaps in new weights (a model or its `nnx.state`); compiles nothing."""
-        def params_of(new, old, role):
-            state = nnx.state(new) if isinstance(new, nnx.Module) else new
-            if jax.tree.structure(state) != jax.tree.structure(old) or any(
-                    a.shape != b.shape or a.dtype != b.dtype
-                    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(old))):
-                raise ValueError(f"new {role} params do not match the compiled shapes/dtypes")
-            return self.placement.put_params(state, role)  # onto the engine's layout, on device
-        if target is not None:
-            self._target_params = params_of(target, self._target_params, "target")
-        if draft is not None:
-            if self._draft_params is None:
+    def set_params(self, target=None, draft=None, *, copy: bool = True) -> None:
+        """Swaps in new weights: a model, its `nnx.state`, or that state as a pure dict
+        (`nnx.to_pure_dict`); compiles nothing. Every tree given is checked before any is
+        swapped in (a refused call changes nothing; the error names the first leaf that
+        differs), and goes where the weights it replaces are: device to device, on a mesh
+        onto its layout.
+
+        copy: the engine keeps weights of its own, so the caller may donate or delete its
+        arrays afterwards (a jitted training step donating its params, the usual RL loop,
+        would otherwise delete the engine's). copy=False saves that copy's memory (one set
+        of weights on the device); the caller then keeps its arrays alive and unchanged
+        while the engine serves them. (An engine built from a model serves the model's own
+        arrays until the first `set_params`.)"""
+        new = {}
+        for role, given in (("target", target), ("draft", draft)):
+            if given is None:
+                continue
+            old = self._target_params if role == "target" else self._draft_params
+            if old is None:
                 raise ValueError("this engine has no draft model")
-            self._draft_params = params_of(draft, self._draft_params, "draft")
+            state = inputs.params_like(given, old, role)
+            new[role] = jax.device_put(state, jax.tree.map(lambda x: x.sharding, old),
+                                       may_alias=False if copy else None)
+        self._target_params = new.get("target", self._target_params)
+        self._draft_params = new.get("draft", self._draft_params)
 
     def set_params_from(self, mapping, state, role: str = "target") -> None:
         """Weights from a trainer's own param tree (an `nnx.State` or nested dicts of another

@@ -119,3 +119,33 @@ def reference_lists(references, n: int) -> list[list]:
                              f"continuations (wrap it in a list)")
         out.append(list(given))
     return out
+
+
+def params_like(given, old, role: str):
+    """`given` (a model, its `nnx.state`, or that state as a pure dict) as a tree like
+    `old`, the engine's `role` params: the same leaf names, shapes and dtypes, else a
+    ValueError naming the first difference. The leaves are `given`'s, not yet placed."""
+    import jax
+    from flax import nnx
+
+    from dsd_jax.param_mapping import flatten
+    if isinstance(given, nnx.Module):
+        given = nnx.state(given)  # every variable, as the engine split it
+    theirs, _ = flatten(given)
+    ours, treedef = flatten(old)
+    missing = [n for n in ours if n not in theirs]
+    extra = [n for n in theirs if n not in ours]
+    if missing or extra:
+        parts = [f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}"
+                 for what, names in (("missing", missing), ("unexpected", extra)) if names]
+        raise ValueError(f"new {role} params do not have the engine's leaves: {'; '.join(parts)} "
+                         "(give the model, its nnx.state, or nnx.to_pure_dict of that state)")
+    for name, ref in ours.items():
+        x = theirs[name]
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise ValueError(f"new {role} param {name!r} is a {type(x).__name__}, not an array")
+        if tuple(x.shape) != tuple(ref.shape) or np.dtype(x.dtype) != np.dtype(ref.dtype):
+            raise ValueError(f"new {role} param {name!r} is {np.dtype(x.dtype).name}"
+                             f"{list(x.shape)}; the engine's is {np.dtype(ref.dtype).name}"
+                             f"{list(ref.shape)}")
+    return jax.tree_util.tree_unflatten(treedef, [theirs[n] for n in ours])

@@ -184,7 +184,8 @@ def _convert(steps_shapes: tuple, leaves: tuple):
 
 def map_params(mapping: ParamMapping, state, like):
     """`like` (our param tree, e.g. the engine's) with every leaf taken from `state` (the
-    trainer's tree) by `mapping`, cast to our dtypes and placed on `like`'s shardings."""
+    trainer's tree) by `mapping`, cast to our dtypes and placed on `like`'s shardings, in
+    buffers of its own (never the trainer's)."""
     their_leaves, _ = flatten(state)
     our_leaves, treedef = flatten(like)
     for n, x in their_leaves.items():
@@ -197,10 +198,18 @@ def map_params(mapping: ParamMapping, state, like):
     spec = tuple((t, tuple(o.shape), np.dtype(o.dtype)) for (_, _, t), o in zip(steps, targets))
     inputs = tuple(their_leaves[theirs] for theirs, _, _ in steps)
     out = _convert(spec, inputs)
-    # device to device onto the engine's layout (a no-op where it already lies there)
-    out = [x if getattr(o, "sharding", None) is None else jax.device_put(x, o.sharding)
-           for x, o in zip(out, targets)]
+    # device to device onto the engine's layout (a no-op where it already lies there); a
+    # leaf `_convert` handed back as given (jit may forward an unchanged input) is copied:
+    # the result never shares the trainer's buffers, which its next step may donate
+    out = [_placed(x, getattr(o, "sharding", None), copy=x is given)
+           for x, o, given in zip(out, targets, inputs)]
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _placed(x, sharding, copy: bool):
+    if sharding is None and not copy:
+        return x
+    return jax.device_put(x, sharding or x.sharding, may_alias=False if copy else None)
 
 
 def set_params_from(engine, mapping: ParamMapping, state, role: str = "target") -> None:
@@ -211,7 +220,7 @@ def set_params_from(engine, mapping: ParamMapping, state, role: str = "target") 
     old = engine._target_params if role == "target" else engine._draft_params
     if old is None:
         raise ValueError("this engine has no draft model")
-    engine.set_params(**{role: map_params(mapping, state, old)})
+    engine.set_params(**{role: map_params(mapping, state, old)}, copy=False)  # already its own
 
 
 # ---- declared families ---------------------------------------------------------------------

@@ -129,6 +129,12 @@ results["single"]["group"] = [o.token_ids for o in ref.generate(PROMPTS[:2], GRO
 results["single"]["group_seeds"] = tokens_by_seed = [  # each completion alone, seed 3 + g
     o.token_ids for p in PROMPTS[:2] for o in ref.generate(
         [p] * 3, [SamplingParams(temperature=1.0, max_tokens=8, seed=3 + g) for g in range(3)])]
+# without a mesh, new params committed to another device move onto the engine's device
+# (they were stored as given, and the next generate failed on the input shardings)
+ref.set_params(target=jax.device_put(ref._target_params, jax.devices()[1]))
+results["single"]["param_devices_after_move"] = sorted(
+    {d.id for x in jax.tree.leaves(ref._target_params) for d in x.devices()})
+results["single"]["greedy_after_move"] = tokens(ref, GREEDY)
 for d, m in ((2, 2), (4, 1)):
     e = engine(mesh(d, m))
     r = results[f"{d}x{m}"] = {"greedy_draft": tokens(e, GREEDY), "coupled": tokens(e, COUPLED),

@@ -633,3 +633,55 @@ def test_round_times_are_credited_to_the_bucket_their_program_ran(pair):
     assert credited == [t["bucket"] for t in trace]
     assert set(credited) <= set(ran) and all(t["context"] >= 5 for t in trace)
     assert any(t["bucket"] > bucket_for(t["batch_size"], [1, 2, 4]) for t in trace)  # the case that was wrong
+
+
+def test_set_params_keeps_weights_of_its_own_and_names_what_differs(engine, pair):
+    """The usual RL loop: sync the policy, then a jitted training step donates its params.
+    The engine kept the caller's arrays and its next generate failed ("Array has been
+    deleted"); now it copies unless told not to. A refused call changes nothing and names
+    the leaf; a pure dict of the state is taken."""
+    from flax import nnx
+    target, draft = pair
+    engine.controller = FixedK([2])
+    prompt, greedy = [[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=6)
+    new = scaled(target, 1.3)
+    want = greedy_reference(new, prompt[0], 6)
+    try:
+        params = jax.tree.map(jax.numpy.copy, nnx.state(new))  # `scaled` shares target's norms
+        engine.set_params(target=params)
+        jax.jit(lambda p: jax.tree.map(lambda x: x * 2, p), donate_argnums=0)(params)
+        assert all(x.is_deleted() for x in jax.tree.leaves(params))  # the caller's are gone
+        assert engine.generate(prompt, greedy)[0].token_ids == want
+
+        shared = nnx.state(scaled(target, 1.3))
+        engine.set_params(target=shared, copy=False)  # the caller's buffers, no copy
+        ptr = lambda t: [x.unsafe_buffer_pointer() for x in jax.tree.leaves(t)]
+        assert ptr(engine._target_params) == ptr(shared)
+
+        engine.set_params(target=nnx.to_pure_dict(nnx.state(new)))
+        assert engine.generate(prompt, greedy)[0].token_ids == want
+
+        pure = nnx.to_pure_dict(nnx.state(target))
+        norm = pure["final_norm"]
+        for change, match in [
+                (lambda d: d.update(final_norm=norm[:-1]),
+                 rf"new target param 'final_norm' is float32\[{norm.size - 1}\]; the engine's is "
+                 rf"float32\[{norm.size}\]"),
+                (lambda d: d.update(final_norm=norm.astype("bfloat16")), r"'final_norm' is bfloat16"),
+                (lambda d: d.pop("final_norm"), r"missing \['final_norm'\]"),
+                (lambda d: d.update(extra=norm), r"unexpected \['extra'\]"),
+                (lambda d: d.update(final_norm="w"), r"'final_norm' is a str, not an array")]:
+            bad = dict(pure)
+            change(bad)
+            with pytest.raises(ValueError, match=match):
+                engine.set_params(target=bad)
+        with pytest.raises(ValueError, match=r"new target params do not have the engine's leaves"):
+            engine.set_params(target=draft)  # the draft's tree given as the target
+        before = engine._target_params
+        with pytest.raises(ValueError, match="new draft param"):  # the target is not swapped in
+            engine.set_params(target=target, draft={**nnx.to_pure_dict(nnx.state(draft)),
+                                                    "final_norm": np.zeros(3, np.float32)})
+        assert engine._target_params is before
+        assert engine.generate(prompt, greedy)[0].token_ids == want
+    finally:
+        engine.set_params(target=target, draft=draft)

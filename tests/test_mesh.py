@@ -82,6 +82,12 @@ def test_no_compilation_after_warmup(results):
     assert results["compilations_after_warmup"] == 0
 
 
+def test_set_params_moves_weights_from_another_device(results):
+    single = results["single"]
+    assert single["param_devices_after_move"] == [0]
+    assert single["greedy_after_move"] == single["greedy_draft"]
+
+
 def test_no_compilation_after_warmup_data_parallel(results):
     """2x2: batch sizes 1 -> 4 -> 1, a group, new params under a transfer guard."""
     assert results["dp_compilations_after_warmup"] == 0

@@ -365,9 +365,19 @@ def _sampling(cmd: str, args, tokenizer, n: int) -> list:
     """One SamplingParams per prompt (request i seeded seed + i), stopping at the tokenizer's
     end-of-text tokens unless --ignore-eos."""
     from dsd_jax import SamplingParams
-    stop = list(args.stop_token_ids or [])
+    from dsd_jax.state import MAX_STOP_IDS
+    raw = list(args.stop_token_ids or [])
+    stop = list(dict.fromkeys(raw))  # a repeat counts once, as in SamplingParams
+    given = len(stop)
     if not args.ignore_eos:
         stop += [t for t in loading.eos_token_ids(tokenizer) if t not in stop]
+    if len(stop) > MAX_STOP_IDS:  # the engine's error would not say where the other ids came from
+        added = len(stop) - given
+        eos = (f" and {added} end-of-text id{'s' * (added != 1)} of the tokenizer added "
+               "(--ignore-eos leaves those out)") if added else ""
+        distinct = " distinct" if given < len(raw) else ""
+        _fail(cmd, "--stop-token-ids", f"{len(stop)} stop ids: {given}{distinct} given{eos}; at most "
+              f"{MAX_STOP_IDS} are supported")
     try:
         return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                max_tokens=args.max_tokens, stop_token_ids=stop,

@@ -246,6 +246,9 @@ def _read_text(flag: str, path: str | None) -> tuple[str, str]:
         raise ArgumentError(flag, f"cannot read {path!r}: {e}") from e
 
 
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+
 def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
     try:
         obj = json.loads(line)
@@ -254,6 +257,13 @@ def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
     if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_token_ids" in obj):
         raise ArgumentError(flag, f"{where}: expected an object with exactly one of "
                             "\"prompt\" (string) or \"prompt_token_ids\" (list of ints)")
+    # a per-prompt "max_tokens" or "temperature" would otherwise be dropped without a word
+    unknown = sorted(k for k in obj if k not in PROMPT_KEYS)
+    if unknown:
+        names = ", ".join(json.dumps(k) for k in unknown)
+        raise ArgumentError(flag, f"{where}: unknown key{'s' * (len(unknown) > 1)} {names}: a line holds "
+                            "only \"prompt\" or \"prompt_token_ids\"; sampling settings come from the "
+                            "command-line flags (--max-tokens, --temperature, ...) for every prompt")
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise ArgumentError(flag, f"{where}: \"prompt\" must be a non-empty string")
@@ -269,18 +279,25 @@ def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
 PROMPT_FORMATS = ("auto", "text", "jsonl")
 
 
+def _lines(text: str) -> list[str]:
+    """text split at "\\n", "\\r\\n" and "\\r" only (universal newlines), without the breaks.
+    Not `str.splitlines`: it also splits at a form feed, U+2028 and other characters a
+    prompt (or a JSON string, which may hold them raw) can contain."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
 def read_prompts(flag: str, path: str | None, fmt: str = "auto") -> list[dict]:
     """Prompts as dicts {"prompt": str} or {"prompt_token_ids": [...]}.
 
-    fmt "jsonl": one object per line with "prompt" or "prompt_token_ids"; "text": every
-    non-blank line is one text prompt (its line break removed); "auto": JSONL when the
-    first non-blank line starts with '{' or the file is named *.jsonl, else text.
-    None or "-" reads stdin.
+    fmt "jsonl": one object per line with "prompt" or "prompt_token_ids" and no other key;
+    "text": every non-blank line is one text prompt (its line break removed); "auto": JSONL
+    when the first non-blank line starts with '{' or the file is named *.jsonl, else text.
+    Lines end at "\\n", "\\r\\n" or "\\r" only. None or "-" reads stdin.
     """
     if fmt not in PROMPT_FORMATS:
         raise ValueError(f"prompt format must be one of {PROMPT_FORMATS}, got {fmt!r}")
     text, name = _read_text(flag, path)
-    lines = text.splitlines()
+    lines = _lines(text)
     first = next((ln for ln in lines if ln.strip()), "")
     jsonl = fmt == "jsonl" or (fmt == "auto" and (first.lstrip().startswith("{")
                                                   or (path or "").endswith(".jsonl")))

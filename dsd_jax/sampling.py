@@ -66,8 +66,9 @@ def _real(name: str, value) -> float:
 
 
 def _stop_ids(value) -> tuple[int, ...]:
-    """stop_token_ids as a tuple of non-negative ints: a sequence or 1-D array of integers,
-    one integer, or None (none)."""
+    """stop_token_ids as a tuple of distinct non-negative ints, in first-occurrence order: a
+    sequence or 1-D array of integers, one integer, or None (none). Repeats are dropped, so
+    they do not count against the engine's limit (`state.MAX_STOP_IDS`)."""
     if value is None:
         return ()
     if is_integer(value):
@@ -75,7 +76,8 @@ def _stop_ids(value) -> tuple[int, ...]:
     if (isinstance(value, (str, bytes)) or getattr(value, "ndim", 1) == 0
             or not isinstance(value, collections.abc.Iterable)):
         raise ValueError(f"stop_token_ids must be a sequence of token ids, got {value!r}")
-    return tuple(_integer(f"stop_token_ids[{j}]", t, 0) for j, t in enumerate(value))
+    ids = (_integer(f"stop_token_ids[{j}]", t, 0) for j, t in enumerate(value))
+    return tuple(dict.fromkeys(ids))  # every element checked; repeats dropped, order kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +90,8 @@ class SamplingParams:
     size keeps every token, as 0 does). Top-k keeps every token tied with the k-th, and
     top-p then applies to what top-k kept.
     `seed` fixes the request's noise (an integer in [0, 2**32); None: the engine assigns one).
-    `stop_token_ids`: token ids that end the completion (a sequence, or one id).
+    `stop_token_ids`: token ids that end the completion (a sequence, or one id; a repeated
+    id is kept once, at its first place: at most `state.MAX_STOP_IDS` (8) distinct ids).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g`, or from an

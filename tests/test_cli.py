@@ -359,6 +359,73 @@ def test_prompt_file_with_a_byte_order_mark(tmp_path):
     assert loading.read_prompts("--prompts", str(p)) == [{"prompt": "Write a haiku"}]
 
 
+def test_prompt_lines_end_only_at_line_breaks(tmp_path):
+    """str.splitlines also split at a form feed, U+2028 and other characters a prompt may
+    hold: a 2-line text file gave 3 prompts, and a JSONL line with a raw U+2028 (valid JSON,
+    as generate writes with ensure_ascii=False) was refused as invalid JSON."""
+    from dsd_jax import loading
+    odd = ["a form feed \x0c, \x0b, \x1c and \x85 inside", "U+2028 \u2028 and U+2029 \u2029 inside"]
+    p = tmp_path / "odd.txt"
+    p.write_text(odd[0] + "\r\n\n" + odd[1] + "\rlast\n", encoding="utf-8")
+    assert loading.read_prompts("--prompts", str(p)) == [{"prompt": t} for t in odd + ["last"]]
+    j = tmp_path / "odd.jsonl"
+    lines = [json.dumps({"prompt": t}, ensure_ascii=False) for t in odd]
+    assert "\u2028" in lines[1]  # raw, not escaped
+    j.write_text(lines[0] + "\n\n" + lines[1] + "\n", encoding="utf-8")
+    assert loading.read_prompts("--prompts", str(j)) == [{"prompt": t} for t in odd]
+    # line numbers count only line breaks
+    j.write_text(lines[1] + "\n\n" + lines[0] + "\n{bad\n", encoding="utf-8")
+    with pytest.raises(loading.ArgumentError, match=r"line 4: invalid JSON"):
+        loading.read_prompts("--prompts", str(j), "jsonl")
+
+
+def test_jsonl_prompt_lines_refuse_other_keys(tmp_path):
+    """A per-line "max_tokens" (or any key but the prompt's) was silently ignored: the run
+    used the flag's value. It is refused, naming the keys."""
+    from dsd_jax import loading
+    p = tmp_path / "prompts.jsonl"
+    p.write_text('{"prompt": "w1"}\n{"prompt": "def fib", "temperature": 0, "max_tokens": 2}\n')
+    with pytest.raises(loading.ArgumentError, match=r'line 2: unknown keys "max_tokens", "temperature": '
+                       r'a line holds only "prompt" or "prompt_token_ids"; sampling settings come from '
+                       r'the command-line flags .* for every prompt'):
+        loading.read_prompts("--prompts", str(p), "jsonl")
+    p.write_text('{"prompt_token_ids": [1], "n": 2}\n')
+    with pytest.raises(loading.ArgumentError, match=r'line 1: unknown key "n":'):
+        loading.read_prompts("--prompts", str(p))
+
+
+def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
+    """The tokenizer's end-of-text ids were added to --stop-token-ids without a word, and the
+    engine's limit then failed as "request 0: at most 8 stop_token_ids": the CLI says where
+    the ids came from, and that --ignore-eos leaves the added ones out."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from dsd_jax import loading
+    from dsd_jax.state import MAX_STOP_IDS
+    vocab = {f"w{i}": i for i in range(62)} | {"<|endoftext|>": 62, "</s>": 63}
+    tok = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    path = tmp_path / "eos_tokenizer.json"
+    tok.save(str(path))
+    assert loading.eos_token_ids(tok) == [62, 63]
+    given = ",".join(str(i) for i in range(1, MAX_STOP_IDS))  # 7 ids, 2 end-of-text ids added
+    m = _err(["generate", "--target", files.target, "--tokenizer", str(path), "--prompts", files.jsonl,
+              "--speculative-config", '{"method": "none"}', "--stop-token-ids", given])
+    assert m == ("dsd-jax generate: error: --stop-token-ids: 9 stop ids: 7 given and 2 end-of-text ids "
+                 "of the tokenizer added (--ignore-eos leaves those out); at most 8 are supported"), m
+    # a repeat, and an end-of-text id given, count once
+    args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
+                                 temperature=1.0, top_k=0, top_p=1.0, max_tokens=4, seed=None)
+    assert cli._sampling("generate", args, tok, 1)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
+    args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
+    with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):
+        cli._sampling("generate", args, tok, 1)
+    args.ignore_eos = True
+    assert cli._sampling("generate", args, tok, 2)[1].stop_token_ids == tuple(range(1, MAX_STOP_IDS + 1))
+    args.stop_token_ids = list(range(1, MAX_STOP_IDS + 2))
+    with pytest.raises(SystemExit, match=r"--stop-token-ids: 9 stop ids: 9 given; at most 8"):
+        cli._sampling("generate", args, tok, 1)
+
+
 def test_plot_format_is_checked_before_the_run(tmp_path):
     for name, why in (("r.txt", "cannot write 'txt'"), ("r", "no file extension")):
         m = _err(["bench", "--target", str(tmp_path / "no_model"), "--plot", str(tmp_path / name)])

@@ -183,6 +183,16 @@ def test_sampling_params_take_integers_and_refuse_floats_strings_and_bools():
             SamplingParams(**kwargs)
 
 
+def test_repeated_stop_ids_count_once():
+    """stop_token_ids=[1] * 9 holds one id but was refused by the engine's limit of 8:
+    repeats are dropped, the first occurrences' order kept."""
+    from dsd_jax.state import MAX_STOP_IDS
+    assert SamplingParams(stop_token_ids=[1] * (MAX_STOP_IDS + 1)).stop_token_ids == (1,)
+    assert SamplingParams(stop_token_ids=np.array([5, 3, 5, 0, 3])).stop_token_ids == (5, 3, 0)
+    with pytest.raises(ValueError, match=r"stop_token_ids\[2\]"):  # a repeat is still checked
+        SamplingParams(stop_token_ids=[3, 3, 3.0])
+
+
 def _reference_filter(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     """Top-k (ties at the k-th value kept), then top-p over what top-k kept: the kept set
     of one row, in numpy float64."""

@@ -236,6 +236,38 @@ def test_repeated_prompts_become_groups(rollout):
     assert out.tokens[0].tolist() != out.tokens[1].tolist()  # siblings draw different noise
 
 
+def test_a_temperature_below_the_greedy_threshold_keeps_tunix_logprobs(policy, rollout):
+    """0 < T < GREEDY_BELOW with top_p given: the engine samples greedily there and its
+    logprobs are the raw ones, while Tunix's convention is log_softmax(logits / T) (about 0
+    for the argmax token): they are rescored at T."""
+    from dsd_jax.sampling import GREEDY_BELOW
+    cfg = config(temperature=GREEDY_BELOW / 10, top_p=1.0)
+    out = rollout.generate(PROMPTS, cfg)
+    assert_logprobs_match(policy, out, cfg, temperature=cfg.temperature)
+
+
+def test_any_integer_seed_is_taken(rollout):
+    """Tunix's sampler takes any integer seed; ours passed it as is, so seed=-1, or 2**32 - 2
+    with a group of 4 (seeds past 2**32 - 1), raised from the engine. Integer seeds are
+    reduced modulo 2**31 as JAX-key seeds are (one in range is kept)."""
+    from dsd_jax.integrations.tunix import _seed_int
+    assert [_seed_int(s) for s in (None, 0, 100, 2 ** 31 - 1, np.int64(7))] == [None, 0, 100, 2 ** 31 - 1, 7]
+    prompts = ["w3 w4 w5"] * 4
+    for seed, reduced in ((2 ** 32 - 2, 2 ** 31 - 2), (-1, 2 ** 31 - 1)):
+        assert _seed_int(seed) == reduced
+        out, ref = rollout.generate(prompts, config(seed=seed)), rollout.generate(prompts, config(seed=reduced))
+        assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+
+
+def test_too_many_eos_tokens_are_named(rollout):
+    """More than 8 eos_tokens failed as the engine's "at most 8 stop_token_ids": the error
+    names eos_tokens; a repeated id counts once."""
+    with pytest.raises(ValueError, match=r"rollout_config.eos_tokens has 9 distinct ids; at most 8"):
+        rollout.generate(PROMPTS, config(eos_tokens=list(range(2, 11))))
+    out = rollout.generate(PROMPTS, config(top_p=None, eos_tokens=[EOS] * 9))
+    assert all(EOS not in t.tolist() for t in out.tokens)
+
+
 def test_an_eagle3_head_is_a_draft_as_is(policy, rollout):
     """draft= an EAGLE-3 head: not taken for a Tunix module; the default method is "eagle3",
     and greedy output equals the suffix rollout's (both lossless)."""

@@ -47,8 +47,9 @@ from dsd_jax.engine import SpecEngine
 from dsd_jax.models.config import ModelConfig
 from dsd_jax.models.eagle3 import Eagle3Head
 from dsd_jax.models.transformer import Transformer
-from dsd_jax.sampling import SamplingParams
+from dsd_jax.sampling import GREEDY_BELOW, SamplingParams
 from dsd_jax.sharding import make_mesh
+from dsd_jax.state import MAX_STOP_IDS
 
 # Tunix 0.1.7's Llama3 and Qwen3 attention call `apply_rope` without the config's
 # rope_theta, so the model runs at that function's default whatever the config says.
@@ -137,17 +138,22 @@ def _greedy(cfg) -> bool:
     return cfg.top_p is None or float(cfg.temperature) == 0.0
 
 
+SEED_MODULUS = 2 ** 31  # completion r draws from seed + r: room for 2**31 of them below 2**32
+
+
 def _seed_int(seed) -> int | None:
-    """An int from Tunix's `RolloutConfig.seed` (None, an int, or a JAX PRNG key)."""
+    """An int in [0, 2**31) from Tunix's `RolloutConfig.seed` (None, any int, or a JAX PRNG
+    key), reduced modulo 2**31 (a seed already in range is kept): Tunix's sampler takes any
+    integer, the engine's seeds are uint32 and seed + r must stay below 2**32."""
     if seed is None:
         return None
     if isinstance(seed, (int, np.integer)):
-        return int(seed)
+        return int(seed) % SEED_MODULUS
     arr = seed
     if jnp.issubdtype(getattr(seed, "dtype", np.int32), jax.dtypes.prng_key):
         arr = jax.random.key_data(seed)
     words = np.asarray(arr, dtype=np.uint64).ravel()
-    return int(sum(int(w) << (32 * i) for i, w in enumerate(words[::-1])) % (2 ** 31))
+    return int(sum(int(w) << (32 * i) for i, w in enumerate(words[::-1])) % SEED_MODULUS)
 
 
 class SpecRollout(base_rollout.BaseRollout):
@@ -176,14 +182,15 @@ class SpecRollout(base_rollout.BaseRollout):
     everything else goes to `SpecEngine` (batch_buckets, prefill_chunk, profile, controller,
     backend, seed, ...).
 
-    With a seed, completion r of a call draws from seed + r. Whether a GRPO group member
-    then equals the single request with its seed depends on the acceptance rule: always
-    under `SpecConfig(acceptance="drafter_invariant")` (every output is token-identical to
-    plain sampling with its seed); under the default "rejection" only when the drafter reads
-    each row alone and K does not depend on the batch, which the default method without a
-    draft ("suffix": siblings draft for each other) does not do, so a group's tokens differ
-    from the single requests' (each still an exact sample from the policy). For
-    reproducible groups use acceptance "drafter_invariant".
+    With a seed (reduced modulo 2**31, as Tunix takes any integer), completion r of a call
+    draws from seed + r. Whether a GRPO group member then equals the single request with its
+    seed depends on the acceptance rule: always under
+    `SpecConfig(acceptance="drafter_invariant")` (every output is token-identical to plain
+    sampling with its seed); under the default "rejection" only when the drafter reads each
+    row alone and K does not depend on the batch, which the default method without a draft
+    ("suffix": siblings draft for each other) does not do, so a group's tokens differ from
+    the single requests' (each still an exact sample from the policy). For reproducible
+    groups use acceptance "drafter_invariant".
     """
 
     def __init__(self, rollout_actor=None, tokenizer=None, mesh=None, rollout_config=None, *,
@@ -240,6 +247,9 @@ class SpecRollout(base_rollout.BaseRollout):
 
     def _sampling(self, cfg, n: int, seed: int | None) -> SamplingParams:
         stop = tuple(cfg.eos_tokens) if cfg.eos_tokens else (self.eos_id(),)
+        if len(set(stop)) > MAX_STOP_IDS:  # the engine's message would name stop_token_ids
+            raise ValueError(f"rollout_config.eos_tokens has {len(set(stop))} distinct ids; at most "
+                             f"{MAX_STOP_IDS} are supported (they are the engine's stop ids)")
         common = dict(max_tokens=int(cfg.max_tokens_to_generate), stop_token_ids=stop,
                       include_stop_token=False, seed=seed, n=n)
         if _greedy(cfg):
@@ -305,9 +315,10 @@ class SpecRollout(base_rollout.BaseRollout):
             return [np.asarray(o.raw_logprobs, np.float32) for o in outs]
         T = float(cfg.temperature)
         filtered = (cfg.top_k is not None and cfg.top_k > 0) or cfg.top_p < 1.0
-        if not filtered:  # the engine's processed logprobs are exactly that
+        if not filtered and T >= GREEDY_BELOW:  # the engine's processed logprobs are exactly that
             return [np.asarray(o.logprobs, np.float32) for o in outs]
-        # top-k / top-p change the engine's distribution: rescore without the filters
+        # top-k / top-p change the engine's distribution, and below GREEDY_BELOW the engine
+        # samples greedily (its logprobs are the raw ones): rescore at T without the filters
         width = max(cfg.max_tokens_to_generate, 1)
         comp = np.full((len(tokens), width), self.pad_id(), np.int32)
         for i, t in enumerate(tokens):

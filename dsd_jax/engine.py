@@ -227,7 +227,9 @@ class SpecEngine:
     # ---- weights ------------------------------------------------------------------------
     def set_params(self, target=None, draft=None, *, copy: bool = True) -> None:
         """Swaps in new weights: a model, its `nnx.state`, or that state as a pure dict
-        (`nnx.to_pure_dict`); compiles nothing. Every tree given is checked before any is
+        (`nnx.to_pure_dict`); compiles none of the engine's programs (JAX may compile a small
+        resharding program the first time weights come from another device layout). Every
+        tree given is checked before any is
         swapped in (a refused call changes nothing; the error names the first leaf that
         differs), and goes where the weights it replaces are: device to device, on a mesh
         onto its layout.

@@ -415,7 +415,8 @@ class Profile:
         """{"data": n, "model": m} the profile was measured on (one device when unrecorded)."""
         engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
         mesh = engine.get("mesh") if isinstance(engine, dict) else None
-        return dict(mesh) if isinstance(mesh, dict) else {"data": 1, "model": 1}
+        # an axis the file leaves out has size 1, as in `sharding.axis_sizes`
+        return {"data": 1, "model": 1, **mesh} if isinstance(mesh, dict) else {"data": 1, "model": 1}
 
     @property
     def max_seq_len(self) -> int | None:

@@ -41,6 +41,21 @@ def axis_sizes(mesh: Mesh | Mapping[str, int] | None) -> dict[str, int]:
     return {DATA: int(shape.get(DATA, 1)), MODEL: int(shape.get(MODEL, 1))}
 
 
+def auto_axes(mesh: Mesh | None) -> Mesh | None:
+    """`mesh` with its axes in Auto mode (the engine's shardings are propagated by GSPMD;
+    `jax.make_mesh` makes Explicit axes by default, under which the model's gathers fail
+    while tracing), or a TypeError for anything that is not a Mesh."""
+    if mesh is None:
+        return None
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh (dsd_jax.sharding.make_mesh(data, model)), "
+                        f"got {type(mesh).__name__}")
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    if tuple(mesh.axis_types) == auto:
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+
+
 def _param_name(path) -> str:
     names = [k.key for k in path if isinstance(getattr(k, "key", None), str)]
     return names[-1] if names else ""
@@ -119,7 +134,7 @@ class Placement:
     """
 
     def __init__(self, mesh: Mesh | None, target_kv_heads: int, draft_kv_heads: int | None):
-        self.mesh = mesh
+        self.mesh = auto_axes(mesh)
         self.sizes = axis_sizes(mesh)
         self.kv_heads = {"target": target_kv_heads, "draft": draft_kv_heads}
 

@@ -75,6 +75,10 @@ results["1x4"]["params"] = shard_fractions(e)
 results["1x4"]["kv_spec"] = list(e.state.target_kv.k[0].sharding.spec)
 e2, results["1x2"] = outputs(mesh(1, 2), with_ngram=False)
 results["1x2"]["kv_spec"] = list(e2.state.target_kv.k[0].sharding.spec)
+# jax.make_mesh's default Explicit axes (the model's gathers failed while tracing): the
+# engine takes the mesh in Auto mode
+explicit = jax.make_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
+results["1x2_explicit"] = {"greedy_draft": tokens(engine(explicit), GREEDY)}
 
 # zero compilations after warm-up: batch sizes 1 -> 4 -> 1, K changes, and new params from
 # a jitted "training step" on the same mesh (device to device, under a transfer guard)

@@ -6,6 +6,7 @@ the rest of the suite: the number of CPU devices is fixed when a process starts 
 backend, and this suite runs on one.
 """
 
+import jax
 import pytest
 
 from dsd_jax import SpecConfig, models
@@ -25,7 +26,7 @@ def results():
                                         ("1x2", "coupled"), ("2x2", "greedy_draft"),
                                         ("2x2", "coupled"), ("2x2", "group"),
                                         ("4x1", "greedy_draft"), ("4x1", "coupled"),
-                                        ("4x1", "group")])
+                                        ("4x1", "group"), ("1x2_explicit", "greedy_draft")])
 def test_outputs_identical_to_one_device(results, mesh, case):
     """Greedy, and drafter-invariant sampling with the same seeds, token for token."""
     assert results[mesh][case] == results["single"][case]
@@ -150,6 +151,16 @@ def test_memory_report_from_abstract_shapes():
     assert tp8["kv_cache"]["target"] == kv // 8  # 8 KV heads over 8 devices
     assert tp8["params"]["target"] == pytest.approx(one["params"]["target"] / 8, rel=0.001)
     assert tp8["total"] < one["total"] / 7.5
+
+
+def test_meshes_are_taken_in_auto_mode_and_other_values_refused():
+    from dsd_jax.sharding import Placement, make_mesh
+    auto = make_mesh(1, 1)
+    assert Placement(auto, 2, None).mesh is auto
+    explicit = jax.make_mesh((1, 1), ("data", "model"))
+    assert set(Placement(explicit, 2, None).mesh.axis_types) == {jax.sharding.AxisType.Auto}
+    with pytest.raises(TypeError, match=r"mesh must be a jax.sharding.Mesh .*got tuple"):
+        Placement((1, 4), 2, None)
 
 
 def test_kv_heads_that_do_not_divide_the_axis_are_replicated():

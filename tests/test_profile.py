@@ -151,6 +151,11 @@ def test_mesh_mismatch_warns(tmp_path):
     assert Profile.load(path, expect_mesh={"data": 1, "model": 4}).mesh == {"data": 1, "model": 4}
     with pytest.warns(ProfileMismatchWarning, match="'model': 4"):
         Profile.load(path, expect_mesh={"data": 1, "model": 1})
+    p.meta["engine"] = {"mesh": {"model": 4}}  # an axis left out has size 1: the same mesh
+    p.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Profile.load(path, expect_mesh={"data": 1, "model": 4}).mesh == {"data": 1, "model": 4}
 
 
 def test_unreadable_files_name_the_file(tmp_path):

@@ -18,6 +18,10 @@ Controller modes (`SpecConfig.controller_mode`):
 ``disable_by_batch_size`` (vLLM V0's ``speculative_disable_by_batch_size``) forces
 K = 0 whenever the live batch size is greater than it; it applies on top of every
 mode (static, schedule and goodput).
+
+"Live batch size" is the batch one step runs. On a mesh with a "data" axis that is the
+live requests of the fullest data shard, not of the whole engine: each data shard is
+like one vLLM data-parallel rank, whose own batch these settings would see.
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ from typing import Any, Mapping
 
 from dsd_jax import drafters  # the registry only: no JAX
 
-__all__ = ["SpecConfig", "DynamicConfig", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES", "OBJECTIVES"]
+__all__ = ["SpecConfig", "DynamicConfig", "ACCEPTANCE_MODES", "DRAFT_SAMPLING_MODES", "OBJECTIVES",
+           "MAX_PROMPT_LOOKUP"]
 
 ACCEPTANCE_MODES = ("rejection", "drafter_invariant")
 DRAFT_SAMPLING_MODES = ("sample", "argmax")
 OBJECTIVES = ("throughput", "makespan")
+# Largest prompt_lookup_max: the lookup unrolls one compare over the buffer per n, so
+# compile time grows with n^2 (about 7.5 s for one lookup at 64 on CPU, 124 s at 256).
+MAX_PROMPT_LOOKUP = 64
 
 _repr = reprlib.Repr()
 _repr.maxstring = 60
@@ -95,6 +103,16 @@ def _opt_str(name: str, v: Any) -> str | None:
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a string or null, got {_show(v)}")
     return v
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal up to list vs tuple (JSON gives lists, Python callers often tuples)."""
+    def norm(v):
+        return tuple(norm(e) for e in v) if isinstance(v, (list, tuple)) else v
+    try:
+        return bool(norm(a) == norm(b))
+    except Exception:  # e.g. arrays (no single truth value): taken as different
+        return False
 
 
 def _reject_unknown(where: str, d: Mapping, known: set[str]) -> None:
@@ -290,10 +308,13 @@ class SpecConfig:
         sorted, non-overlapping, start_bs >= 1, 0 <= K <= max K. Batch sizes no
         range covers use K = 0.
     disable_by_batch_size: K = 0 whenever the live batch size is > this.
+        For both, on a "data" mesh the batch size is the fullest data shard's live
+        requests (what one step runs, as one vLLM data-parallel rank), not the total.
     acceptance: "rejection" (Leviathan et al.) or "drafter_invariant" (Gumbel-max
         coupling: output token-identical to plain sampling with the same seed).
     draft_sampling: "sample" (draft samples from q) or "argmax" (one-hot q).
-    prompt_lookup_min / prompt_lookup_max: n-gram sizes for methods "ngram" and "suffix".
+    prompt_lookup_min / prompt_lookup_max: n-gram sizes for methods "ngram" and "suffix";
+        prompt_lookup_max <= 64 (`MAX_PROMPT_LOOKUP`: compile time grows with its square).
     suffix_bank_len: tokens of references each slot holds for method "suffix" (earlier
         rollouts of its prompt; the last `suffix_bank_len` tokens of them, newest last, kept).
     dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller.
@@ -333,6 +354,12 @@ class SpecConfig:
         _choice("draft_sampling", self.draft_sampling, DRAFT_SAMPLING_MODES)
         lo = _int("prompt_lookup_min", self.prompt_lookup_min, min_value=1)
         hi = _int("prompt_lookup_max", self.prompt_lookup_max, min_value=1)
+        if hi > MAX_PROMPT_LOOKUP:
+            raise ValueError(
+                f"prompt_lookup_max must be <= {MAX_PROMPT_LOOKUP}, got {hi}: each n unrolls a compare "
+                f"over the whole token buffer in every step program, so compile time grows with n^2, "
+                f"and n-grams that long almost never match"
+            )
         if lo > hi:
             raise ValueError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
         set_("prompt_lookup_min", lo)
@@ -416,11 +443,13 @@ class SpecConfig:
         known = set(cls._FIELDS) | set(_KEY_ALIASES)
         _reject_unknown("speculative config", d, known)
         kw: dict[str, Any] = {}
+        given: dict[str, str] = {}  # field -> the key that gave it
         for k, v in d.items():
             canon = _KEY_ALIASES.get(k, k)
-            if canon in kw and kw[canon] != v:
-                raise ValueError(f"{k!r} and {canon!r} are aliases but were given different values")
+            if canon in kw and not _same_value(kw[canon], v):
+                raise ValueError(f"{given[canon]!r} and {k!r} are aliases but were given different values")
             kw[canon] = v
+            given[canon] = k
         if "method" in kw and kw["method"] is None:
             del kw["method"]
         if "dynamic" in kw and kw["dynamic"] is not None and not isinstance(kw["dynamic"], Mapping):

@@ -12,7 +12,7 @@ live requests and the bucket follows the fullest shard (`dsd_jax.data_parallel`)
 
 from __future__ import annotations
 
-import collections
+import collections.abc
 import contextlib
 import dataclasses
 import itertools
@@ -139,7 +139,7 @@ class SpecEngine:
                  compilation_cache_dir: str | None = None, seed: int = 0, mesh=None,
                  multihost_strategy: str = "broadcast"):
         spec = SpecConfig() if spec is None else spec
-        spec = SpecConfig.from_dict(spec) if isinstance(spec, dict) else spec
+        spec = SpecConfig.from_dict(spec) if isinstance(spec, collections.abc.Mapping) else spec
         max_batch_size = inputs.check_size("max_batch_size", max_batch_size, 1)
         max_seq_len = inputs.check_size("max_seq_len", max_seq_len, 2)
         prefill_chunk = inputs.check_size("prefill_chunk", prefill_chunk, 1)
@@ -297,7 +297,15 @@ class SpecEngine:
         return self.programs.kernel_backends
 
     def metrics(self) -> dict:
-        """`stats` as a dict, with the controller's calibration (predicted vs measured)."""
+        """`stats` as a dict, with the controller's calibration (predicted vs measured).
+
+        "steps" and "k_hist" count rounds (a dispatch runs up to 8, or 32 when settled);
+        the controller's "k_choices" counts dispatches (one choice of K each) and its
+        "k_steps" rounds again. "tokens" counts emitted tokens, including a stop token
+        that `include_stop_token=False` then drops from the output. `stats.reset()`
+        resets the engine's counts only: the controller's ("steps_observed", "k_steps",
+        "k_choices", "probes", calibration) stay cumulative over the engine's life.
+        """
         ctl = getattr(self.controller, "stats", None)
         return self.stats.to_dict(ctl() if callable(ctl) else None)
 

@@ -12,6 +12,15 @@ import numpy as np
 
 
 class EngineStats:
+    """Counts over the engine's runs since the last `reset()`.
+
+    A step is one round (a dispatch runs several): `steps`, `k_hist` and `batch_hist`
+    count rounds. `tokens` counts emitted tokens, so a stop token that
+    `include_stop_token=False` drops from the output is still counted (it was decoded
+    and verified like any other). `reset()` does not touch the controller, whose counts
+    `SpecEngine.metrics()` also reports.
+    """
+
     def __init__(self, max_k: int):
         self.max_k = max_k
         self.reset()

@@ -14,14 +14,14 @@ from __future__ import annotations
 import collections
 from typing import Sequence
 
+from dsd_jax.inputs import check_size
+
 
 class RolloutMemory:
     def __init__(self, max_prompts: int = 4096, per_prompt: int = 16):
-        if int(max_prompts) != max_prompts or max_prompts < 1:
-            raise ValueError(f"max_prompts must be a positive integer, got {max_prompts}")
-        if int(per_prompt) != per_prompt or per_prompt < 1:
-            raise ValueError(f"per_prompt must be a positive integer, got {per_prompt}")
-        self.max_prompts, self.per_prompt = int(max_prompts), int(per_prompt)
+        # the engine's size check: None, a float (inf, NaN, 2.0), "8" or True is a ValueError
+        self.max_prompts = check_size("max_prompts", max_prompts, 1)
+        self.per_prompt = check_size("per_prompt", per_prompt, 1)
         self._store: collections.OrderedDict[tuple, collections.deque] = collections.OrderedDict()
 
     def __len__(self) -> int:

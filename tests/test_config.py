@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import types
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -148,6 +149,30 @@ def test_direct_construction_validates():
         SpecConfig(dynamic=DynamicConfig(margin=float("nan")))
     with pytest.raises(ValueError, match="num_speculative_tokens_per_batch_size"):
         SpecConfig(num_speculative_tokens_per_batch_size=[[1, 2, 3]], num_speculative_tokens=2)
+
+
+def test_prompt_lookup_max_has_a_ceiling():
+    assert SpecConfig(method="ngram", prompt_lookup_max=64).prompt_lookup_max == 64
+    for make in (lambda: SpecConfig(method="ngram", prompt_lookup_max=65),
+                 lambda: SpecConfig.from_dict({"method": "suffix", "prompt_lookup_max": 10 ** 6})):
+        with pytest.raises(ValueError, match=r"prompt_lookup_max must be <= 64, got \d+: .*compile time"):
+            make()
+
+
+def test_alias_clash_names_both_keys_and_ignores_list_vs_tuple():
+    new, old = "num_speculative_tokens_per_batch_size", "num_speculative_tokens_per_bs"
+    for first, second in ((new, old), (old, new)):
+        with pytest.raises(ValueError, match=f"'{first}' and '{second}' are aliases"):
+            SpecConfig.from_dict({first: [[1, 2, 1]], second: [[1, 2, 2]]})
+        s = SpecConfig.from_dict({first: [[1, 2, 1]], second: ((1, 2, 1),)})  # equal values
+        assert s.num_speculative_tokens_per_batch_size == ((1, 2, 1),)
+    with pytest.raises(ValueError, match="'speculative_model' and 'model' are aliases"):
+        SpecConfig.from_dict({"speculative_model": "a", "model": "b"})
+
+
+def test_from_dict_takes_any_mapping():
+    s = SpecConfig.from_dict(types.MappingProxyType({"method": "ngram", "dynamic": types.MappingProxyType({})}))
+    assert s.method == "ngram" and s.dynamic == DynamicConfig()
 
 
 # ---------------------------------------------------------------- property tests

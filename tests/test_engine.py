@@ -685,3 +685,10 @@ def test_set_params_keeps_weights_of_its_own_and_names_what_differs(engine, pair
         assert engine.generate(prompt, greedy)[0].token_ids == want
     finally:
         engine.set_params(target=target, draft=draft)
+
+
+def test_spec_may_be_any_mapping(pair):
+    import types
+    spec = types.MappingProxyType({"method": "ngram", "num_speculative_tokens": 2})
+    engine = SpecEngine(pair[0], None, spec, max_batch_size=1, max_seq_len=16)
+    assert engine.spec == SpecConfig(method="ngram", num_speculative_tokens=2)

@@ -1,6 +1,9 @@
 """Method "suffix": lookup over the slot's own tokens, its group's live siblings and the
 references uploaded at admission. Lossless like any drafter; no cross-group proposals."""
 
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,6 +11,7 @@ import pytest
 from conftest import FixedK, greedy_reference, make_engine, scaled
 from dsd_jax import SamplingParams, SpecConfig
 from dsd_jax.compilation import compilation_count
+from dsd_jax.drafters import ngram
 from dsd_jax.drafters.suffix import lookup, pack_references
 from dsd_jax.rollout_memory import RolloutMemory
 
@@ -62,6 +66,35 @@ def test_rollout_memory_is_bounded():
     assert m.references([9]) == [] and m.references([7]) == [[5]] and len(m) == 2
     with pytest.raises(ValueError, match="per_prompt"):
         RolloutMemory(per_prompt=0)
+
+
+@pytest.mark.parametrize("bad", [None, float("inf"), float("nan"), "8", True, 2.5, 2.0, 0])
+def test_rollout_memory_sizes_must_be_positive_integers(bad):
+    for name in ("max_prompts", "per_prompt"):
+        with pytest.raises(ValueError, match=rf"{name} must be an integer >= 1, got {re.escape(repr(bad))}"):
+            RolloutMemory(**{name: bad})
+    assert RolloutMemory(max_prompts=np.int64(3), per_prompt=np.int32(2)).max_prompts == 3
+
+
+def test_lookups_skip_n_grams_longer_than_the_buffer():
+    # an n-gram longer than the buffer can never match: a max_n far above it proposes what it
+    # did before (values from the uncapped loop) and traces no more than the largest useful n
+    toks = jnp.asarray(np.array([[1, 2, 3, 1, 2, 3], [4, 5, 4, 5, 0, 0], [7] * 6, [9, 0, 0, 0, 0, 0]], np.int32))
+    length = jnp.asarray(np.array([6, 4, 6, 1], np.int32))
+    assert ngram.lookup(toks, length, 3, 1, 40).tolist() == [[1, 2, 3], [4, 5, 5], [7, 7, 7], [9, 9, 9]]
+    size = lambda max_n: len(jax.make_jaxpr(lambda t, n: ngram.lookup(t, n, 3, 1, max_n))(toks, length).eqns)
+    assert size(40) == size(5)
+
+    rows = [[5, 6, 9, 1, 5, 6], [4, 5, 6, 7, 8], [1, 2, 3]]
+    banks = [[[5, 6, 1, 2, 3]], [], [[1, 2, 3, 4, 5]]]
+    assert _lookup(rows, [0, 0, 1], banks, max_n=40).tolist() == [[9, 1, 5], [8, 8, 8], [4, 5, 3]]
+    # a full row (n = S) still matches in a longer bank
+    args = [jnp.asarray(np.array(a, np.int32)) for a in ([[1, 2, 3]], [3], [1], [0])]
+    bank = jnp.asarray(pack_references([[1, 2, 3, 4, 5]], 16)[None])
+    assert lookup(*args[:2], args[2].astype(bool), args[3], bank, 3, 1, 40).tolist() == [[4, 5, 3]]
+    size = lambda max_n: len(jax.make_jaxpr(
+        lambda *a: lookup(*a, 3, 1, max_n))(*args[:2], args[2].astype(bool), args[3], bank).eqns)
+    assert size(40) == size(3)
 
 
 @pytest.fixture(scope="module")

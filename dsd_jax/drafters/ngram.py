@@ -20,7 +20,9 @@ def lookup(tokens, length, K: int, min_n: int, max_n: int):
     starts = jnp.arange(S)
     drafts = jnp.repeat(gather_tokens(tokens, length[:, None] - 1), K, axis=1)
     found = jnp.zeros(length.shape, bool)
-    for n in range(max_n, min_n - 1, -1):
+    # a match must end before the row's last n tokens start, so n <= S - 1: each larger n
+    # would only unroll another compare over the buffer that can never hit
+    for n in range(min(max_n, S - 1), min_n - 1, -1):
         suffix = gather_tokens(tokens, length[:, None] - n + jnp.arange(n))  # [B, n]
         match = jnp.ones(tokens.shape, bool)
         for i in range(n):

@@ -77,7 +77,9 @@ def lookup(tokens, length, active, group, bank, K: int, min_n: int, max_n: int):
     peers |= jnp.eye(B, dtype=bool)
     own_row = jnp.eye(B, dtype=bool)
     steps = jnp.arange(K)
-    for n in range(max_n, min_n - 1, -1):
+    # larger n can never match (the row's suffix needs n <= S tokens, a match in a token row
+    # n <= S - 1, one in the bank n <= Lb - 1): skip them rather than unroll their compares
+    for n in range(min(max_n, S, max(S, Lb) - 1), min_n - 1, -1):
         suffix = gather_tokens(tokens, length[:, None] - n + jnp.arange(n))  # [B, n]
         has_suffix = length >= n
         # token rows: continuation start p + n must be committed in the source row

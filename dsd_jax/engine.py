@@ -19,7 +19,7 @@ import itertools
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -132,7 +132,7 @@ class SpecEngine:
     `dsd_jax.multihost`.
     """
 
-    def __init__(self, target, draft=None, spec: SpecConfig | dict | None = None, *,
+    def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
                  max_batch_size: int = 64, max_seq_len: int = 2048, tokenizer=None,
                  batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
                  profile=None, controller=None, backend: str = "auto",
@@ -140,6 +140,9 @@ class SpecEngine:
                  multihost_strategy: str = "broadcast"):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, collections.abc.Mapping) else spec
+        if not isinstance(spec, SpecConfig):
+            raise TypeError(f"spec must be a SpecConfig or a mapping of its fields (vLLM's "
+                            f"speculative_config), got {type(spec).__name__}")
         max_batch_size = inputs.check_size("max_batch_size", max_batch_size, 1)
         max_seq_len = inputs.check_size("max_seq_len", max_seq_len, 2)
         prefill_chunk = inputs.check_size("prefill_chunk", prefill_chunk, 1)

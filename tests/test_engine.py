@@ -692,3 +692,5 @@ def test_spec_may_be_any_mapping(pair):
     spec = types.MappingProxyType({"method": "ngram", "num_speculative_tokens": 2})
     engine = SpecEngine(pair[0], None, spec, max_batch_size=1, max_seq_len=16)
     assert engine.spec == SpecConfig(method="ngram", num_speculative_tokens=2)
+    with pytest.raises(TypeError, match="spec must be a SpecConfig or a mapping of its fields"):
+        SpecEngine(pair[0], None, "ngram", max_batch_size=1, max_seq_len=16)

@@ -287,7 +287,10 @@ _KEY_ALIASES = {
     "speculative_disable_by_batch_size": "disable_by_batch_size",
     "speculative_model": "model",
     "num_speculative_tokens_per_bs": "num_speculative_tokens_per_batch_size",
+    "ngram_prompt_lookup_max": "prompt_lookup_max",  # vLLM V0
+    "ngram_prompt_lookup_min": "prompt_lookup_min",
 }
+NGRAM_MODEL = "[ngram]"  # vLLM V0's `speculative_model` for prompt lookup
 
 
 @dataclass(frozen=True)
@@ -431,8 +434,9 @@ class SpecConfig:
     def from_dict(cls, d: Any) -> "SpecConfig":
         """Build from a vLLM-style `speculative_config` dict.
 
-        Accepts `speculative_disable_by_batch_size`, `speculative_model` and
-        `num_speculative_tokens_per_bs` as aliases;
+        Accepts `speculative_disable_by_batch_size`, `speculative_model`,
+        `num_speculative_tokens_per_bs` and vLLM V0's `ngram_prompt_lookup_max/min` as
+        aliases, and V0's model "[ngram]" as method "ngram";
         `"method": null` (or no method) means "draft_model". Unknown keys are errors.
         """
         if not isinstance(d, Mapping):
@@ -452,6 +456,12 @@ class SpecConfig:
             given[canon] = k
         if "method" in kw and kw["method"] is None:
             del kw["method"]
+        if kw.get("model") == NGRAM_MODEL:  # vLLM V0: prompt lookup, not a model path
+            if kw.get("method", "ngram") != "ngram":
+                raise ValueError(f"model {NGRAM_MODEL!r} means method 'ngram' (vLLM V0), but "
+                                 f"method {kw['method']!r} was given")
+            del kw["model"]
+            kw["method"] = "ngram"
         if "dynamic" in kw and kw["dynamic"] is not None and not isinstance(kw["dynamic"], Mapping):
             raise ValueError(f"dynamic must be a dict (or null), got {_show(kw['dynamic'])}")
         return cls(**kw)

@@ -104,6 +104,13 @@ def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     return placement
 
 
+def _remember(memory, requests) -> None:
+    """Stores finished requests' completions in a `RolloutMemory` (None: nothing)."""
+    if memory is not None:
+        for r in requests:
+            memory.add(r.prompt, r.tokens)
+
+
 def _engine_seed(engine_seed: int, request_id: int) -> int:
     """The seed of a request that names none: a hash of (engine seed, request id), so it is
     reproducible for a given engine seed but does not fall on the small integers users pick
@@ -391,12 +398,11 @@ class SpecEngine:
             for _ in run:
                 if progress:
                     progress(sum(r.finish_reason is not None for r in requests))
-        if memory is not None:
-            for r in requests:
-                memory.add(r.prompt, r.tokens)
+        _remember(memory, requests)
         return [self._output(r, return_logprobs) for r in requests]
 
-    def stream(self, prompts, sampling=None) -> Iterator[tuple[int, list[int]]]:
+    def stream(self, prompts, sampling=None, references=None,
+               memory=None) -> Iterator[tuple[int, list[int]]]:
         """Yields (output index, new token ids) as tokens are committed; the output index is
         the position `generate` would return the completion at (the prompt index when n=1).
         A completion's tokens, joined, are `generate`'s `token_ids` (a stop token that
@@ -404,17 +410,21 @@ class SpecEngine:
 
         The inputs are checked here, when it is called; the run starts at the first `next`.
         An engine runs one stream or `generate` at a time: until this stream is exhausted or
-        closed (`.close()`, leaving its `for` loop, or dropping it), another raises."""
-        requests = self._make_requests(prompts, sampling)
-        return self._stream(requests)
+        closed (`.close()`, leaving its `for` loop, or dropping it), another raises.
 
-    def _stream(self, requests: list[_Request]) -> Iterator[tuple[int, list[int]]]:
+        references, memory: as in `generate`; the memory stores the completions once the
+        stream is exhausted (a stream closed early stores none of its partial ones)."""
+        requests = self._make_requests(prompts, sampling, references, memory)
+        return self._stream(requests, memory)
+
+    def _stream(self, requests: list[_Request], memory=None) -> Iterator[tuple[int, list[int]]]:
         index = {r.request_id: i for i, r in enumerate(requests)}
         # closing the stream closes its run at once, which frees the slots and the engine
         with contextlib.closing(self._run(requests)) as run:
             for req, new in run:
                 if new:
                     yield index[req.request_id], new
+        _remember(memory, requests)
 
     def _output(self, r: _Request, return_logprobs: bool) -> RequestOutput:
         text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None

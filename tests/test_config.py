@@ -245,3 +245,13 @@ def test_any_mutation_is_valid_or_value_error(key, value):
     assert s.controller_mode in ("none", "static", "schedule", "goodput")
     if s.dynamic is not None:
         assert math.isfinite(s.dynamic.margin) and 0 < s.dynamic.forgetting <= 1
+
+
+def test_vllm_v0_ngram_spelling():
+    """vLLM V0 asked for prompt lookup with speculative_model "[ngram]" and
+    ngram_prompt_lookup_max/min; it became a draft model named "[ngram]"."""
+    spec = SpecConfig.from_dict({"speculative_model": "[ngram]", "num_speculative_tokens": 3,
+                                 "ngram_prompt_lookup_max": 4, "ngram_prompt_lookup_min": 2})
+    assert (spec.method, spec.model, spec.prompt_lookup_max, spec.prompt_lookup_min) == ("ngram", None, 4, 2)
+    with pytest.raises(ValueError, match="means method 'ngram'"):
+        SpecConfig.from_dict({"speculative_model": "[ngram]", "method": "eagle3"})

@@ -146,3 +146,23 @@ def test_config_and_reference_errors(engine):
         engine.generate(PROMPTS, references=[[]])
     with pytest.raises(ValueError, match="reference 0 of prompt 0 has token ids outside"):
         engine.generate(PROMPTS, references=[[[10 ** 6]], []])
+
+
+def test_stream_takes_references_and_memory_as_generate_does(engine):
+    """stream() had no references=/memory=: a suffix rollout streamed could not draft from
+    past completions nor store its own. The memory stores them once the stream is
+    exhausted; a stream closed early stores nothing."""
+    sp = SamplingParams(temperature=0.0, max_tokens=12, n=2)
+    refs = [[[1, 5, 9, 2, 6, 5, 3, 5]], [[8, 2, 8, 1, 8]]]
+    want = [o.token_ids for o in engine.generate(PROMPTS, sp, references=refs)]
+    joined = [[] for _ in want]
+    memory = RolloutMemory()
+    for i, new in engine.stream(PROMPTS, sp, references=refs, memory=memory):
+        joined[i] += new
+    assert joined == want
+    assert [list(r) for r in memory.references(PROMPTS[1])] == want[2:]
+    untouched = RolloutMemory()
+    stream = engine.stream(PROMPTS, sp, memory=untouched)
+    next(stream)
+    stream.close()
+    assert untouched.references(PROMPTS[0]) == []

@@ -21,7 +21,9 @@ mode (static, schedule and goodput).
 
 "Live batch size" is the batch one step runs. On a mesh with a "data" axis that is the
 live requests of the fullest data shard, not of the whole engine: each data shard is
-like one vLLM data-parallel rank, whose own batch these settings would see.
+like one vLLM data-parallel rank, whose own batch these settings would see. The engine
+chooses a dispatch's K before it reads back the dispatch ahead of it (pipelining), so the
+dispatch right after rows finish runs the K of the batch size before.
 """
 
 from __future__ import annotations

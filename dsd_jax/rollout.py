@@ -35,7 +35,11 @@ def to_padded_arrays(outputs: Sequence, pad_id: int, prompt_len: int | None = No
         "completion_tokens": np.full((n, C), pad_id, np.int32),
         "completion_mask": np.zeros((n, C), bool),
     }
-    with_logprobs = all(o.logprobs is not None for o in outputs)
+    carry = [o.logprobs is not None for o in outputs]
+    if any(carry) and not all(carry):  # mixed calls: dropping the key would fail later, far away
+        raise ValueError(f"outputs {[i for i, c in enumerate(carry) if not c][:5]} carry no logprobs "
+                         "while others do: generate them all with return_logprobs=True")
+    with_logprobs = all(carry)
     if with_logprobs:
         arrays["completion_logprobs"] = np.zeros((n, C), np.float32)
     for i, o in enumerate(outputs):

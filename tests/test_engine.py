@@ -91,6 +91,10 @@ def test_queueing_mixed_sampling_and_rollout_arrays(engine, pair):
     np.testing.assert_allclose(arrays["completion_logprobs"][9, :13], outs[9].logprobs)
     with pytest.raises(ValueError):
         to_padded_arrays(outs, pad_id=0, completion_len=2)
+    # outputs of calls with and without logprobs: an error, not arrays missing the key
+    with pytest.raises(ValueError, match=r"outputs \[10, 11, 12\] carry no logprobs"):
+        to_padded_arrays(list(outs) + list(again), pad_id=0)
+    assert "completion_logprobs" not in to_padded_arrays(again, pad_id=0)
 
 
 def test_stream_yields_tokens_in_order(engine, pair):

@@ -34,6 +34,7 @@ import math
 import numbers
 import os
 import reprlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -317,12 +318,15 @@ class SpecConfig:
         requests (what one step runs, as one vLLM data-parallel rank), not the total.
     acceptance: "rejection" (Leviathan et al.) or "drafter_invariant" (Gumbel-max
         coupling: output token-identical to plain sampling with the same seed).
-    draft_sampling: "sample" (draft samples from q) or "argmax" (one-hot q).
+    draft_sampling: "sample" (draft samples from q) or "argmax" (one-hot q); under
+        "drafter_invariant" the draft always uses the coupled noise, so "argmax" is
+        ignored there (with a warning).
     prompt_lookup_min / prompt_lookup_max: n-gram sizes for methods "ngram" and "suffix";
         prompt_lookup_max <= 64 (`MAX_PROMPT_LOOKUP`: compile time grows with its square).
     suffix_bank_len: tokens of references each slot holds for method "suffix" (earlier
         rollouts of its prompt; the last `suffix_bank_len` tokens of them, newest last, kept).
-    dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller.
+    dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller (not with
+        method "none", which has no K to choose).
     """
 
     method: str = "draft_model"
@@ -374,6 +378,13 @@ class SpecConfig:
         if dyn is not None and not isinstance(dyn, DynamicConfig):
             dyn = DynamicConfig.from_dict(dyn)
         set_("dynamic", dyn)
+        if dyn is not None and method == "none":
+            raise ValueError("dynamic has no K to choose with method 'none' (plain decoding): "
+                             "drop dynamic, or pick a drafter method")
+        if self.acceptance == "drafter_invariant" and self.draft_sampling == "argmax":
+            warnings.warn("draft_sampling='argmax' is ignored under acceptance='drafter_invariant': "
+                          "the draft samples with the target's Gumbel noise (the coupling that makes "
+                          "output drafter-invariant)", UserWarning, stacklevel=3)
         if dyn is not None and self.num_speculative_tokens_per_batch_size is not None:
             raise ValueError(
                 "dynamic and num_speculative_tokens_per_batch_size are mutually exclusive: "

@@ -56,7 +56,7 @@ def test_schedule_lookup_uncovered_is_zero():
 
 def test_round_trip(tmp_path):
     s = SpecConfig(method="ngram", num_speculative_tokens=6, disable_by_batch_size=16,
-                   acceptance="drafter_invariant", draft_sampling="argmax", prompt_lookup_min=2,
+                   acceptance="drafter_invariant", draft_sampling="sample", prompt_lookup_min=2,
                    prompt_lookup_max=5, dynamic=DynamicConfig(warmup_steps=3, forgetting=0.2))
     d = s.to_dict()
     assert SpecConfig.from_dict(json.loads(json.dumps(d))) == s
@@ -65,6 +65,12 @@ def test_round_trip(tmp_path):
     p = tmp_path / "spec.json"
     p.write_text(s.to_json())
     assert SpecConfig.from_json(p) == s and SpecConfig.from_json(str(p)) == s
+
+
+def test_argmax_draft_sampling_ignored_under_drafter_invariant_warns():
+    with pytest.warns(UserWarning, match="draft_sampling='argmax' is ignored"):
+        s = SpecConfig(acceptance="drafter_invariant", draft_sampling="argmax")
+    assert s.draft_sampling == "argmax"  # kept as written, so the config round-trips
 
 
 @pytest.mark.parametrize(
@@ -118,6 +124,7 @@ def test_round_trip(tmp_path):
         ({"num_speculative_tokens_per_batch_size": [[1, 2, 1]], "dynamic": {}}, "mutually exclusive"),
         ({"speculative_disable_by_batch_size": 3, "disable_by_batch_size": 4}, "aliases"),
         ({"method": "none", "num_speculative_tokens_per_batch_size": [[1, 2, 1]]}, "exceeds"),
+        ({"method": "none", "dynamic": {}}, "no K to choose"),
     ],
 )
 def test_malformed_names_field(d, field):

@@ -206,7 +206,6 @@ class Controller:
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
         self._since_probe = 0  # choices since the last probe
-        self._probes = 0
         self._cur = 0  # the K the hysteresis holds
 
     def _init_acceptance(self, dyn, profile: Profile | None) -> None:
@@ -220,11 +219,19 @@ class Controller:
         self._prior_al = al_curve(self._prior_a, self._kc)
 
     def _init_stats(self, history: int) -> None:
+        self._history = _index("history", history)
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        """Zero what `stats()` counts (steps, K histograms, probes, refreshes,
+        calibration errors). What the controller has learnt (acceptance estimate,
+        latency factors, the held K) stays: a warm controller keeps choosing as before."""
         self._steps = 0
         self._k_counts = [0] * (self.max_k + 1)
         self._k_steps = [0] * (self.max_k + 1)
         self._refreshes = 0
-        self._calibration = Calibration(_index("history", history))
+        self._probes = 0
+        self._calibration = Calibration(self._history)
 
     # ------------------------------------------------------------------ choose
 

@@ -312,12 +312,20 @@ class SpecEngine:
         "steps" and "k_hist" count rounds (a dispatch runs up to 8, or 32 when settled);
         the controller's "k_choices" counts dispatches (one choice of K each) and its
         "k_steps" rounds again. "tokens" counts emitted tokens, including a stop token
-        that `include_stop_token=False` then drops from the output. `stats.reset()`
-        resets the engine's counts only: the controller's ("steps_observed", "k_steps",
-        "k_choices", "probes", calibration) stay cumulative over the engine's life.
+        that `include_stop_token=False` then drops from the output. Counts run from the
+        last `reset_metrics()` (`stats.reset()` resets the engine's counts only).
         """
         ctl = getattr(self.controller, "stats", None)
         return self.stats.to_dict(ctl() if callable(ctl) else None)
+
+    def reset_metrics(self) -> None:
+        """Zero the counts `metrics()` reports, the engine's and the controller's (per
+        training iteration, say). What the controller has learnt (acceptance, latency
+        corrections, the K it holds) stays, so the next run starts warm."""
+        self.stats.reset()
+        reset = getattr(self.controller, "reset_counts", None)
+        if callable(reset):
+            reset()
 
     def fingerprints(self) -> dict[str, str]:
         """Model fingerprints (role -> str) as profiles record them (`dsd_jax.profiler`)."""

@@ -18,7 +18,7 @@ class EngineStats:
     count rounds. `tokens` counts emitted tokens, so a stop token that
     `include_stop_token=False` drops from the output is still counted (it was decoded
     and verified like any other). `reset()` does not touch the controller, whose counts
-    `SpecEngine.metrics()` also reports.
+    `SpecEngine.metrics()` also reports (`SpecEngine.reset_metrics()` resets both).
     """
 
     def __init__(self, max_k: int):
@@ -26,6 +26,8 @@ class EngineStats:
         self.reset()
 
     def reset(self) -> None:
+        # mid-run (between a stream's tokens) the clocks restart now, so the run goes on
+        running = getattr(self, "_run_start", None) is not None
         self.steps = 0
         self.tokens = 0
         self.wall_s = 0.0
@@ -36,8 +38,8 @@ class EngineStats:
         self.row_steps = 0  # sum over steps of live rows
         self.tpot_s: list[float] = []
         self.trace: list[dict] = []
-        self._run_start = None
-        self.last_step_time = None
+        self._run_start = time.perf_counter() if running else None
+        self.last_step_time = self._run_start
 
     def begin_run(self) -> None:
         self._run_start = time.perf_counter()

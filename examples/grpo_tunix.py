@@ -165,7 +165,7 @@ class CheckedSpecRollout(SpecRollout):
             return out
         self.engine.generate = spy
         try:
-            self.engine.stats.reset()
+            self.engine.reset_metrics()
             out = super().generate(prompts, rollout_config, **kwargs)
         finally:
             del self.engine.generate

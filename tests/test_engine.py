@@ -698,3 +698,33 @@ def test_spec_may_be_any_mapping(pair):
     assert engine.spec == SpecConfig(method="ngram", num_speculative_tokens=2)
     with pytest.raises(TypeError, match="spec must be a SpecConfig or a mapping of its fields"):
         SpecEngine(pair[0], None, "ngram", max_batch_size=1, max_seq_len=16)
+
+
+def test_reset_metrics_mid_stream_zeroes_the_counts_and_keeps_what_the_controller_learnt(engine, pair):
+    from dsd_jax.controller import Controller
+    old = engine.controller
+    engine.controller = Controller(SpecConfig(method="draft_model", num_speculative_tokens=2),
+                                   max_batch_size=engine.max_batch_size, batch_buckets=engine.batch_buckets)
+    try:
+        engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=6))
+        assert engine.metrics()["controller"]["steps_observed"] > 0
+        got = {}
+        for n, (index, new) in enumerate(engine.stream([[1, 2, 3], [4]],
+                                                       SamplingParams(temperature=0.0, max_tokens=7))):
+            got.setdefault(index, []).extend(new)
+            if n == 0:  # between a stream's tokens: the run goes on
+                learnt = engine.controller.acceptance_estimate().copy()
+                assert not np.isnan(learnt).all()
+                engine.reset_metrics()
+                m = engine.metrics()
+                assert (m["steps"], m["tokens"], m["wall_s"]) == (0, 0, 0.0)
+                ctl = m["controller"]
+                assert ctl["steps_observed"] == 0 and ctl["probes"] == 0 and ctl["itl_mape"] is None
+                assert set(ctl["k_choices"].values()) == {0} and set(ctl["k_steps"].values()) == {0}
+                np.testing.assert_array_equal(engine.controller.acceptance_estimate(), learnt)
+        assert got[0] == greedy_reference(pair[0], [1, 2, 3], 7)
+        assert got[1] == greedy_reference(pair[0], [4], 7)
+        m = engine.metrics()
+        assert m["steps"] > 0 and m["wall_s"] > 0 and m["controller"]["steps_observed"] > 0
+    finally:
+        engine.controller = old

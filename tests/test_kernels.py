@@ -55,11 +55,13 @@ ATTN_CASES = [
     ("gpu", 3, 9, 16, 2, 77, 128, BF16, 32, 2, ("full", "odd", "neg")),
     ("gpu", 3, 3, 8, 4, 50, 64, BF16, 16, None, ("pad", "one", "odd")),
     ("gpu", 2, 2, 32, 8, 129, 64, F32, 32, 4, ("odd", "full")),
+    ("gpu", 2, 40, 16, 4, 300, 128, BF16, None, None, ("full", "odd")),  # 2 row tiles, split-K
     ("tpu", 3, 1, 4, 4, 40, 64, F32, None, None, ("one", "full", "odd")),
     ("tpu", 4, 5, 28, 4, 300, 128, F32, None, None, ("odd", "one", "full", "pad")),
     ("tpu", 3, 9, 16, 2, 260, 128, BF16, 128, None, ("full", "odd", "neg")),
     ("tpu", 3, 4, 16, 4, 64, 64, BF16, None, None, ("pad", "one", "odd")),
     ("tpu", 2, 7, 16, 8, 256, 64, F32, 128, None, ("odd", "full")),
+    ("tpu", 2, 20, 8, 2, 300, 64, F32, 128, None, ("full", "odd")),  # positions from VMEM
 ]
 
 
@@ -74,6 +76,39 @@ def test_verify_attention_interpret_matches_reference(case):
                                             block_k=block_k, num_splits=num_splits)
     assert out.shape == ref.shape and out.dtype == ref.dtype
     assert _rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("row_tile, splits", [(16, None), (32, 3), (128, 1)])
+def test_verify_attention_gpu_row_tiles(row_tile, splits):
+    """A prefill-sized chunk on the Triton variant: each row tile reads only the KV its last
+    row sees (the tiles' lengths differ), and any tiling gives the reference's output."""
+    q, k, v, pos = _attn_inputs(11, 2, 16, 8, 2, 90, 64, F32, ("full", "odd"))
+    pos = pos.at[1].set(jnp.arange(16) + 30)  # causal chunk: row tiles see 31.. 46 entries
+    rows = cache_rows(2, k.shape[0])
+    out = attention_pallas.verify_attention(q, k, v, pos, rows, interpret=True, platform="gpu",
+                                            block_k=16, num_splits=splits, row_tile=row_tile)
+    assert _rel_err(out, verify_attention_xla(q, k, v, pos, rows)) < TOL[F32]
+
+
+def test_gpu_tiling_bounds_every_program_at_real_shapes():
+    """Whatever the chunk (decode T <= 9 up to a 256-token prefill chunk) and the GQA ratio,
+    a Triton program holds at most MAX_ROW_TILE query rows (more overflows an H100's shared
+    memory at head_dim 128) and every block is a power of two."""
+    for hq, hkv in [(32, 8), (28, 4), (16, 2), (14, 2), (32, 32)]:
+        for T in (1, 5, 9, 16, 64, 256):
+            for dtype, D in [(BF16, 128), (F32, 128), (F32, 64)]:
+                t = attention_pallas.gpu_config(8, T, hq, hkv, 8201, D, dtype=dtype)
+                assert 16 <= t.row_tile <= attention_pallas.MAX_ROW_TILE
+                assert t.r_pad % t.row_tile == 0 and t.r_pad >= T * (hq // hkv)
+                if dtype == F32:  # FMA dots: a tile small enough not to spill registers
+                    assert t.row_tile * t.block_k * D <= attention_pallas.F32_TILE_ELEMENTS
+                    assert t.num_warps == 8
+                else:
+                    assert t.block_k == (64 if t.row_tile >= 128 else 128)
+                for n in (t.r_pad, t.row_tile, t.block_k):
+                    assert n & (n - 1) == 0
+    with pytest.raises(ValueError, match="row_tile"):
+        attention_pallas.gpu_config(1, 1, 8, 2, 64, 64, row_tile=24)
 
 
 def test_reference_rows():
@@ -327,6 +362,7 @@ def test_rejection_lowers(model, one_hot_q, lowering_platform):
 def test_odd_shapes_lower(lowering_platform):
     """Edge shapes: T = 9 with GQA 7 (63 rows), T = 1, head_dim 64, cache lengths that are
     not a block multiple (max_seq_len + max_k + 1; S < 128; 128 < S < 512 as one block),
+    prefill chunks of 64 and 256 tokens (several Triton row tiles, TPU positions from VMEM),
     rows=None with N > B, a cache buffer over 4 GiB (64-bit Triton offsets), K = 0 and
     K = 8 rejection, a small vocab that is one non-128-multiple block."""
     sds = jax.ShapeDtypeStruct
@@ -334,7 +370,9 @@ def test_odd_shapes_lower(lowering_platform):
     for (B, T, Hq, Hkv, S, D, N, rows) in [(3, 9, 28, 4, 2057, 128, 5, True),
                                            (1, 1, 8, 8, 100, 64, 1, True),
                                            (2, 3, 16, 2, 300, 64, 7, False),
-                                           (4, 5, 32, 8, 32777, 128, 64, True)]:
+                                           (4, 5, 32, 8, 32777, 128, 64, True),
+                                           (2, 64, 28, 4, 2057, 128, 3, True),     # prefill chunks:
+                                           (1, 256, 32, 8, 8201, 128, 2, True)]:  # row tiles
         args = (sds((B, T, Hq, D), BF16), sds((N, Hkv, S, D), BF16), sds((N, Hkv, S, D), BF16),
                 sds((B, T), jnp.int32), sds((B,), jnp.int32) if rows else None)
         fn = functools.partial(attention_pallas.verify_attention, platform=platform)

@@ -42,6 +42,7 @@ ATTN_CASES = [
     (3, 9, 16, 2, 77, 128, "bfloat16", 32, 2, ("full", "odd", "neg")),
     (3, 3, 8, 4, 50, 64, "bfloat16", 16, None, ("pad", "one", "odd")),
     (2, 2, 32, 8, 129, 64, "float32", 32, 4, ("odd", "full")),
+    (2, 40, 16, 4, 300, 128, "bfloat16", None, None, ("full", "odd")),
 ]
 # (B, K, V, one-hot q, greedy rows, p == q rows, block_v, GPU splits)
 REJ_CASES = [

@@ -94,8 +94,9 @@ def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
     rows = jnp.arange(B, dtype=jnp.int32)
     out = {"model": model, "B": B, "T": T, "L": L, "S": S}
     if jax.default_backend() == "gpu":
-        r_pad, block_k, splits, _ = attention_pallas.gpu_config(B, T, Hq, Hkv, S, D)
-        out.update(splits=splits, r_pad=r_pad, block_k=block_k)
+        tiling = attention_pallas.gpu_config(B, T, Hq, Hkv, S, D, dtype=dt)
+        r_pad, splits = tiling.r_pad, tiling.splits
+        out.update(splits=splits, r_pad=r_pad, row_tile=tiling.row_tile, block_k=tiling.block_k)
     else:
         r_pad, splits = None, 1
     roof = attention_roofline(B, T, Hq, Hkv, L, D, dt.itemsize, splits, r_pad)

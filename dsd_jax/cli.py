@@ -13,8 +13,11 @@ safetensors directories (`dsd_jax.models.load_hf`); with neither, the built-in p
 shell). Every bad argument is a `SystemExit` whose message names the flag; what the
 library finds wrong with an input (`dsd_jax.loading.ArgumentError`: a missing directory,
 a bad prompt file) `main` turns into the same exit. No command writes an output over one of its
-inputs or over another output, or replaces an existing file without `--overwrite` (`demo`
-rewrites its own --out-dir). The commands parse flags and call into
+inputs (or into a model directory or the compilation cache) or over another output, or replaces
+an existing file without `--overwrite` (`demo` rewrites its own --out-dir); all of that, and
+that each output's directory takes files, is checked before any model is loaded, and an
+output is written to a temporary file renamed over it, so a failed write loses no earlier
+result. The commands parse flags and call into
 the library (`dsd_jax.loading`, `dsd_jax.profiler`, `dsd_jax.bench`); nothing imports
 this module.
 """
@@ -173,15 +176,22 @@ def _spec_json(src: str | None) -> dict | None:
 
 
 def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
-    """Output paths up front, before any model is loaded: each a file name in an existing
+    """Output paths up front, before any model is loaded: each a file name in a writable
     directory, none the same file as another output or an input (the inputs of every command:
-    --speculative-config, --tokenizer, and `inputs`), and none an existing file unless
+    --speculative-config and the EAGLE-3 head it names, the model flags, and `inputs`), none in
+    a checkpoint directory or in --compilation-cache-dir, and none an existing file unless
     --overwrite."""
     for flag, path in outputs:
         if path is not None:
             loading.output_file(flag, path)
-    common = [("--speculative-config", _spec_file(args)), ("--tokenizer", getattr(args, "tokenizer", None))]
-    loading.check_outputs(outputs, list(inputs) + common, overwrite=args.overwrite)
+    cache = args.compilation_cache_dir
+    if cache:
+        loading.output_dir("--compilation-cache-dir", cache)
+    head = (_spec_json(args.speculative_config) or {}).get("model")
+    common = [("--speculative-config", _spec_file(args)),
+              ("--speculative-config's model", head if isinstance(head, str) and head != "builtin" else None)]
+    loading.check_outputs(outputs, list(inputs) + common + loading.model_inputs(args), overwrite=args.overwrite,
+                          dirs=[("--compilation-cache-dir", cache)])
 
 
 def _needs_draft(spec) -> bool:
@@ -211,8 +221,6 @@ def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
     from dsd_jax import SpecEngine
     from dsd_jax.sharding import make_mesh
     draft = _engine_draft(args, spec, draft)
-    if args.compilation_cache_dir:
-        loading.output_dir("--compilation-cache-dir", args.compilation_cache_dir)
     try:
         mesh = None if args.mesh is None else make_mesh(*args.mesh)
     except ValueError as e:
@@ -351,7 +359,8 @@ def cmd_profile(args) -> int:
     if source == "synthetic":
         prof.meta["synthetic"] = {"target": args.synthetic, "draft": args.draft_synthetic,
                                   "dtype": target.config.dtype}
-    prof.save(args.out)
+    with loading.writing("--out", args.out):
+        prof.save(args.out)
     print(format_profile(prof))
     secs = prof.meta.get("profiler_seconds", {})
     print(f"wrote {args.out} (latency {secs.get('latency')} s, acceptance {secs.get('acceptance')} s)",
@@ -388,8 +397,7 @@ def _sampling(cmd: str, args, tokenizer, n: int) -> list:
 
 def _write_records(args, raw_prompts, prompts, outs) -> None:
     """One JSON object per request to --out (default stdout)."""
-    f = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
+    def write(f):
         for raw, ids, o in zip(raw_prompts, prompts, outs):
             rec: dict[str, Any] = {"prompt": raw.get("prompt"), "prompt_token_ids": ids, "text": o.text,
                                    "token_ids": o.token_ids, "finish_reason": o.finish_reason}
@@ -397,11 +405,16 @@ def _write_records(args, raw_prompts, prompts, outs) -> None:
                 rec["logprobs"] = o.logprobs
                 rec["raw_logprobs"] = o.raw_logprobs
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    finally:
-        if f is not sys.stdout:
-            f.close()
-        else:
-            f.flush()
+    if args.out:
+        _write_file("--out", args.out, write)
+    else:
+        write(sys.stdout)
+        sys.stdout.flush()
+
+
+def _write_file(flag: str, path: str, write) -> None:
+    with loading.writing(flag, path):
+        loading.atomic_write(path, write)
 
 
 def _run_generate(args, engine, prompts, sampling):
@@ -467,11 +480,10 @@ def cmd_generate(args) -> int:
     outs = _run_generate(args, engine, prompts, sampling)
     _write_records(args, raw_prompts, prompts, outs)
     if args.stats:
-        with open(args.stats, "w", encoding="utf-8") as sf:
-            json.dump(engine.metrics(), sf, indent=1, default=float)
-            sf.write("\n")
-    if args.trace:
-        engine.stats.save_trace(args.trace)
+        text = json.dumps(engine.metrics(), indent=1, default=float) + "\n"
+        _write_file("--stats", args.stats, lambda f: f.write(text))
+    if args.trace:  # as EngineStats.save_trace writes it, but atomically
+        _write_file("--trace", args.trace, lambda f: json.dump(engine.stats.trace, f))
     return 0
 
 

@@ -8,12 +8,15 @@ fault (``--target``, ``--prompts``, ...); the CLI turns it into its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Callable
 
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
+           "atomic_write", "writing", "model_inputs",
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
            "EOS_CANDIDATES"]
 
@@ -56,7 +59,37 @@ def output_file(flag: str, path: str) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArgumentError(flag, f"the directory of {path!r} does not exist ({parent!r})")
+    try:  # a file made and removed: os.access says yes to root on a directory that refuses files (/proc)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise ArgumentError(flag, f"cannot write a file in the directory of {path!r} ({parent!r}): "
+                            f"{e.strerror or e}") from e
     return path
+
+
+def atomic_write(path: str | os.PathLike, write: Callable, mode: str = "w") -> None:
+    """Calls ``write(f)`` on a temporary file beside `path`, then renames it over `path`: a
+    failed write (a full disk) leaves an earlier file there whole, and no half-written one."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def writing(flag: str, path: str | os.PathLike):
+    """Turns an OSError of writing `path` into an `ArgumentError` naming `flag`."""
+    try:
+        yield
+    except OSError as e:
+        raise ArgumentError(flag, f"cannot write {os.fspath(path)!r}: {e.strerror or e} (a file already "
+                            "there is left as it was)") from e
 
 
 def _file_key(path: str):
@@ -75,24 +108,49 @@ def _output_label(label: str, path: str) -> tuple[str, str]:
     return flag, f"{path!r}" + (f" ({note})" if note else "")
 
 
-def check_outputs(outputs, inputs=(), overwrite: bool = False) -> None:
-    """Refuses an output file that is also another output or an input of the run, and (unless
+def _inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies under it (symlinks resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
+
+
+def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=()) -> None:
+    """Refuses an output file that is also another output or an input of the run, or lies in
+    an input directory (a checkpoint) or in an output directory (`dirs`), and (unless
     `overwrite`) one that exists: a run must not destroy its own input or an earlier result.
 
-    outputs, inputs: (flag, path) pairs, path None for a flag not given. An output's flag may
-    be followed by a note on what is written there ("--json the profile saved beside it");
-    the error names the flag and quotes the note."""
-    inputs = [(flag, _file_key(path)) for flag, path in inputs if path is not None]
+    outputs, inputs, dirs: (flag, path) pairs, path None for a flag not given. An input
+    that is a directory counts with everything under it. dirs: directories the run writes
+    into (a compilation cache); none may lie in an input directory. An output's flag may be
+    followed by a note on what is written there ("--json the profile saved beside it"); the
+    error names the flag and quotes the note."""
+    inputs = [(flag, path) for flag, path in inputs if path is not None]
+    in_dirs = [(flag, path) for flag, path in inputs if os.path.isdir(path)]
+    in_files = [(flag, _file_key(path)) for flag, path in inputs if not os.path.isdir(path)]
+    dirs = [(flag, path) for flag, path in dirs if path is not None]
+    for flag, path in dirs:
+        for other, d in in_dirs:
+            if _inside(path, d):
+                raise ArgumentError(flag, f"{path!r} is in the directory of {other} ({d!r}): the run "
+                                    "would write into its own input")
     earlier: list[tuple[str, Any]] = []
     for label, path in outputs:
         if path is None:
             continue
         flag, where = _output_label(label, path)
         key = _file_key(path)
-        for other, other_key in inputs:
+        for other, other_key in in_files:
             if key == other_key:
                 raise ArgumentError(flag, f"{where} is the input file of {other}: the run would overwrite "
                                     "its own input")
+        for other, d in in_dirs:
+            if _inside(path, d):
+                raise ArgumentError(flag, f"{where} is in the directory of {other} ({d!r}): the run would "
+                                    "overwrite its own input")
+        for other, d in dirs:
+            if _inside(path, d):
+                raise ArgumentError(flag, f"{where} is in the directory of {other} ({d!r}): give an output "
+                                    "file outside it")
         for other, other_key in earlier:
             if key == other_key:
                 raise ArgumentError(flag, f"{where} is also the output file of {other}: give each output "
@@ -150,6 +208,14 @@ def _hf_tokenizer(path: str):
                             "(fix it, or pass --tokenizer FILE)") from e
 
 
+MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
+
+
+def model_inputs(options) -> list[tuple[str, str | None]]:
+    """(flag, path) of each model input `load_models` reads from `options`, for `check_outputs`."""
+    return [("--" + k.replace("_", "-"), getattr(options, k, None)) for k in MODEL_FLAGS]
+
+
 def load_models(options):
     """(target, draft or None, tokenizer or None, source), source "builtin" or "custom".
 
@@ -157,8 +223,7 @@ def load_models(options):
     of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
     directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
     (dtype float32). Neither target given: the built-in pair."""
-    target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (
-        getattr(options, k, None) for k in ("target", "draft", "hf_target", "hf_draft", "tokenizer"))
+    target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (getattr(options, k, None) for k in MODEL_FLAGS)
     dtype = getattr(options, "dtype", None) or "float32"
     if target_dir and hf_target:
         raise ArgumentError("--target", "give --target or --hf-target, not both")

@@ -42,6 +42,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dsd_jax.loading import atomic_write
+
 __all__ = ["Profile", "ProfileMismatchWarning", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 2
@@ -399,16 +401,10 @@ class Profile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the JSON document (atomically: temp file + rename)."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1, allow_nan=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        finally:  # a failed write leaves neither a half file at path nor the temp file
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        def write(f):
+            json.dump(self.to_dict(), f, indent=1, allow_nan=False)
+            f.write("\n")
+        atomic_write(path, write)
 
     @property
     def mesh(self) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 import warnings
@@ -485,3 +486,65 @@ def test_prompt_format_forces_text_or_jsonl(files, tmp_path, capsys):
     m = _err(["generate", "--target", files.target, "--tokenizer", files.tokenizer, *ENGINE_FLAGS,
               "--prompts", str(p), "--max-tokens", "3"])
     assert "--prompts" in m and "--prompt-format text" in m
+
+
+def test_outputs_never_go_into_a_checkpoint_or_the_compilation_cache(files, tmp_path):
+    """An output inside a model directory (--target, --hf-target, --draft, an EAGLE-3 head)
+    or in --compilation-cache-dir is refused before any model is loaded: --out
+    hf/model.safetensors --overwrite replaced a checkpoint's weights, and --out cc
+    --compilation-cache-dir cc failed only after the whole run."""
+    hf, head, cache = tmp_path / "hf", tmp_path / "head", str(tmp_path / "cc")
+    hf.mkdir()
+    head.mkdir()
+    (hf / "model.safetensors").write_text("weights")
+    gen = ["generate", "--prompts", files.jsonl, "--overwrite"]
+    for argv, flag, why in (
+            (["--target", files.target, "--out", f"{files.target}/config.json"], "--out", "of --target"),
+            (["--hf-target", str(hf), "--stats", str(hf / "model.safetensors")], "--stats", "of --hf-target"),
+            (["--target", files.target, "--draft", files.draft, "--trace", f"{files.draft}/new.json"],
+             "--trace", "of --draft"),
+            (["--speculative-config", json.dumps({"method": "eagle3", "model": str(head)}),
+              "--out", str(head / "o.jsonl")], "--out", "of --speculative-config's model"),
+            (["--out", cache, "--compilation-cache-dir", cache], "--out", "of --compilation-cache-dir"),
+            (["--target", files.target, "--compilation-cache-dir", f"{files.target}/xla"],
+             "--compilation-cache-dir", "of --target")):
+        m = _err(gen + argv)
+        assert m.startswith(f"dsd-jax generate: error: {flag}: ") and f"is in the directory {why}" in m, m
+    assert (hf / "model.safetensors").read_text() == "weights"
+    m = _err(["profile", "--target", files.target, "--out", f"{files.target}/config.json", "--overwrite"])
+    assert "--out" in m and "in the directory of --target" in m
+    m = _err(["bench", "--target", files.target, "--json", f"{files.target}/b.json"])
+    assert "--json" in m and "in the directory of --target" in m
+    m = _err(["bench", "--json", str(tmp_path / "cc" / "b.json"), "--compilation-cache-dir", cache])
+    assert "--json" in m  # cc does not exist yet: its directory is refused
+    (tmp_path / "cc").mkdir()
+    m = _err(["bench", "--json", str(tmp_path / "cc" / "b.json"), "--compilation-cache-dir", cache])
+    assert "--json" in m and "in the directory of --compilation-cache-dir" in m
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc (a directory no file can be made in)")
+def test_unwritable_output_directories_are_refused_up_front(files):
+    for argv, flag in ((["generate", "--prompts", files.jsonl, "--out", "/proc/out.jsonl"], "--out"),
+                       (["generate", "--prompts", files.jsonl, "--stats", "/proc/stats.json"], "--stats"),
+                       (["profile", "--out", "/proc/prof.json"], "--out"),
+                       (["bench", "--json", "/proc/b.json"], "--json")):
+        m = _err(argv + ["--target", "no_such_model"])
+        assert f"{flag}: cannot write a file in the directory of" in m, m
+
+
+def test_a_failed_write_leaves_the_earlier_file(tmp_path):
+    """Outputs are written to a temporary file and renamed over the earlier one: a full disk
+    left a half-written --stats and destroyed the earlier result."""
+    from dsd_jax import loading
+    out = tmp_path / "stats.json"
+    out.write_text("earlier")
+
+    def fail(f):
+        f.write("half")
+        raise OSError(28, "No space left on device")
+    with pytest.raises(loading.ArgumentError, match=r"--stats: cannot write .*stats.json.*No space left"):
+        with loading.writing("--stats", out):
+            loading.atomic_write(out, fail)
+    assert out.read_text() == "earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["stats.json"]
+    loading.atomic_write(out, lambda f: f.write("new"))
+    assert out.read_text() == "new"

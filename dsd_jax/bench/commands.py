@@ -10,7 +10,7 @@ from dsd_jax.bench.profiles import shipped_profile
 from dsd_jax.bench.report import check_plot_path, format_hist, format_table, summarize, write_json, write_plot
 from dsd_jax.bench.run import run_bench
 from dsd_jax.bench.settings import config_list, has_dynamic, int_list, methods_of, mode, with_method
-from dsd_jax.loading import ArgumentError, check_outputs, load_eagle3_head, load_models
+from dsd_jax.loading import ArgumentError, check_outputs, load_eagle3_head, load_models, model_inputs, writing
 from dsd_jax.sampling import SamplingParams
 
 DEMO_PROMPT_INDEX = 22  # a held-out prompt (the built-in pair is small: its completions are rough)
@@ -75,17 +75,20 @@ def _outputs(args, configs, profile, eagle3_profile) -> dict[str, str | None]:
 
 def _check_paths(args, outputs) -> None:
     """Before any model is loaded: a --plot format matplotlib writes, no output that is
-    another output or an input (--profile, --eagle3-profile, --tokenizer), and no existing
-    output without --overwrite."""
+    another output or an input (--profile, --eagle3-profile, the model flags, an --eagle3
+    head) or lies in an input directory or --compilation-cache-dir, and no existing output
+    without --overwrite."""
     plot = getattr(args, "plot", None)
     if plot:
         try:
             check_plot_path(plot)
         except ValueError as e:
             raise ArgumentError("--plot", str(e)) from e
-    check_outputs(outputs.items(), [(f, getattr(args, a, None)) for f, a in (
-        ("--profile", "profile"), ("--eagle3-profile", "eagle3_profile"), ("--tokenizer", "tokenizer"))],
-        overwrite=bool(getattr(args, "overwrite", False)))
+    eagle3 = getattr(args, "eagle3", None)
+    inputs = [(f, getattr(args, a, None)) for f, a in (("--profile", "profile"), ("--eagle3-profile", "eagle3_profile"))]
+    inputs += model_inputs(args) + [("--eagle3", None if eagle3 == "builtin" else eagle3)]
+    check_outputs(outputs.items(), inputs, overwrite=bool(getattr(args, "overwrite", False)),
+                  dirs=[("--compilation-cache-dir", getattr(args, "compilation_cache_dir", None))])
 
 
 def main(args) -> int:
@@ -116,10 +119,12 @@ def main(args) -> int:
                      mesh=_mesh(getattr(args, "mesh", None)))
     print(format_table(rows))
     if out_json:
-        write_json(rows, out_json)
+        with writing("--json", out_json):
+            write_json(rows, out_json)
         print(f"wrote {out_json}")
     if out_plot:
-        write_plot(rows, out_plot, title=f"dsd-jax bench ({source} models)")
+        with writing("--plot", out_plot):
+            write_plot(rows, out_plot, title=f"dsd-jax bench ({source} models)")
         print(f"wrote {out_plot}")
     return 0 if summarize(rows)["lossless"] else 1
 

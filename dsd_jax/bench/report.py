@@ -11,6 +11,7 @@ from dsd_jax import stats
 from dsd_jax.bench.environment import environment
 from dsd_jax.bench.pairs import differences, pair_ratios, points, throughput_score
 from dsd_jax.bench.settings import method_of, methods_of, parse_config
+from dsd_jax.loading import atomic_write
 
 SCHEMA = "dsd_jax.bench/1"
 
@@ -287,9 +288,11 @@ def write_json(rows: list[dict], path: str | os.PathLike, env: dict | None = Non
     doc = {"schema": SCHEMA, "environment": env or environment(), "summary": summarize(rows), "rows": rows}
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+
+    def write(f):
         json.dump(doc, f, indent=1)
         f.write("\n")
+    atomic_write(path, write)
 
 
 def batch_axis(ax, sizes) -> None:
@@ -371,7 +374,8 @@ def save_figure(fig, path: str | os.PathLike) -> None:
     fig.tight_layout()
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    ext = os.path.splitext(path)[1][1:].lower()  # a file object carries no name to take the format from
+    atomic_write(path, lambda f: fig.savefig(f, format=ext or None, dpi=110), "wb")
 
 
 def write_plot(rows: list[dict], path: str | os.PathLike, title: str | None = None) -> None:

@@ -49,6 +49,11 @@ OBJECTIVES = ("throughput", "makespan")
 # Largest prompt_lookup_max: the lookup unrolls one compare over the buffer per n, so
 # compile time grows with n^2 (about 7.5 s for one lookup at 64 on CPU, 124 s at 256).
 MAX_PROMPT_LOOKUP = 64
+# Largest num_speculative_tokens: one step program is compiled per K up to it, and
+# acceptance past a few dozen drafted tokens is nil for any drafter.
+MAX_SPECULATIVE_TOKENS = 64
+# Largest suffix_bank_len (tokens of references per slot, int32 on the device).
+MAX_SUFFIX_BANK_LEN = 1 << 20
 
 _repr = reprlib.Repr()
 _repr.maxstring = 60
@@ -309,7 +314,7 @@ class SpecConfig:
         model itself). For "eagle3": "builtin" or an EAGLE-3 head directory, checked to
         exist; `SpecEngine` loads it when no `draft=` is given (or pass
         `dsd_jax.models.load_eagle3(spec.model)` as `draft=`).
-    num_speculative_tokens: max K (>= 1 unless method is "none").
+    num_speculative_tokens: max K (1..64, `MAX_SPECULATIVE_TOKENS`, unless method is "none").
     num_speculative_tokens_per_batch_size: inclusive [start_bs, end_bs, K] ranges,
         sorted, non-overlapping, start_bs >= 1, 0 <= K <= max K. Batch sizes no
         range covers use K = 0.
@@ -324,7 +329,8 @@ class SpecConfig:
     prompt_lookup_min / prompt_lookup_max: n-gram sizes for methods "ngram" and "suffix";
         prompt_lookup_max <= 64 (`MAX_PROMPT_LOOKUP`: compile time grows with its square).
     suffix_bank_len: tokens of references each slot holds for method "suffix" (earlier
-        rollouts of its prompt; the last `suffix_bank_len` tokens of them, newest last, kept).
+        rollouts of its prompt; the last `suffix_bank_len` tokens of them, newest last, kept;
+        at most 2**20).
     dynamic: `DynamicConfig` (or a dict of its fields) -> goodput controller (not with
         method "none", which has no K to choose).
     """
@@ -349,6 +355,9 @@ class SpecConfig:
             raise ValueError(f"model for method 'eagle3' must be 'builtin' or an EAGLE-3 head "
                              f"directory (config.json + model.safetensors), got {self.model!r}")
         n = _int("num_speculative_tokens", self.num_speculative_tokens, min_value=0)
+        if n > MAX_SPECULATIVE_TOKENS and method != "none":
+            raise ValueError(f"num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, got {n}: "
+                             f"a step program is compiled for every K up to it")
         if method == "none":
             n = 0  # plain decoding: max K is 0 whatever was written
         elif n == 0:
@@ -373,7 +382,11 @@ class SpecConfig:
             raise ValueError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
         set_("prompt_lookup_min", lo)
         set_("prompt_lookup_max", hi)
-        set_("suffix_bank_len", _int("suffix_bank_len", self.suffix_bank_len, min_value=1))
+        bank = _int("suffix_bank_len", self.suffix_bank_len, min_value=1)
+        if bank > MAX_SUFFIX_BANK_LEN:
+            raise ValueError(f"suffix_bank_len must be <= {MAX_SUFFIX_BANK_LEN}, got {bank}: every "
+                             f"slot holds that many reference tokens on the device")
+        set_("suffix_bank_len", bank)
         dyn = self.dynamic
         if dyn is not None and not isinstance(dyn, DynamicConfig):
             dyn = DynamicConfig.from_dict(dyn)

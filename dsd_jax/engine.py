@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import threading
 import time
@@ -111,6 +112,22 @@ def _remember(memory, requests) -> None:
             memory.add(r.prompt, r.tokens)
 
 
+def _references_seed(seed: int, references: list[list[int]]) -> int:
+    """A request's noise seed when its drafter copies from references under rejection
+    acceptance: the seed mixed with a hash of the references. A reference drawn earlier
+    with the same seed was drawn from the same noise, so a draft copied from it would be
+    correlated with the noise that judges it, and rejection sampling is exact only for
+    drafts independent of that noise (a same-seed rerun with its last rollout as reference
+    drew token 2 at 0.07% instead of 2.7%). The references differ from those any of them
+    was drawn with (each contains itself), so the noise is fresh; same seed and same
+    references still give the same output."""
+    digest = hashlib.blake2b(digest_size=8)
+    for ref in references:
+        digest.update(np.asarray(ref, np.int64).tobytes() + b"|")
+    mix = int.from_bytes(digest.digest(), "little")
+    return int(np.random.SeedSequence([seed, mix]).generate_state(1)[0])
+
+
 def _engine_seed(engine_seed: int, request_id: int) -> int:
     """The seed of a request that names none: a hash of (engine seed, request id), so it is
     reproducible for a given engine seed but does not fall on the small integers users pick
@@ -195,7 +212,7 @@ class SpecEngine:
         fallback = backend == "auto" and kernels.default_platform() in ("gpu", "tpu")
         self.drafter = drafter_cls.build(
             spec, None if draft is None else (draft_graph, draft.config), backends)
-        self.state = self.new_state()
+        self.state = self._allocate_state()
         opts = StepOptions(acceptance=spec.acceptance, backend=backends)
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
@@ -229,6 +246,7 @@ class SpecEngine:
         self._prefilled = False
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
+        self._warned_capped = False
         self._request_ids = itertools.count()
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
         # threads calling one engine cannot both get in
@@ -249,7 +267,11 @@ class SpecEngine:
         would otherwise delete the engine's). copy=False saves that copy's memory (one set
         of weights on the device); the caller then keeps its arrays alive and unchanged
         while the engine serves them. (An engine built from a model serves the model's own
-        arrays until the first `set_params`.)"""
+        arrays until the first `set_params`.)
+
+        Refused while a `stream()` is suspended mid-run: its next rounds would run the new
+        weights over the old ones' KV cache, a completion of neither policy."""
+        self._check_idle("set_params")
         new = {}
         for role, given in (("target", target), ("draft", draft)):
             if given is None:
@@ -270,12 +292,37 @@ class SpecEngine:
         compiles none of the engine's programs; a leaf the mapping misses, leaves unused or
         gets the wrong shape from is a ValueError naming it."""
         from dsd_jax.param_mapping import set_params_from
+        self._check_idle("set_params_from")
         set_params_from(self, mapping, state, role)
+
+    def _check_idle(self, what: str) -> None:
+        if self._run_lock.locked():
+            raise RuntimeError(
+                f"{what} while a stream() is running: its remaining tokens would come from "
+                "the new weights over the old weights' KV cache, a completion of neither "
+                "policy. Exhaust or close the stream (.close(), or leave its for loop) first")
 
     def new_state(self):
         """A fresh device state (every slot free) in the engine's layout."""
         return self.placement.new_state(lambda: init_state(
             self.target_config, self.drafter, self.max_batch_size, self.capacity, self.max_k))
+
+    def _allocate_state(self):
+        """The first device state; running out of memory names the sizes that set it."""
+        try:
+            return self.new_state()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            report = self.memory_report()
+            kv = sum(report["kv_cache"].values())
+            raise MemoryError(
+                f"the engine's decode state does not fit in device memory: its KV caches take "
+                f"{kv / 2 ** 30:,.1f} GiB per device (max_batch_size {self.max_batch_size} slots x "
+                f"{self.capacity} positions: max_seq_len {self.max_seq_len} + max K {self.max_k} + 1"
+                f"), the whole state {(report['total'] - sum(report['params'].values())) / 2 ** 30:,.1f} "
+                f"GiB. Lower max_seq_len or max_batch_size (engine.memory_report() sizes a setting "
+                f"without allocating)") from None
 
     def _freed_state(self):
         """The state with every slot free: the same buffers when they are intact (no second
@@ -365,12 +412,14 @@ class SpecEngine:
             sp = dataclasses.replace(sp, top_k=vocab)
         return sp
 
-    def _make_requests(self, prompts, sampling, references=None, memory=None) -> list[_Request]:
-        """Every request of a call, with every value checked (nothing can fail once it runs)."""
+    def _check_call(self, prompts, sampling, references=None, memory=None) -> list[tuple]:
+        """Every prompt of a call as (prompt ids, SamplingParams, references), every value
+        checked (nothing can fail once it runs). Takes no request ids: a refused call
+        leaves the seeds of later unseeded requests as they were."""
         prompts = inputs.prompt_list(prompts)
         references = inputs.reference_lists(references, len(prompts))
         params = inputs.sampling_list(sampling, len(prompts))
-        requests = []
+        checked = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             prompt = self._token_ids(prompt, f"prompt {i}")
             sp = self._request_params(sp, i)
@@ -382,11 +431,34 @@ class SpecEngine:
             if len(prompt) >= self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} "
                                  "leaves no room to generate")
+            checked.append((prompt, sp, refs))
+        self._warn_capped(checked)
+        return checked
+
+    def _warn_capped(self, checked: list[tuple]) -> None:
+        """Warns (once per engine) when a request's max_tokens does not fit in its slot: it
+        then stops at max_seq_len with finish_reason "length", as vLLM's max_model_len."""
+        capped = [i for i, (prompt, sp, _) in enumerate(checked)
+                  if len(prompt) + sp.max_tokens > self.max_seq_len]
+        if capped and not self._warned_capped:
+            self._warned_capped = True
+            warnings.warn(f"{len(capped)} request(s) (first: prompt {capped[0]}) ask for more tokens "
+                          f"than max_seq_len {self.max_seq_len} leaves after the prompt: they stop "
+                          f"there, finish_reason 'length' (warned once per engine)", UserWarning,
+                          stacklevel=4)
+
+    def _make_requests(self, checked: list[tuple]) -> list[_Request]:
+        """The requests of a checked call, numbered (an unseeded request's seed hashes its id)."""
+        mix_references = self.drafter.reads_references and self.spec.acceptance == "rejection"
+        requests = []
+        for i, (prompt, sp, refs) in enumerate(checked):
             group = -1
             for g in range(sp.n):
                 rid = next(self._request_ids)
                 group = rid if g == 0 else group
                 seed = _engine_seed(self._seed, rid) if sp.seed is None else sp.seed + g
+                if refs and mix_references:
+                    seed = _references_seed(seed, refs)
                 requests.append(_Request(rid, prompt, sp, seed, i, g, group, refs))
         return requests
 
@@ -401,7 +473,7 @@ class SpecEngine:
         `dsd_jax.rollout_memory.RolloutMemory` giving each prompt its stored completions
         as references and storing this call's completions when it returns.
         """
-        requests = self._make_requests(prompts, sampling, references, memory)
+        requests = self._make_requests(self._check_call(prompts, sampling, references, memory))
         with contextlib.closing(self._run(requests)) as run:  # closed even if progress raises
             for _ in run:
                 if progress:
@@ -416,16 +488,18 @@ class SpecEngine:
         A completion's tokens, joined, are `generate`'s `token_ids` (a stop token that
         `include_stop_token=False` drops is never yielded).
 
-        The inputs are checked here, when it is called; the run starts at the first `next`.
+        The inputs are checked here, when it is called; the run starts at the first `next`
+        (and numbers the requests then: a stream never started leaves the seeds of later
+        unseeded requests as they were).
         An engine runs one stream or `generate` at a time: until this stream is exhausted or
         closed (`.close()`, leaving its `for` loop, or dropping it), another raises.
 
         references, memory: as in `generate`; the memory stores the completions once the
         stream is exhausted (a stream closed early stores none of its partial ones)."""
-        requests = self._make_requests(prompts, sampling, references, memory)
-        return self._stream(requests, memory)
+        return self._stream(self._check_call(prompts, sampling, references, memory), memory)
 
-    def _stream(self, requests: list[_Request], memory=None) -> Iterator[tuple[int, list[int]]]:
+    def _stream(self, checked: list[tuple], memory=None) -> Iterator[tuple[int, list[int]]]:
+        requests = self._make_requests(checked)
         index = {r.request_id: i for i, r in enumerate(requests)}
         # closing the stream closes its run at once, which frees the slots and the engine
         with contextlib.closing(self._run(requests)) as run:
@@ -443,7 +517,8 @@ class SpecEngine:
 
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: _Request) -> int:
-        """Most tokens request r may produce (its max_tokens, capped by the slot's length)."""
+        """Most tokens request r may produce: its max_tokens, capped by the slot's length
+        (`_warn_capped` says so when a call's max_tokens does not fit)."""
         return min(r.params.max_tokens, self.max_seq_len - len(r.prompt))
 
     def _place(self, new: list[_Request], shards: list[list[_Request]]) -> None:

@@ -125,6 +125,9 @@ def test_argmax_draft_sampling_ignored_under_drafter_invariant_warns():
         ({"speculative_disable_by_batch_size": 3, "disable_by_batch_size": 4}, "aliases"),
         ({"method": "none", "num_speculative_tokens_per_batch_size": [[1, 2, 1]]}, "exceeds"),
         ({"method": "none", "dynamic": {}}, "no K to choose"),
+        ({"num_speculative_tokens": 65}, "num_speculative_tokens must be <= 64"),
+        ({"num_speculative_tokens": 2 ** 40}, "num_speculative_tokens must be <= 64"),
+        ({"method": "suffix", "suffix_bank_len": 10 ** 12}, "suffix_bank_len must be <="),
     ],
 )
 def test_malformed_names_field(d, field):

@@ -2,6 +2,7 @@
 
 import collections
 import gc
+import warnings
 import re
 
 import jax
@@ -244,6 +245,8 @@ def test_one_run_at_a_time_and_an_abandoned_stream_frees_the_engine(engine, pair
     second = engine.stream(other, sp)  # e.g. zip(stream, second)
     with pytest.raises(RuntimeError, match="close"):
         next(second)
+    with pytest.raises(RuntimeError, match="set_params while a stream"):
+        engine.set_params(target=pair[0])  # e.g. a trainer update mid-run
     for i, new in stream:
         got[i] += new
     assert [got[i] for i in range(2)] == [greedy_reference(pair[0], p, 10) for p in prompts]
@@ -589,7 +592,7 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
     spec = SpecConfig(method="draft_model", num_speculative_tokens=1,
                       dynamic=DynamicConfig(profile=None, warmup_steps=0, objective="throughput"))
     eng.controller = Controller(spec, profile, max_batch_size=4)
-    live = eng._make_requests([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=40))
+    live = eng._make_requests(eng._check_call([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=40)))
     assert eng.controller.settled(1, 0) and eng._rounds(live, 0, False, None, 1, 3) == MAX_ROUNDS
     eng._k_history.clear()
     eng.agreement = object()  # as under jax.distributed: the controllers need not agree
@@ -728,3 +731,39 @@ def test_reset_metrics_mid_stream_zeroes_the_counts_and_keeps_what_the_controlle
         assert m["steps"] > 0 and m["wall_s"] > 0 and m["controller"]["steps_observed"] > 0
     finally:
         engine.controller = old
+
+
+def test_refused_calls_and_unstarted_streams_shift_no_later_seed(pair):
+    """Unseeded requests draw from a hash of their request id: ids are taken only once a
+    call is accepted and its run starts, so a refused call or a stream never iterated
+    leaves the next call's tokens as a fresh engine's."""
+    sp = SamplingParams(temperature=1.0, max_tokens=6, n=2)
+    prompts = [[1, 2], [3]]
+
+    def run(before):
+        engine = make_engine(*pair, method="draft_model", max_seq_len=48, controller=FixedK([2]))
+        before(engine)
+        return [o.token_ids for o in engine.generate(prompts, sp)]
+
+    def refused(engine):
+        with pytest.raises(ValueError, match="prompt 1 is empty"):
+            engine.generate([[1, 2], []], sp)
+
+    fresh = run(lambda engine: None)
+    assert run(refused) == fresh
+    assert run(lambda engine: engine.stream(prompts, sp)) == fresh
+
+
+def test_a_state_too_large_for_memory_names_its_sizes_and_capped_max_tokens_warn_once(pair):
+    with pytest.warns(UserWarning, match="max_position_embeddings"):
+        with pytest.raises(MemoryError, match=r"max_seq_len 8589934592 \+ max K 4 \+ 1.*Lower "
+                                              r"max_seq_len or max_batch_size"):
+            make_engine(*pair, method="draft_model", max_seq_len=2 ** 33)
+    engine = make_engine(*pair, method="draft_model", max_seq_len=16, controller=FixedK([2]))
+    sp = SamplingParams(temperature=0.0, max_tokens=30)
+    with pytest.warns(UserWarning, match=r"1 request\(s\) \(first: prompt 0\).*max_seq_len 16"):
+        out = engine.generate([[1, 2, 3]], sp)
+    assert (len(out[0].token_ids), out[0].finish_reason) == (13, "length")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per engine
+        engine.generate([[1, 2, 3]], sp)

@@ -67,6 +67,9 @@ class Drafter:
 
     needs_model: ClassVar[bool] = False  # SpecEngine must be given `draft=`
     needs_features: ClassVar[bool] = False  # the target returns `feature_layers` to `observe`
+    # drafts from `AdmissionRequest.references` (earlier rollouts): under rejection
+    # acceptance the engine then mixes them into the request's noise seed
+    reads_references: ClassVar[bool] = False
     # True: `catch_up` can take in a whole prompt, so admission may leave it out (the engine
     # does when its controller is not about to speculate) and a run kept at K = 0 (large
     # batches) never pays for the drafter

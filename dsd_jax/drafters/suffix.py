@@ -27,7 +27,7 @@ Siblings are searched within the same data shard (the rows one program sees); on
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +114,7 @@ def lookup(tokens, length, active, group, bank, K: int, min_n: int, max_n: int):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Suffix(Drafter):
+    reads_references: ClassVar[bool] = True
     min_n: int = 1
     max_n: int = 3
     bank_len: int = 1024

@@ -256,8 +256,8 @@ def _context_lengths(cmd: str, args) -> list[int]:
 def _acceptance_prompts(cmd: str, args, tokenizer, source: str, spec) -> list[list[int]] | None:
     """--prompts, else the built-in held-out prompts for the built-in pair, else None (random)."""
     if args.prompts:
-        raw = loading.read_prompts("--prompts", args.prompts, args.prompt_format)
-        return loading.encode_prompts(raw, tokenizer, flag="--prompts")
+        raw, where = loading.read_prompts("--prompts", args.prompts, args.prompt_format, with_lines=True)
+        return loading.encode_prompts(raw, tokenizer, flag="--prompts", names=where)
     if spec.max_k == 0:
         return None
     if source != "builtin":
@@ -445,14 +445,18 @@ def cmd_generate(args) -> int:
                                          dyn_profile if isinstance(dyn_profile, str) else None)])
     if args.profile:
         loading.existing_file("--profile", args.profile)
-    raw_prompts = loading.read_prompts("--prompts", args.prompts, args.prompt_format)
+    raw_prompts, where = loading.read_prompts("--prompts", args.prompts, args.prompt_format, with_lines=True)
     if args.seed is not None and args.seed + len(raw_prompts) - 1 >= SEED_LIMIT:
         _fail(cmd, "--seed", f"request i is seeded --seed + i, and {args.seed} + {len(raw_prompts) - 1} "
               f"(the last of {len(raw_prompts)} prompts) is past 2**32 - 1; give a smaller --seed")
     target, draft, tokenizer, _ = loading.load_models(args)
     spec = _load_spec(cmd, args, draft is not None)
     draft = _engine_draft(args, spec, draft)
-    prompts = loading.encode_prompts(raw_prompts, tokenizer, flag="--prompts")
+    prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
+    for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
+        if len(ids) >= args.max_seq_len:
+            _fail(cmd, "--prompts", f"{name} has {len(ids)} tokens; --max-seq-len {args.max_seq_len} leaves "
+                  "no room to generate (raise --max-seq-len or shorten the prompt)")
 
     profile = None
     profile_path = args.profile or (spec.dynamic.profile if spec.dynamic is not None else None)

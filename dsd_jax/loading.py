@@ -341,6 +341,15 @@ def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
     return {"prompt_token_ids": ids}
 
 
+def _check_text(flag: str, where: str, text: str) -> None:
+    # a lone surrogate (JSON "\ud800", or a byte of stdin that is not UTF-8) is no text a tokenizer takes
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ArgumentError(flag, f"{where}: not valid UTF-8 text (a lone surrogate {text[e.start]!r} at "
+                            f"character {e.start})") from e
+
+
 PROMPT_FORMATS = ("auto", "text", "jsonl")
 
 
@@ -351,13 +360,15 @@ def _lines(text: str) -> list[str]:
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
-def read_prompts(flag: str, path: str | None, fmt: str = "auto") -> list[dict]:
+def read_prompts(flag: str, path: str | None, fmt: str = "auto", with_lines: bool = False):
     """Prompts as dicts {"prompt": str} or {"prompt_token_ids": [...]}.
 
     fmt "jsonl": one object per line with "prompt" or "prompt_token_ids" and no other key;
     "text": every non-blank line is one text prompt (its line break removed); "auto": JSONL
     when the first non-blank line starts with '{' or the file is named *.jsonl, else text.
     Lines end at "\\n", "\\r\\n" or "\\r" only. None or "-" reads stdin.
+    with_lines: return (prompts, where) instead, where[i] naming prompt i's file and line
+    ("'p.txt' line 3"), for messages (`encode_prompts` names=).
     """
     if fmt not in PROMPT_FORMATS:
         raise ValueError(f"prompt format must be one of {PROMPT_FORMATS}, got {fmt!r}")
@@ -366,27 +377,34 @@ def read_prompts(flag: str, path: str | None, fmt: str = "auto") -> list[dict]:
     first = next((ln for ln in lines if ln.strip()), "")
     jsonl = fmt == "jsonl" or (fmt == "auto" and (first.lstrip().startswith("{")
                                                   or (path or "").endswith(".jsonl")))
+    numbered = [(f"{name} line {i}", line) for i, line in enumerate(lines, 1) if line.strip()]
+    where = [w for w, _ in numbered]
     try:
-        out = [_jsonl_prompt(flag, f"{name} line {i}", line) if jsonl else {"prompt": line}
-               for i, line in enumerate(lines, 1) if line.strip()]
+        out = [_jsonl_prompt(flag, w, line) if jsonl else {"prompt": line} for w, line in numbered]
     except ArgumentError as e:
         if fmt != "auto":
             raise
         raise ArgumentError(flag, f"{e.message} (read as JSONL because its first line starts "
                             "with '{' or it is named *.jsonl; for one text prompt a line, pass "
                             "--prompt-format text)") from e
+    for w, p in zip(where, out):
+        if "prompt" in p:
+            _check_text(flag, w, p["prompt"])
     if not out:
         raise ArgumentError(flag, f"no prompts in {name}")
-    return out
+    return (out, where) if with_lines else out
 
 
-def encode_prompts(prompts, tokenizer, vocab: int | None = None, flag: str | None = None) -> list[list[int]]:
+def encode_prompts(prompts, tokenizer, vocab: int | None = None, flag: str | None = None,
+                   names=None) -> list[list[int]]:
     """Token ids of each prompt: a string, a list of token ids, or a `read_prompts` dict.
 
     vocab: when given, every id must lie in [0, vocab). flag: the option the prompts came
-    from (it also adds how to give token ids to the no-tokenizer message)."""
+    from (it also adds how to give token ids to the no-tokenizer message). names: what to
+    call prompt i in messages (default "prompt i")."""
     out = []
     for i, p in enumerate(prompts):
+        name = names[i] if names is not None else f"prompt {i}"
         if isinstance(p, dict):
             p = p["prompt_token_ids"] if "prompt_token_ids" in p else p["prompt"]
         if isinstance(p, str):
@@ -395,13 +413,13 @@ def encode_prompts(prompts, tokenizer, vocab: int | None = None, flag: str | Non
                     " (--tokenizer FILE, or use JSONL with \"prompt_token_ids\")" if flag else ""))
             ids = tokenizer.encode(p).ids
             if not ids:
-                raise ArgumentError(flag, f"prompt {i} encodes to no tokens")
+                raise ArgumentError(flag, f"{name} encodes to no tokens")
         else:
             ids = [int(t) for t in p]
             if not ids:
-                raise ArgumentError(flag, f"prompt {i} is empty")
+                raise ArgumentError(flag, f"{name} is empty")
         if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
-            raise ArgumentError(flag, f"prompt {i} has token ids outside [0, {vocab})")
+            raise ArgumentError(flag, f"{name} has token ids outside [0, {vocab})")
         out.append(ids)
     if not out:
         raise ArgumentError(flag, "no prompts")

@@ -548,3 +548,29 @@ def test_a_failed_write_leaves_the_earlier_file(tmp_path):
     assert out.read_text() == "earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["stats.json"]
     loading.atomic_write(out, lambda f: f.write("new"))
     assert out.read_text() == "new"
+
+
+def test_prompts_that_are_not_text_are_refused_by_line(tmp_path):
+    """A JSON escape of half a surrogate pair ("\\ud800") crashed the tokenizer with a
+    TypeError; it is refused, naming the file and line."""
+    from dsd_jax import loading
+    p = tmp_path / "s.jsonl"
+    p.write_text('{"prompt": "fine"}\n\n{"prompt": "a\\ud800"}\n')
+    with pytest.raises(loading.ArgumentError, match=r"--prompts: '.*s.jsonl' line 3: not valid UTF-8 text "
+                       r"\(a lone surrogate '\\ud800' at character 1\)$"):
+        loading.read_prompts("--prompts", str(p))
+
+
+def test_prompt_errors_name_the_file_and_line(files, tmp_path):
+    """An over-long prompt was "prompt 1 has 40 tokens" (its index among the non-blank
+    lines): the file and line are named, with --max-seq-len, before the engine is built."""
+    p = tmp_path / "long.jsonl"
+    p.write_text('{"prompt_token_ids": [1]}\n\n' + json.dumps({"prompt_token_ids": [1] * 40}) + "\n")
+    m = _err(["generate", "--target", files.target, "--speculative-config", '{"method": "none"}',
+              "--max-seq-len", "32", "--prompts", str(p)])
+    assert m == (f"dsd-jax generate: error: --prompts: {str(p)!r} line 3 has 40 tokens; --max-seq-len 32 "
+                 "leaves no room to generate (raise --max-seq-len or shorten the prompt)"), m
+    p.write_text('{"prompt_token_ids": [1]}\n\n{"prompt_token_ids": [1, 99]}\n')
+    m = _err(["generate", "--target", files.target, "--speculative-config", '{"method": "none"}',
+              "--prompts", str(p)])
+    assert f"--prompts: {str(p)!r} line 3 has token ids outside [0, 64)" in m, m

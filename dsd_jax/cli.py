@@ -45,14 +45,14 @@ def _fail(cmd: str, flag: str | None, msg: str):
 
 # --------------------------------------------------------------------------- argparse types
 
-def _number_list(convert, what: str):
-    """An argparse type: a non-empty comma-separated list of finite `convert(item)`s."""
+def _number_list(convert, what: str, low=-math.inf):
+    """An argparse type: a non-empty comma-separated list of finite `convert(item)`s >= low."""
     def parse(text: str) -> list:
         try:
             out = [convert(x) for x in text.split(",") if x.strip()]
         except ValueError:
             out = []
-        if not out or any(not math.isfinite(x) for x in out):
+        if not out or any(not math.isfinite(x) or x < low for x in out):
             raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
         return out
     return parse
@@ -60,6 +60,7 @@ def _number_list(convert, what: str):
 
 _int_list = _number_list(int, "integers")
 _float_list = _number_list(float, "finite numbers")
+_nonneg_float_list = _number_list(float, "finite numbers >= 0", low=0.0)
 
 
 def _str_list(text: str) -> list[str]:
@@ -194,6 +195,15 @@ def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
                           dirs=[("--compilation-cache-dir", cache)])
 
 
+def _check_backend(cmd: str, args) -> None:
+    """--backend pallas on a CPU host, before any model is loaded (the kernel's own error
+    advises arguments the CLI has no flags for)."""
+    import jax
+    if args.backend == "pallas" and jax.default_backend() == "cpu":
+        _fail(cmd, "--backend", "the Pallas kernels compile for a GPU or TPU and this host runs on CPU: pass "
+              "--backend interpret (the Pallas kernels interpreted, slow) or --backend xla")
+
+
 def _needs_draft(spec) -> bool:
     from dsd_jax import drafters
     return drafters.get(spec.method).needs_model
@@ -253,20 +263,39 @@ def _context_lengths(cmd: str, args) -> list[int]:
     return ctx
 
 
-def _acceptance_prompts(cmd: str, args, tokenizer, source: str, spec) -> list[list[int]] | None:
+NUM_PROMPTS, ACCEPTANCE_MAX_TOKENS = 16, 64  # profile's defaults
+
+
+def _unused_acceptance_flags(cmd: str, args, why: str) -> None:
+    """Refuses the flags of the acceptance runs where none runs (`why`): ignored, they would
+    leave the user thinking they shaped the profile."""
+    for flag, value in (("--prompts", args.prompts), ("--num-prompts", args.num_prompts),
+                        ("--acceptance-max-tokens", args.acceptance_max_tokens)):
+        if value is not None:
+            _fail(cmd, flag, f"{why}: no acceptance run uses it")
+    if len(args.temperatures) > 1:
+        _fail(cmd, "--temperatures", f"{why}: give one temperature, the one the steps are timed at (the "
+              "others would each name an acceptance run)")
+
+
+def _acceptance_prompts(cmd: str, args, tokenizer, source: str) -> list[list[int]] | None:
     """--prompts, else the built-in held-out prompts for the built-in pair, else None (random)."""
     if args.prompts:
+        if args.num_prompts is not None:
+            _fail(cmd, "--num-prompts", "counts the built-in held-out prompts; with --prompts every prompt "
+                  "of the file is used")
         raw, where = loading.read_prompts("--prompts", args.prompts, args.prompt_format, with_lines=True)
         return loading.encode_prompts(raw, tokenizer, flag="--prompts", names=where)
-    if spec.max_k == 0:
-        return None
     if source != "builtin":
+        if args.num_prompts is not None:
+            _fail(cmd, "--num-prompts", "counts the built-in held-out prompts, used only with the built-in "
+                  "models; pass --prompts FILE")
         print("dsd-jax profile: note: no --prompts given; acceptance is measured on random token prompts "
               "(only meaningful for random models)", file=sys.stderr)
         return None
     try:
         from dsd_jax.models import heldout_prompts
-        texts = heldout_prompts(args.num_prompts)
+        texts = heldout_prompts(args.num_prompts or NUM_PROMPTS)
     except (ImportError, OSError, ValueError) as e:
         _fail(cmd, "--prompts", f"the built-in held-out prompts are not available ({e}); pass --prompts FILE")
     return loading.encode_prompts(texts, tokenizer, flag="--prompts")
@@ -296,6 +325,9 @@ def cmd_profile(args) -> int:
     cmd = "profile"
     outputs = [("--out", args.out)]
     _check_outputs(cmd, args, outputs, [("--prompts", args.prompts)])
+    _check_backend(cmd, args)
+    if args.acceptance is not None:
+        _unused_acceptance_flags(cmd, args, "--acceptance gives the acceptance")
     if args.prompts:
         loading.existing_file("--prompts", args.prompts)
     if args.synthetic or args.draft_synthetic:
@@ -307,12 +339,17 @@ def cmd_profile(args) -> int:
     if spec.dynamic is not None:
         spec = spec.replace(dynamic=None)  # profiling runs fixed Ks; no profile needed yet
     ctx = _context_lengths(cmd, args)
+    if spec.max_k == 0:
+        if args.acceptance is not None:
+            _fail(cmd, "--acceptance", "the speculative config speculates no tokens (K = 0): there is no "
+                  "acceptance to record")
+        _unused_acceptance_flags(cmd, args, "the speculative config speculates no tokens (K = 0)")
     if args.acceptance is not None:
         if any(not 0.0 <= a <= 1.0 for a in args.acceptance):
             _fail(cmd, "--acceptance", f"values must be probabilities in [0, 1], got {args.acceptance}")
-        if len(args.acceptance) < spec.max_k:
-            _fail(cmd, "--acceptance", f"give a_1..a_K for every K up to {spec.max_k} "
-                  f"(num_speculative_tokens), got {len(args.acceptance)} values")
+        if len(args.acceptance) != spec.max_k:
+            _fail(cmd, "--acceptance", f"give a_1..a_K, exactly {spec.max_k} values (K = "
+                  f"num_speculative_tokens), got {len(args.acceptance)}")
         from dsd_jax.profile import check_nonincreasing
         try:
             check_nonincreasing("values", args.acceptance)
@@ -323,7 +360,7 @@ def cmd_profile(args) -> int:
         if source == "synthetic" and spec.max_k > 0:
             print("dsd-jax profile: note: random weights accept nothing meaningful; pass --acceptance "
                   "a1,a2,... (e.g. a published per-position curve)", file=sys.stderr)
-        prompts = _acceptance_prompts(cmd, args, tokenizer, source, spec)
+        prompts = _acceptance_prompts(cmd, args, tokenizer, source) if spec.max_k > 0 else None
 
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec)
     from dsd_jax.profiler import format_profile, profile_engine
@@ -344,11 +381,12 @@ def cmd_profile(args) -> int:
             from dsd_jax.device_check import profile_with_acceptance
             prof = profile_with_acceptance(engine, args.acceptance, context_lengths=ctx,
                                            repeats=args.repeats, warmup_reps=args.warmup_reps,
-                                           passes=args.passes, progress=progress, seed=args.seed or 0)
+                                           passes=args.passes, progress=progress, seed=args.seed or 0,
+                                           latency_temperature=args.temperatures[0])
         else:
             prof = profile_engine(engine, context_lengths=ctx, repeats=args.repeats,
                                   warmup_reps=args.warmup_reps, passes=args.passes, prompts=prompts,
-                                  acceptance_max_tokens=args.acceptance_max_tokens,
+                                  acceptance_max_tokens=args.acceptance_max_tokens or ACCEPTANCE_MAX_TOKENS,
                                   temperatures=args.temperatures, progress=progress,
                                   latency_temperature=args.temperatures[0], seed=args.seed or 0)
     except ValueError as e:
@@ -443,6 +481,7 @@ def cmd_generate(args) -> int:
                                         ("--profile", args.profile),
                                         ("--speculative-config's dynamic.profile",
                                          dyn_profile if isinstance(dyn_profile, str) else None)])
+    _check_backend(cmd, args)
     if args.profile:
         loading.existing_file("--profile", args.profile)
     raw_prompts, where = loading.read_prompts("--prompts", args.prompts, args.prompt_format, with_lines=True)
@@ -545,21 +584,24 @@ def _add_profile(sub) -> None:
     p.add_argument("--passes", type=positive_int, default=2,
                    help="times the whole latency table over, samples pooled (default 2)")
     p.add_argument("--prompts", metavar="FILE",
-                   help="acceptance prompts (same format as generate; default: the built-in held-out prompts)")
+                   help="acceptance prompts (same format as generate; default: the built-in held-out prompts "
+                        "with the built-in models, else random token prompts)")
     _add_prompt_format_flag(p)
-    p.add_argument("--num-prompts", type=positive_int, default=16,
-                   help="built-in held-out prompts to use (default 16)")
-    p.add_argument("--acceptance-max-tokens", type=positive_int, default=64,
-                   help="tokens generated per prompt in the acceptance runs (default 64)")
-    p.add_argument("--temperatures", type=_float_list, default=[0.0], metavar="T,T,...",
+    p.add_argument("--num-prompts", type=positive_int,
+                   help=f"built-in held-out prompts to use (default {NUM_PROMPTS})")
+    p.add_argument("--acceptance-max-tokens", type=positive_int,
+                   help=f"tokens generated per prompt in the acceptance runs (default {ACCEPTANCE_MAX_TOKENS})")
+    p.add_argument("--temperatures", type=_nonneg_float_list, default=[0.0], metavar="T,T,...",
                    help="acceptance run temperatures; the first is the profile's default, and the "
-                        "step times are taken sampling at it (a sampled step also draws noise; default 0)")
+                        "step times are taken sampling at it (a sampled step also draws noise; default 0); "
+                        "with --acceptance one value: the temperature the steps are timed at")
     p.add_argument("--synthetic", metavar="NAME", help="target: a real config with random weights "
                    "(dsd_jax.models.synthetic, e.g. llama-3.1-8b, qwen3-8b); default dtype bfloat16")
     p.add_argument("--draft-synthetic", metavar="NAME", help="draft: likewise (e.g. llama-3.2-1b, qwen3-0.6b)")
     p.add_argument("--acceptance", type=_float_list, metavar="A1,A2,...",
                    help="per-position acceptance a_i = P(accepted >= i) to record instead of measuring "
-                        "it (e.g. a published curve; needed with random weights); at least K values")
+                        "it (e.g. a published curve; needed with random weights); K values, K = "
+                        "num_speculative_tokens; the acceptance-run flags (--prompts, ...) do not apply")
     p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
     _add_overwrite_flag(p, "--out")
     p.set_defaults(func=cmd_profile, dtype=None)  # float32, or bfloat16 for --synthetic

@@ -574,3 +574,36 @@ def test_prompt_errors_name_the_file_and_line(files, tmp_path):
     m = _err(["generate", "--target", files.target, "--speculative-config", '{"method": "none"}',
               "--prompts", str(p)])
     assert f"--prompts: {str(p)!r} line 3 has token ids outside [0, 64)" in m, m
+
+
+def test_profile_refuses_flags_no_run_uses(files, compile_cache, tmp_path):
+    """With --acceptance no acceptance run happens: --prompts, --num-prompts,
+    --acceptance-max-tokens and a second temperature were silently ignored, and values past
+    K silently dropped; the steps were timed greedy whatever --temperatures said."""
+    out = str(tmp_path / "p.json")
+    base = ["profile", "--target", files.target, "--speculative-config", '{"method": "ngram", '
+            '"num_speculative_tokens": 2}', *ENGINE_FLAGS, "--context-lengths", "8", "--repeats", "1",
+            "--warmup-reps", "0", "--passes", "1", "--compilation-cache-dir", compile_cache, "--out", out]
+    for extra, flag in ((["--prompts", files.jsonl], "--prompts"), (["--num-prompts", "4"], "--num-prompts"),
+                        (["--acceptance-max-tokens", "8"], "--acceptance-max-tokens"),
+                        (["--temperatures", "0.5,0"], "--temperatures")):
+        m = _err(base + ["--acceptance", "0.5,0.3"] + extra)
+        assert m.startswith(f"dsd-jax profile: error: {flag}: --acceptance gives the acceptance"), m
+    m = _err(base + ["--acceptance", "0.5,0.3,0.1"])
+    assert "--acceptance: give a_1..a_K, exactly 2 values" in m and "got 3" in m
+    m = _err(base + ["--num-prompts", "4"])  # custom models: random prompts, not the held-out ones
+    assert "--num-prompts: counts the built-in held-out prompts" in m
+    m = _err(base + ["--prompts", files.jsonl, "--num-prompts", "4"])
+    assert "--num-prompts" in m and "every prompt of the file is used" in m
+    m = _err(base[:4] + ['{"method": "none"}'] + base[5:] + ["--acceptance-max-tokens", "8"])
+    assert "--acceptance-max-tokens: the speculative config speculates no tokens (K = 0)" in m, m
+    assert cli.main(base + ["--acceptance", "0.5,0.3", "--temperatures", "0.7"]) == 0
+    assert Profile.load(out).meta["latency_temperature"] == 0.7
+
+
+def test_backend_and_temperature_errors_name_cli_flags(files, capsys):
+    m = _err(["profile", "--temperatures", "0.5,-1"], capsys)
+    assert "--temperatures" in m and "numbers >= 0" in m
+    if jax.default_backend() == "cpu":  # the kernel's error advised platform='gpu' / interpret=True
+        m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--backend", "pallas"])
+        assert "--backend: " in m and "--backend interpret" in m and "--backend xla" in m

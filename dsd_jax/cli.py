@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -120,7 +121,24 @@ def _add_engine_flags(p: argparse.ArgumentParser, max_batch: int, max_seq: int) 
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _load_spec(cmd: str, args, has_draft: bool):
+DRAFT_FLAGS = (("--draft", "draft"), ("--hf-draft", "hf_draft"), ("--draft-synthetic", "draft_synthetic"))
+
+
+def _load_spec(cmd: str, args):
+    """The SpecConfig of --speculative-config and --method, before any model is loaded; a
+    draft model given to a method that drafts without one is refused (it would be loaded
+    and dropped)."""
+    given = next((flag for flag, attr in DRAFT_FLAGS if getattr(args, attr, None)), None)
+    custom = args.target or args.hf_target or getattr(args, "synthetic", None)
+    spec = _spec_of_flags(cmd, args, has_draft=bool(given or not custom))  # the built-in pair has one
+    if given and not _needs_draft_flag(spec):
+        head = " (its EAGLE-3 head is the speculative config's \"model\")" if spec.method == "eagle3" else ""
+        _fail(cmd, given, f"speculative method {spec.method!r} drafts without a draft model{head}; leave "
+              f"{given} out")
+    return spec
+
+
+def _spec_of_flags(cmd: str, args, has_draft: bool):
     from dsd_jax.config import SpecConfig
     method = getattr(args, "method", None)
     if args.speculative_config is None and method is not None:
@@ -330,12 +348,12 @@ def cmd_profile(args) -> int:
         _unused_acceptance_flags(cmd, args, "--acceptance gives the acceptance")
     if args.prompts:
         loading.existing_file("--prompts", args.prompts)
+    spec = _load_spec(cmd, args)
     if args.synthetic or args.draft_synthetic:
         target, draft, tokenizer, source = _synthetic_models(cmd, args)
     else:
         args.dtype = args.dtype or "float32"
         target, draft, tokenizer, source = loading.load_models(args)
-    spec = _load_spec(cmd, args, draft is not None)
     if spec.dynamic is not None:
         spec = spec.replace(dynamic=None)  # profiling runs fixed Ks; no profile needed yet
     ctx = _context_lengths(cmd, args)
@@ -484,12 +502,15 @@ def cmd_generate(args) -> int:
     _check_backend(cmd, args)
     if args.profile:
         loading.existing_file("--profile", args.profile)
+        if isinstance(dyn_profile, str) and os.path.realpath(dyn_profile) != os.path.realpath(args.profile):
+            _fail(cmd, "--profile", f"{args.profile!r} is not the speculative config's dynamic.profile "
+                  f"{dyn_profile!r}; give one of them")
     raw_prompts, where = loading.read_prompts("--prompts", args.prompts, args.prompt_format, with_lines=True)
     if args.seed is not None and args.seed + len(raw_prompts) - 1 >= SEED_LIMIT:
         _fail(cmd, "--seed", f"request i is seeded --seed + i, and {args.seed} + {len(raw_prompts) - 1} "
               f"(the last of {len(raw_prompts)} prompts) is past 2**32 - 1; give a smaller --seed")
+    spec = _load_spec(cmd, args)
     target, draft, tokenizer, _ = loading.load_models(args)
-    spec = _load_spec(cmd, args, draft is not None)
     draft = _engine_draft(args, spec, draft)
     prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
     for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
@@ -662,7 +683,8 @@ def _add_bench(sub) -> None:
     b.add_argument("--eagle3-max-batch", type=positive_int, metavar="N",
                    help="run the eagle3 configurations only at batch sizes <= N")
     b.add_argument("--repeats", type=positive_int, help="repeats per point")
-    b.add_argument("--max-tokens", type=positive_int, help="tokens per request")
+    b.add_argument("--max-tokens", type=positive_int, help="tokens per request of the batch-size sweep (the "
+                   "rollout draws its own heavy-tailed lengths)")
     b.add_argument("--compilation-cache-dir", metavar="DIR",
                    help="persistent XLA compilation cache (makes the next run start fast)")
     b.add_argument("--mesh", type=_mesh_shape, metavar="DATAxMODEL",

@@ -324,6 +324,7 @@ def test_output_checks_come_before_the_run(tmp_path):
     with pytest.raises(ArgumentError, match="--json.*input file of --profile"):
         bench.main(args(json=str(given), profile=str(given)))
     with pytest.raises(ArgumentError, match="saved beside --json.*input file of --eagle3-profile"):
-        bench.main(args(json=str(tmp_path / "r.json"), eagle3_profile=str(tmp_path / "r.profile.json")))
+        bench.main(args(json=str(tmp_path / "r.json"), eagle3_profile=str(tmp_path / "r.profile.json"),
+                        configs=["vanilla", "dynamic", "eagle3-dynamic"]))
     with pytest.raises(ArgumentError, match="--target"):  # past the checks
         bench.main(args(json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png")))

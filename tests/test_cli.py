@@ -138,13 +138,13 @@ def test_generate_text_prompts_with_profile(profile_path, files, tmp_path, capsy
 
 def test_generate_with_an_eagle3_head(files, tmp_path, capsys):
     """--speculative-config naming an EAGLE-3 head directory: the engine drafts with the head
-    (not the --draft model) and greedy output equals plain greedy decoding."""
+    and greedy output equals plain greedy decoding."""
     from conftest import greedy_reference
     from test_eagle3 import head_config, head_tensors, write_head
     cfg = head_config(64, 48, aux=(0, 1))
     head_dir = write_head(tmp_path / "head", cfg, head_tensors(cfg, seed=1))
     spec = json.dumps({"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": 2})
-    rc = cli.main(["generate", "--target", files.target, "--draft", files.draft, "--speculative-config", spec,
+    rc = cli.main(["generate", "--target", files.target, "--speculative-config", spec,
                    *ENGINE_FLAGS, "--prompts", files.jsonl, "--temperature", "0", "--max-tokens", "6",
                    "--stats", str(tmp_path / "stats.json")])
     assert rc == 0
@@ -199,7 +199,8 @@ def test_bad_paths_are_clear_errors(files, tmp_path, capsys):
     bad.write_text('{"prompt_token_ids": [1, 2]}\n{"text": "x"}\n')
     m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", str(bad)])
     assert "--prompts" in m and "line 2" in m
-    m = _err(["generate", "--target", files.target, "--hf-target", files.target, "--prompts", files.jsonl])
+    m = _err(["generate", "--target", files.target, "--hf-target", files.target, "--prompts", files.jsonl,
+              "--method", "none"])
     assert "--target" in m and "not both" in m
     m = _err(["profile", "--context-lengths", "8,x"], capsys)
     assert "--context-lengths" in m
@@ -292,8 +293,8 @@ def test_outputs_never_replace_an_input_or_each_other(files, tmp_path):
     # the profile bench measures is saved beside --json: not over the EAGLE-3 profile it reads
     beside = tmp_path / "b.profile.json"
     beside.write_text("{}")
-    m = _err(["bench", "--target", missing, "--configs", "vanilla,dynamic", "--json", str(tmp_path / "b.json"),
-              "--eagle3-profile", str(beside)])
+    m = _err(["bench", "--target", missing, "--configs", "vanilla,dynamic,eagle3-dynamic",
+              "--json", str(tmp_path / "b.json"), "--eagle3-profile", str(beside)])
     assert "--json" in m and "saved beside --json" in m and "input file of --eagle3-profile" in m
 
 
@@ -447,8 +448,8 @@ def test_method_fills_in_a_speculative_config_without_one(files, tmp_path):
     cfg = tmp_path / "spec.json"
     cfg.write_text(json.dumps({"num_speculative_tokens": 3}))
     for src in ('{"num_speculative_tokens": 3}', '{"method": null, "num_speculative_tokens": 3}', str(cfg)):
-        args = types.SimpleNamespace(method="ngram", speculative_config=src)
-        spec = cli._load_spec("generate", args, has_draft=False)
+        args = types.SimpleNamespace(method="ngram", speculative_config=src, target="t", hf_target=None)
+        spec = cli._load_spec("generate", args)
         assert spec.method == "ngram" and spec.num_speculative_tokens == 3
     m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--method", "ngram",
               "--speculative-config", '{"method": "draft_model"}'])
@@ -607,3 +608,31 @@ def test_backend_and_temperature_errors_name_cli_flags(files, capsys):
     if jax.default_backend() == "cpu":  # the kernel's error advised platform='gpu' / interpret=True
         m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--backend", "pallas"])
         assert "--backend: " in m and "--backend interpret" in m and "--backend xla" in m
+
+
+def test_settings_that_would_be_ignored_are_refused(files, profile_path, tmp_path):
+    """A draft model for a method that drafts without one was loaded and dropped; --profile
+    silently replaced a different dynamic.profile; bench's EAGLE-3 and draft flags were
+    ignored where no such configuration ran. Each is refused before any model is loaded."""
+    gen = ["generate", "--target", files.target, "--prompts", files.jsonl]
+    for spec, why in (('{"method": "none"}', "'none' drafts without a draft model"),
+                      ('{"method": "ngram"}', "'ngram' drafts without a draft model"),
+                      ('{"method": "eagle3"}', "its EAGLE-3 head is the speculative config's \"model\"")):
+        m = _err(gen + ["--draft", str(tmp_path / "no_draft"), "--speculative-config", spec])
+        assert m.startswith("dsd-jax generate: error: --draft: ") and why in m and "leave --draft out" in m, m
+    m = _err(["profile", "--target", files.target, "--hf-draft", files.draft, "--method", "ngram"])
+    assert "--hf-draft: speculative method 'ngram' drafts without a draft model" in m
+    m = _err(["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "tiny-llama", "--method", "ngram"])
+    assert "--draft-synthetic: speculative method 'ngram'" in m
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    spec = json.dumps({"num_speculative_tokens": 1, "dynamic": {"profile": str(other)}})
+    m = _err(gen + ["--draft", files.draft, "--speculative-config", spec, "--profile", str(profile_path)])
+    assert "--profile" in m and "is not the speculative config's dynamic.profile" in m
+    for argv, flag in ((["--eagle3-profile", str(other)], "--eagle3-profile"), (["--eagle3-max-batch", "4"],
+                       "--eagle3-max-batch"), (["--eagle3", str(tmp_path)], "--eagle3"),
+                       (["--profile", str(other)], "--profile"), (["--draft", files.draft], "--draft")):
+        configs = "vanilla,static-1" if flag == "--profile" else "vanilla,eagle3-static-1" if "draft" in flag \
+            else "vanilla,dynamic"
+        m = _err(["bench", "--target", str(tmp_path / "no_model"), "--configs", configs] + argv)
+        assert m.startswith(f"dsd-jax bench: error: {flag}: is for the ") and "none runs" in m, (argv, m)

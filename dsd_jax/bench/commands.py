@@ -51,6 +51,21 @@ def _profile_out(out_json: str | None, given, configs, method: str) -> str | Non
     return os.path.splitext(out_json)[0] + (".eagle3" if method == "eagle3" else "") + ".profile.json"
 
 
+def _check_flags_apply(args, configs) -> None:
+    """Refuses a flag for configurations that do not run: ignored, it would look used."""
+    draft, eagle3 = ("draft_model" in methods_of(configs)), ("eagle3" in methods_of(configs))
+    for flag, attr, what, runs in (
+            ("--draft", "draft", "the draft-model configurations (static-K, dynamic)", draft),
+            ("--hf-draft", "hf_draft", "the draft-model configurations (static-K, dynamic)", draft),
+            ("--profile", "profile", "the dynamic configuration", has_dynamic(configs, "draft_model")),
+            ("--eagle3-profile", "eagle3_profile", "the eagle3-dynamic configuration", has_dynamic(configs, "eagle3")),
+            ("--eagle3", "eagle3", "the eagle3-... configurations", eagle3),
+            ("--eagle3-max-batch", "eagle3_max_batch", "the eagle3-... configurations", eagle3)):
+        if getattr(args, attr, None) is not None and not runs:
+            raise ArgumentError(flag, f"is for {what}, and none runs ({', '.join(configs)}): add one with "
+                                "--configs" + (" or --method eagle3 (or both)" if "eagle3" in what else ""))
+
+
 def _profiles(args, quick: bool, configs, source: str) -> tuple:
     """(draft-model profile, EAGLE-3 profile) the run reads: the flags', else for the built-in
     pair's dynamic configuration the shipped one (None: measured in the run)."""
@@ -85,8 +100,9 @@ def _check_paths(args, outputs) -> None:
         except ValueError as e:
             raise ArgumentError("--plot", str(e)) from e
     eagle3 = getattr(args, "eagle3", None)
-    inputs = [(f, getattr(args, a, None)) for f, a in (("--profile", "profile"), ("--eagle3-profile", "eagle3_profile"))]
-    inputs += model_inputs(args) + [("--eagle3", None if eagle3 == "builtin" else eagle3)]
+    inputs = [("--profile", getattr(args, "profile", None)),
+              ("--eagle3-profile", getattr(args, "eagle3_profile", None)),
+              ("--eagle3", None if eagle3 == "builtin" else eagle3)] + model_inputs(args)
     check_outputs(outputs.items(), inputs, overwrite=bool(getattr(args, "overwrite", False)),
                   dirs=[("--compilation-cache-dir", getattr(args, "compilation_cache_dir", None))])
 
@@ -96,6 +112,7 @@ def main(args) -> int:
     `dsd_jax.loading.ArgumentError`."""
     quick = bool(getattr(args, "quick", False))
     configs = _configs(args, quick)
+    _check_flags_apply(args, configs)
     custom = getattr(args, "target", None) or getattr(args, "hf_target", None)
     profile, eagle3_profile = _profiles(args, quick, configs, "custom" if custom else "builtin")
     outputs = _outputs(args, configs, profile, eagle3_profile)

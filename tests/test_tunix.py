@@ -402,3 +402,32 @@ def test_grpo_learner_end_to_end(tmp_path):
     assert r["groups"] == [[4, 4], [4, 4]]
     assert max(r["logprob_max_abs_diff"]) < 1e-5 and r["logprob_tokens_compared"] > 20
     assert len(r["distill"]) == 1 and r["distill"][0]["loss_after"] < r["distill"][0]["loss_before"]
+
+
+def test_memory_lets_a_revisited_prompt_draft_from_last_epochs_rollouts(policy):
+    """memory=True: each call's completions become the references of the next call's same
+    prompts, so a greedy second epoch is drafted from the first (every draft accepted, from
+    the first token on), with the tokens and logprobs unchanged; a method that reads no
+    references refuses it."""
+    spec = SpecConfig(method="suffix", num_speculative_tokens=4)
+    plain = SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(),
+                        max_batch_size=4, prefill_chunk=16, spec=spec)
+    r = SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(),
+                    max_batch_size=4, prefill_chunk=16, spec=spec, memory=True)
+    cfg = config(top_p=None, max_tokens_to_generate=12)
+    ref = plain.generate(PROMPTS, cfg)
+    first = r.generate(PROMPTS, cfg)
+    assert len(r.memory) == len(PROMPTS)
+    r.engine.reset_metrics()
+    second = r.generate(PROMPTS, cfg)
+    for out in (first, second):
+        assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+        for lp, ref_lp in zip(out.logprobs, ref.logprobs):
+            np.testing.assert_allclose(lp, ref_lp, atol=1e-6)
+    # every step but the last (cut by max_tokens) commits K + 1 = 5 tokens of every row
+    assert r.engine.metrics()["steps"] == 3 < plain.engine.metrics()["steps"]
+    with pytest.raises(ValueError, match="does not read them"):
+        SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(),
+                    spec=SpecConfig(method="ngram"), memory=True)
+    with pytest.raises(ValueError, match="memory must be a RolloutMemory"):
+        SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(), memory=[])

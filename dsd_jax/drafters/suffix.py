@@ -6,7 +6,9 @@ tokens in a token bank, which holds
   the same prompt, `SamplingParams(n=G)`), read straight from the decode state, and
 - the group's references, uploaded at admission (earlier rollouts of the prompt, from
   `generate(references=...)` or a `RolloutMemory`) into a bounded per-slot bank of
-  `SpecConfig.suffix_bank_len` tokens, the newest kept when they do not fit.
+  `SpecConfig.suffix_bank_len` tokens, the newest kept when they do not fit. Each is
+  stored behind the prompt's last `prompt_lookup_max` tokens, so the first tokens of a
+  completion can be drafted from a reference as well.
 
 The continuation after the match is proposed, up to K tokens, with one-hot q: it is
 verified like any draft, so output stays lossless. Rows without a match propose their
@@ -133,7 +135,10 @@ class Suffix(Drafter):
     def admission_value(self, name, request):
         if name == "group":
             return np.int32(request.group % (2 ** 31))
-        return pack_references(request.references, self.bank_len)
+        # each reference behind the prompt's last max_n tokens: a slot that has generated
+        # nothing yet ends in them, so its first tokens can be drafted from a reference too
+        tail = list(request.prompt[-self.max_n:])
+        return pack_references([tail + list(r) for r in request.references], self.bank_len)
 
     def admit(self, state, rows, lengths, extra=None):
         if extra is None:  # a reset (the profiler's): the slots keep their bank

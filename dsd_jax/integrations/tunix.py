@@ -47,6 +47,7 @@ from dsd_jax.engine import SpecEngine
 from dsd_jax.models.config import ModelConfig
 from dsd_jax.models.eagle3 import Eagle3Head
 from dsd_jax.models.transformer import Transformer
+from dsd_jax.rollout_memory import RolloutMemory
 from dsd_jax.sampling import GREEDY_BELOW, SamplingParams
 from dsd_jax.sharding import make_mesh
 from dsd_jax.state import MAX_STOP_IDS
@@ -166,6 +167,10 @@ class SpecRollout(base_rollout.BaseRollout):
     spec: `SpecConfig` or a vLLM-style dict of its fields (default: "draft_model" with a
         draft model, "eagle3" with a head, else "suffix": siblings of a GRPO group draft
         for each other);
+    memory: a `dsd_jax.rollout_memory.RolloutMemory` (or True for a default one): each
+        prompt's earlier rollouts become method "suffix"'s references, so the prompts a
+        GRPO loop revisits every epoch draft from last epoch's completions (`memory`
+        attribute; sampling stays exact, see `SamplingParams`);
     target: our `Transformer` to serve instead of converting `rollout_actor`;
     mapping: the `ParamMapping` for `update_params` (default: the policy family's);
     max_batch_size: engine slots (default 64; more requests queue);
@@ -197,7 +202,7 @@ class SpecRollout(base_rollout.BaseRollout):
                  draft=None, spec: SpecConfig | dict | None = None, target: Transformer | None = None,
                  mapping: param_mapping.ParamMapping | None = None, max_batch_size: int = 64,
                  max_seq_len: int | None = None, check: bool = True, distill_steps: int = 0,
-                 distill: dict | None = None, **engine_kwargs):
+                 distill: dict | None = None, memory: RolloutMemory | bool = False, **engine_kwargs):
         if tokenizer is None:
             raise ValueError("SpecRollout needs Tunix's tokenizer (tokenizer=)")
         if rollout_actor is None and (target is None or mapping is None):
@@ -213,6 +218,16 @@ class SpecRollout(base_rollout.BaseRollout):
             spec = SpecConfig(method=method)
         elif isinstance(spec, dict):  # vLLM's speculative_config, as SpecEngine takes it
             spec = SpecConfig.from_dict(spec)
+        if memory is True:
+            memory = RolloutMemory()
+        elif memory is False:
+            memory = None
+        elif not isinstance(memory, RolloutMemory):  # (an empty RolloutMemory is falsy: len 0)
+            raise ValueError(f"memory must be a RolloutMemory, True or False, got {type(memory).__name__}")
+        if memory is not None and spec.method != "suffix":
+            raise ValueError(f"memory feeds method 'suffix' its references; method {spec.method!r} "
+                             "does not read them")
+        self.memory = memory
         self.distill_steps = int(distill_steps)
         if self.distill_steps > 0 and (draft is None or spec.method != "draft_model"):
             raise ValueError("distill_steps needs a draft model (method 'draft_model', got "
@@ -281,7 +296,7 @@ class SpecRollout(base_rollout.BaseRollout):
             # not in update_params: Tunix runs it under guards against host->device copies
             self._distill()
         outs = self.engine.generate([ids[start] for start, _ in runs], sampling,
-                                    return_logprobs=cfg.return_logprobs)
+                                    return_logprobs=cfg.return_logprobs, memory=self.memory)
         self._last_outputs = outs
         tokens = [np.asarray(o.token_ids, np.int32) for o in outs]
         padded = np.full((len(ids), width), self.pad_id(), np.int32)

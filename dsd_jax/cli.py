@@ -666,9 +666,9 @@ def _add_bench(sub) -> None:
                                    "(static-K, dynamic) and the EAGLE-3 head's (eagle3-static-K, "
                                    "eagle3-dynamic), in one process.")
     _add_model_flags(b)
-    b.add_argument("--method", choices=("draft_model", "eagle3", "both"), default="draft_model",
-                   help="whose default configurations to run without --configs: the draft model's "
-                        "(default), the EAGLE-3 head's (eagle3-...) or both")
+    b.add_argument("--method", choices=("draft_model", "eagle3", "both"),
+                   help="whose default configurations to run (not with --configs, which names "
+                        "them): the draft model's (default), the EAGLE-3 head's (eagle3-...) or both")
     b.add_argument("--eagle3", metavar="DIR", help="EAGLE-3 head directory for the eagle3-... "
                    "configurations (default: the built-in head, with the built-in models)")
     b.add_argument("--eagle3-profile", metavar="FILE",

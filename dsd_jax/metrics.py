@@ -105,5 +105,6 @@ class EngineStats:
         }
 
     def save_trace(self, path: str | os.PathLike) -> None:
-        with open(path, "w") as f:
-            json.dump(self.trace, f)
+        """Writes the per-step trace as JSON (atomically: a failed write keeps an old file)."""
+        from dsd_jax.loading import atomic_write
+        atomic_write(path, lambda f: json.dump(self.trace, f))

@@ -636,3 +636,7 @@ def test_settings_that_would_be_ignored_are_refused(files, profile_path, tmp_pat
             else "vanilla,dynamic"
         m = _err(["bench", "--target", str(tmp_path / "no_model"), "--configs", configs] + argv)
         assert m.startswith(f"dsd-jax bench: error: {flag}: is for the ") and "none runs" in m, (argv, m)
+    m = _err(["bench", "--target", str(tmp_path / "no_model"), "--configs", "vanilla,static-1",
+              "--method", "eagle3"])
+    assert m.startswith("dsd-jax bench: error: --method: picks the default configurations; --configs "
+                        "names them"), m

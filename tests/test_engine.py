@@ -370,7 +370,7 @@ def test_a_tokenizer_whose_encode_returns_a_list(engine, pair):
     try:
         out = engine.generate(["1 2 3"], SamplingParams(temperature=0.0, max_tokens=4))[0]
     finally:
-        engine.tokenizer = None
+        engine.tokenizer = old
     assert out.prompt_token_ids == [1, 2, 3]
     assert out.token_ids == greedy_reference(pair[0], [1, 2, 3], 4)
     assert out.text == " ".join(map(str, out.token_ids))
@@ -767,3 +767,16 @@ def test_a_state_too_large_for_memory_names_its_sizes_and_capped_max_tokens_warn
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per engine
         engine.generate([[1, 2, 3]], sp)
+
+
+def test_a_prompt_that_is_not_valid_text_is_named(engine):
+    """A lone surrogate ("\\ud800", valid in a JSON string) is no text a tokenizer takes."""
+    import types
+    old, engine.tokenizer = engine.tokenizer, types.SimpleNamespace(encode=lambda text: [1, 2])
+    try:
+        with pytest.raises(ValueError, match=r"prompt 1 is not valid text: surrogates not allowed"):
+            engine.generate(["ok", "a\ud800"], SamplingParams(max_tokens=2))
+        with pytest.raises(ValueError, match=r"reference 0 of prompt 0 is not valid text"):
+            engine.generate(["ok"], SamplingParams(max_tokens=2), references=[["\udfff"]])
+    finally:
+        engine.tokenizer = old

@@ -37,6 +37,9 @@ def default_configs(quick: bool, method: str = "draft_model") -> list[str]:
 
 
 def _configs(args, quick: bool) -> list[str]:
+    if getattr(args, "configs", None) and getattr(args, "method", None) is not None:
+        raise ArgumentError("--method", "picks the default configurations; --configs names them "
+                            "(eagle3-static-K, eagle3-dynamic for the EAGLE-3 head): give one of the two")
     try:
         return config_list(getattr(args, "configs", None)
                            or default_configs(quick, getattr(args, "method", None) or "draft_model"))

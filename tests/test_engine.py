@@ -370,7 +370,7 @@ def test_a_tokenizer_whose_encode_returns_a_list(engine, pair):
     try:
         out = engine.generate(["1 2 3"], SamplingParams(temperature=0.0, max_tokens=4))[0]
     finally:
-        engine.tokenizer = old
+        engine.tokenizer = None
     assert out.prompt_token_ids == [1, 2, 3]
     assert out.token_ids == greedy_reference(pair[0], [1, 2, 3], 4)
     assert out.text == " ".join(map(str, out.token_ids))

@@ -73,6 +73,11 @@ class RequestOutput:
     text: str | None = None
     prompt_index: int = 0  # which prompt of the `generate` call
     index: int = 0  # which of its n completions
+    # the seed its noise was drawn from: the request's, mixed with its references' under
+    # rejection acceptance when the drafter reads them (`_references_seed`); an output given
+    # back as a reference (or kept by a RolloutMemory) carries it, so the next draw's noise
+    # is kept apart from the noise that drew the reference
+    noise_seed: int | None = None
 
 
 @dataclasses.dataclass
@@ -109,21 +114,24 @@ def _remember(memory, requests) -> None:
     """Stores finished requests' completions in a `RolloutMemory` (None: nothing)."""
     if memory is not None:
         for r in requests:
-            memory.add(r.prompt, r.tokens)
+            memory.add(r.prompt, r.tokens, noise_seed=r.seed)
 
 
-def _references_seed(seed: int, references: list[list[int]]) -> int:
+def _references_seed(seed: int, references: list[tuple[list[int], int | None]], call: int) -> int:
     """A request's noise seed when its drafter copies from references under rejection
-    acceptance: the seed mixed with a hash of the references. A reference drawn earlier
-    with the same seed was drawn from the same noise, so a draft copied from it would be
-    correlated with the noise that judges it, and rejection sampling is exact only for
-    drafts independent of that noise (a same-seed rerun with its last rollout as reference
-    drew token 2 at 0.07% instead of 2.7%). The references differ from those any of them
-    was drawn with (each contains itself), so the noise is fresh; same seed and same
-    references still give the same output."""
+    acceptance. Rejection sampling is exact only for drafts independent of the noise that
+    judges them, and a reference drawn with the same seed came from that very noise (a
+    fixed seed per prompt each epoch, its last rollout as reference: P(token) fell from
+    2.7% to 0.07%). So the seed is mixed with each reference's tokens and the seed its own
+    noise came from (`RequestOutput.noise_seed`): the result differs from every seed the
+    references, and the references they were drafted from, were drawn with (a hash never
+    equals one of its inputs), whatever tokens repeat. A reference of unknown origin (bare
+    tokens) mixes in the engine's call number instead: fresh for each call of this engine.
+    Same seed and same references (with their noise seeds) give the same output."""
     digest = hashlib.blake2b(digest_size=8)
-    for ref in references:
-        digest.update(np.asarray(ref, np.int64).tobytes() + b"|")
+    for ids, noise_seed in references:
+        origin = f"seed {noise_seed}" if noise_seed is not None else f"call {call}"
+        digest.update(np.asarray(ids, np.int64).tobytes() + origin.encode() + b"|")
     mix = int.from_bytes(digest.digest(), "little")
     return int(np.random.SeedSequence([seed, mix]).generate_state(1)[0])
 
@@ -248,6 +256,7 @@ class SpecEngine:
         self._seed = seed
         self._warned_capped = False
         self._request_ids = itertools.count()
+        self._calls = itertools.count()  # accepted generate/stream calls (`_references_seed`)
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
         # threads calling one engine cannot both get in
         self._run_lock = threading.Lock()
@@ -398,6 +407,13 @@ class SpecEngine:
             raise ValueError(f"{what} has token ids outside the vocabulary [0, {vocab})")
         return ids
 
+    def _reference(self, given, what: str) -> tuple[list[int], int | None]:
+        """A reference as (token ids, the seed its noise was drawn from, None if unknown): a
+        `RequestOutput` carries its `noise_seed`, token ids or a string do not."""
+        if isinstance(given, RequestOutput):
+            return self._token_ids(given.token_ids, what), given.noise_seed
+        return self._token_ids(given, what), None
+
     def _request_params(self, sp: SamplingParams, i: int) -> SamplingParams:
         """Prompt i's SamplingParams checked against this engine before anything runs: a
         value the device's int32/uint32 arrays cannot hold would otherwise fail at admission,
@@ -427,9 +443,8 @@ class SpecEngine:
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             prompt = self._token_ids(prompt, f"prompt {i}")
             sp = self._request_params(sp, i)
-            refs = [] if memory is None else memory.references(prompt)
-            refs += [self._token_ids(c, f"reference {j} of prompt {i}")
-                     for j, c in enumerate(references[i])]
+            refs = [] if memory is None else memory.entries(prompt)  # (tokens, noise seed)
+            refs += [self._reference(c, f"reference {j} of prompt {i}") for j, c in enumerate(references[i])]
             if not prompt:
                 raise ValueError(f"prompt {i} is empty")
             if len(prompt) >= self.max_seq_len:
@@ -454,16 +469,18 @@ class SpecEngine:
     def _make_requests(self, checked: list[tuple]) -> list[_Request]:
         """The requests of a checked call, numbered (an unseeded request's seed hashes its id)."""
         mix_references = self.drafter.reads_references and self.spec.acceptance == "rejection"
+        call = next(self._calls)
         requests = []
         for i, (prompt, sp, refs) in enumerate(checked):
+            tokens = [ids for ids, _ in refs]
             group = -1
             for g in range(sp.n):
                 rid = next(self._request_ids)
                 group = rid if g == 0 else group
                 seed = _engine_seed(self._seed, rid) if sp.seed is None else sp.seed + g
                 if refs and mix_references:
-                    seed = _references_seed(seed, refs)
-                requests.append(_Request(rid, prompt, sp, seed, i, g, group, refs))
+                    seed = _references_seed(seed, refs, call)
+                requests.append(_Request(rid, prompt, sp, seed, i, g, group, tokens))
         return requests
 
     def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -472,8 +489,9 @@ class SpecEngine:
         """Generates for every prompt; outputs in prompt order (a prompt's n completions
         adjacent). More requests than slots queue.
 
-        references: per prompt, earlier continuations of it (token-id lists or strings)
-        that a drafter may copy from (method "suffix"); memory: a
+        references: per prompt, earlier continuations of it (token-id lists, strings, or
+        earlier `RequestOutput`s: those carry the seed their noise came from, see
+        `SamplingParams`) that a drafter may copy from (method "suffix"); memory: a
         `dsd_jax.rollout_memory.RolloutMemory` giving each prompt its stored completions
         as references and storing this call's completions when it returns.
         """
@@ -517,7 +535,7 @@ class SpecEngine:
         return RequestOutput(r.request_id, r.prompt, list(r.tokens), r.finish_reason,
                              list(r.logprobs) if return_logprobs else None,
                              list(r.raw_logprobs) if return_logprobs else None, text,
-                             r.prompt_index, r.index)
+                             r.prompt_index, r.index, r.seed)
 
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: _Request) -> int:

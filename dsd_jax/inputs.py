@@ -99,8 +99,8 @@ def check_size(name: str, value, low: int) -> int:
 
 
 def reference_lists(references, n: int) -> list[list]:
-    """references[i]: the continuations (token-id lists or strings) prompt i's lookup drafter
-    may copy from, for each of the n prompts. One continuation given bare (a flat id list, or
+    """references[i]: the continuations (token-id lists, strings or `RequestOutput`s) prompt
+    i's lookup drafter may copy from, for each of the n prompts. One continuation given bare (a flat id list, or
     a string, whose characters would each become a one-token reference) is refused."""
     if references is None:
         return [[] for _ in range(n)]
@@ -112,8 +112,8 @@ def reference_lists(references, n: int) -> list[list]:
     out = []
     for i, given in enumerate(references):
         if not isinstance(given, (list, tuple)):
-            raise ValueError(f"references[{i}] must be a list of continuations (token-id lists or "
-                             f"strings) for prompt {i}, got {type(given).__name__}")
+            raise ValueError(f"references[{i}] must be a list of continuations (token-id lists, "
+                             f"strings or RequestOutputs) for prompt {i}, got {type(given).__name__}")
         if given and is_integer(given[0]):
             raise ValueError(f"references[{i}] is one flat list of token ids; give a list of "
                              f"continuations (wrap it in a list)")

@@ -29,15 +29,22 @@ class RolloutMemory:
 
     def references(self, prompt: Sequence[int]) -> list[list[int]]:
         """The stored completions of `prompt`, oldest first (a copy)."""
+        return [tokens for tokens, _ in self.entries(prompt)]
+
+    def entries(self, prompt: Sequence[int]) -> list[tuple[list[int], int | None]]:
+        """The stored completions of `prompt` with the seed each one's noise was drawn from
+        (None: not given), oldest first: the engine keeps the next draw's noise apart from
+        theirs (`SamplingParams`)."""
         key = tuple(int(t) for t in prompt)
         stored = self._store.get(key)
         if stored is None:
             return []
         self._store.move_to_end(key)
-        return [list(c) for c in stored]
+        return [(list(tokens), seed) for tokens, seed in stored]
 
-    def add(self, prompt: Sequence[int], completion: Sequence[int]) -> None:
-        """Stores one finished completion of `prompt` (empty completions are skipped)."""
+    def add(self, prompt: Sequence[int], completion: Sequence[int], noise_seed: int | None = None) -> None:
+        """Stores one finished completion of `prompt` (empty completions are skipped), with the
+        seed its noise was drawn from (`RequestOutput.noise_seed`; the engine passes it)."""
         if not completion:
             return
         key = tuple(int(t) for t in prompt)
@@ -47,4 +54,4 @@ class RolloutMemory:
             while len(self._store) > self.max_prompts:
                 self._store.popitem(last=False)
         self._store.move_to_end(key)
-        stored.append(tuple(int(t) for t in completion))
+        stored.append((tuple(int(t) for t in completion), None if noise_seed is None else int(noise_seed)))

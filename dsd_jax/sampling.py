@@ -103,9 +103,11 @@ class SamplingParams:
     on the batch (a static K); with method "suffix" siblings draft for each other and a
     member's tokens differ from the single request's (each is still an exact sample).
     With method "suffix" under "rejection", a request given references (or a
-    `RolloutMemory`) draws its noise from the seed mixed with a hash of them: a reference
-    drawn with the same seed came from the same noise, and a draft copied from it would bias
-    acceptance. Same seed and same references give the same output.
+    `RolloutMemory`) draws its noise from the seed mixed with them (their tokens and the
+    seed each was drawn from, `RequestOutput.noise_seed`; pass outputs themselves as
+    references, or the engine mixes in its call number): a reference drawn with the same
+    seed came from the same noise, and a draft copied from it would bias acceptance. Same
+    seed and same references (outputs) give the same output.
 
     Every field is checked and normalised here (ints, floats, a tuple of ints): a float
     where an integer belongs (n=2.0, seed=2.5, a stop id 1.9) is refused, not truncated.

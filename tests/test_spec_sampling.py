@@ -238,12 +238,11 @@ def test_temperature_edges_and_vllm_top_k_off():
         SamplingParams(top_k=-2)
 
 
-def _first_token_p_value(outs, p1) -> float:
-    """Chi-square p-value of the outputs' first tokens against the exact law p1 (cells
-    with an expected count under 5 pooled)."""
+def _chi2_p_value(observed, law) -> float:
+    """Chi-square p-value of counts `observed` against the exact probabilities `law` (same
+    shape; cells with an expected count under 5 pooled)."""
     from scipy import stats
-    obs = np.bincount([o.token_ids[0] for o in outs], minlength=VOCAB).astype(float)
-    exp = p1 * len(outs)
+    obs, exp = np.ravel(observed).astype(float), np.ravel(law) * np.sum(observed)
     small = exp < 5
     obs = np.append(obs[~small], obs[small].sum())
     exp = np.append(exp[~small], exp[small].sum())
@@ -251,25 +250,60 @@ def _first_token_p_value(outs, p1) -> float:
     return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
-def test_same_seed_rerun_with_its_own_rollouts_as_references_is_exact(small_vocab_pair, monkeypatch):
-    """An RL loop seeding each prompt the same every epoch, its last rollouts as suffix
-    references: a reference drawn with the request's seed came from the noise that would
-    judge a draft copied from it. Under rejection acceptance the engine mixes the references
-    into the seed, so the rerun is still an exact sample of the target."""
+def test_a_fixed_seed_rl_loop_drafting_from_its_own_rollouts_stays_exact(small_vocab_pair, monkeypatch):
+    """An RL loop seeding each prompt the same every epoch, its last rollout as the suffix
+    reference: a reference drawn with the request's seed came from the noise that would judge
+    a draft copied from it. Under rejection acceptance the engine mixes each reference's
+    tokens and noise seed into the request's seed, so every epoch is an exact sample of the
+    target (the law of the first two tokens, chi-square), whether the references come back
+    as outputs, through a RolloutMemory or as bare tokens (fresh per call)."""
     import dsd_jax.engine as engine_module
+    from dsd_jax.rollout_memory import RolloutMemory
     target, _ = small_vocab_pair
     engine = make_engine(target, None, method="suffix", max_batch_size=64, batch_buckets=(64,),
-                         controller=FixedK([3]))
-    n = 4096
-    params = [SamplingParams(temperature=1.0, max_tokens=3, seed=i) for i in range(n)]
-    p1 = exact_joint(target, SamplingParams(temperature=1.0)).sum(1)
-    first = engine.generate([PROMPT] * n, params)
-    rerun = engine.generate([PROMPT] * n, params, references=[[o.token_ids] for o in first])
-    assert _first_token_p_value(first, p1) > 1e-4 and _first_token_p_value(rerun, p1) > 1e-4
+                         controller=FixedK([3]), num_speculative_tokens=3)
+    prompt, n = [3, 0], 4096
+    sp = SamplingParams(temperature=1.0, top_k=3, max_tokens=2)
+    params = [SamplingParams(**{**sp.__dict__, "seed": i}) for i in range(n)]
+
+    def probs(seq):
+        logits = jnp.asarray(oracle_logits(target, seq))[None]
+        return np.asarray(sampling.sampling_probs(logits, jnp.array([1.0]), jnp.array([3]),
+                                                  jnp.array([1.0])), np.float64)[0]
+    law = np.stack([probs(prompt)[a] * probs(prompt + [a]) for a in range(VOCAB)])
+
+    def p_value(outs):
+        counts = np.zeros((VOCAB, VOCAB))
+        for o in outs:
+            counts[o.token_ids[0], o.token_ids[1]] += 1
+        return _chi2_p_value(counts, law)
+
+    def epochs(run, count=5):
+        outs = [run(None)]
+        for _ in range(count - 1):
+            outs.append(run(outs[-1]))
+        return outs
+
+    as_outputs = epochs(lambda prev: engine.generate(
+        [prompt] * n, params, references=None if prev is None else [[o] for o in prev]))
+    bare = epochs(lambda prev: engine.generate(
+        [prompt] * n, params, references=None if prev is None else [[o.token_ids] for o in prev]))
+    for outs in (as_outputs, bare):
+        assert min(map(p_value, outs)) > 1e-4, [p_value(o) for o in outs]
+    # a RolloutMemory keeps each completion's noise seed, and each epoch draws from a new one
+    memory, seen = RolloutMemory(per_prompt=1), set()
+    for _ in range(4):  # (the first has no reference: its noise seed is the request's)
+        (out,) = engine.generate([prompt], params[:1], memory=memory)
+        assert memory.entries(prompt) == [(out.token_ids, out.noise_seed)] and out.noise_seed not in seen
+        seen.add(out.noise_seed)
     # same seed and same references: the same output
-    again = engine.generate([PROMPT] * 64, params[:64], references=[[o.token_ids] for o in first[:64]])
-    assert [o.token_ids for o in again] == [o.token_ids for o in rerun[:64]]
-    # power: with the seed left unmixed the rerun is far from the target's law
-    monkeypatch.setattr(engine_module, "_references_seed", lambda seed, refs: seed)
-    biased = engine.generate([PROMPT] * n, params, references=[[o.token_ids] for o in first])
-    assert _first_token_p_value(biased, p1) < 1e-6
+    again = engine.generate([prompt] * 64, params[:64], references=[[o] for o in as_outputs[3][:64]])
+    assert [o.token_ids for o in again] == [o.token_ids for o in as_outputs[4][:64]]
+    # power: mixing the tokens alone (the noise seeds left out) repeats an epoch's noise
+    # whenever its output equals its reference, and the law drifts within five epochs
+    mix = engine_module._references_seed
+    monkeypatch.setattr(engine_module, "_references_seed",
+                        lambda seed, refs, call: mix(seed, [(ids, 0) for ids, _ in refs], 0))
+    drifting = epochs(lambda prev: engine.generate(
+        [prompt] * n, params, references=None if prev is None else [[o] for o in prev]))
+    assert p_value(drifting[-1]) < 1e-6

@@ -158,10 +158,11 @@ class SpecEngine:
     `spec` (and `profile`). A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
     whenever no request is queued.
-    Under `jax.distributed` every process runs `generate` on the same requests and the
-    engine keeps their K identical: `multihost_strategy` "broadcast" (process 0 decides)
-    or "allgather" (every controller sees the slowest process's step times); see
-    `dsd_jax.multihost`.
+    Under `jax.distributed`, on a mesh spanning the processes, every process runs
+    `generate` on the same requests and the engine keeps their K identical:
+    `multihost_strategy` "broadcast" (process 0 decides) or "allgather" (every controller
+    sees the slowest process's step times); see `dsd_jax.multihost`. An engine on one
+    process's own devices (no mesh, or a local mesh) runs alone.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
@@ -249,7 +250,8 @@ class SpecEngine:
                     warnings.warn(f"{problem}; re-profile this engine (`dsd-jax profile`)",
                                   ProfileMismatchWarning, stacklevel=2)
         self.controller = controller
-        self.agreement = multihost.agreement(multihost_strategy)  # None in a single process
+        # None unless the mesh spans several processes (`jax.distributed`)
+        self.agreement = multihost.agreement(multihost_strategy, self.placement.mesh)
         self.stats = EngineStats(self.max_k)
         self._prefilled = False
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)

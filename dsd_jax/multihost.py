@@ -99,8 +99,18 @@ class Agreement:
         return slowest
 
 
-def agreement(strategy: str) -> Agreement | None:
-    """An `Agreement` when this is one process of several, else None (nothing to agree)."""
+def agreement(strategy: str, mesh=None) -> Agreement | None:
+    """An `Agreement` when the engine's mesh spans several processes, else None: an engine
+    on this process's devices alone (no mesh, or a local one) runs no collective, so each
+    process may run its own requests without waiting on the others."""
     if strategy not in STRATEGIES:
         raise ValueError(f"multihost strategy must be one of {STRATEGIES}, got {strategy!r}")
-    return Agreement(strategy) if jax.process_count() > 1 else None
+    if jax.process_count() == 1 or mesh is None:
+        return None
+    processes = {d.process_index for d in mesh.devices.flat}
+    if jax.process_index() not in processes:
+        raise ValueError(f"the mesh holds none of this process's devices (process {jax.process_index()}; "
+                         f"its devices are on processes {sorted(processes)}): under jax.distributed "
+                         f"every process runs the engine on its own devices of the mesh "
+                         f"(`make_mesh` over jax.devices() takes every process's)")
+    return Agreement(strategy) if len(processes) > 1 else None

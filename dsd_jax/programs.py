@@ -9,7 +9,6 @@ indices are per shard, and a step's outputs are [rounds, data * bucket, ...].
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import warnings
@@ -91,10 +90,10 @@ class Programs:
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
-            # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`)
-            mesh = self.placement.mesh
+            # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`);
+            # without one under no mesh at all, not a caller's `jax.set_mesh` around the call
             try:
-                with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+                with jax.set_mesh(self.placement.mesh):
                     lowered = lower()
                 exe = lowered.compile()
             except Exception as err:  # noqa: BLE001  (Triton/Mosaic raise many kinds)

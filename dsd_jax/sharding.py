@@ -126,11 +126,20 @@ def per_device_bytes(tree, specs, sizes: Mapping[str, int]) -> int:
     return total
 
 
+def _default_device():
+    """The device new arrays go to (`jax.default_device` if set, else this process's first)."""
+    device = jax.config.jax_default_device
+    if isinstance(device, str):  # a platform name
+        return jax.local_devices(backend=device)[0]
+    return device if device is not None else jax.local_devices()[0]
+
+
 class Placement:
     """How one engine lays out its arrays: one device (`mesh=None`) or a mesh.
 
-    Without a mesh every method is the identity (arrays stay where JAX puts them), so the
-    single-device engine compiles exactly the programs it always did.
+    Without a mesh every method but `put_params` is the identity (arrays stay where JAX
+    puts them: the default device), so the single-device engine compiles exactly the
+    programs it always did.
     """
 
     def __init__(self, mesh: Mesh | None, target_kv_heads: int, draft_kv_heads: int | None):
@@ -159,10 +168,16 @@ class Placement:
         return state_specs(state, 1, 1, {DATA: self.sizes[DATA]})
 
     def put_params(self, params, role: str):
-        """Params onto their shardings; device-to-device when they are already on devices
-        (a trainer's sharded output), so transfer guards against host copies hold."""
+        """Params onto their shardings (without a mesh: the default device, where the
+        engine's state and programs are; arrays already there are kept, not copied);
+        device-to-device when they are already on devices (a trainer's sharded output), so
+        transfer guards against host copies hold."""
+        if params is None:
+            return None
         shardings = self.param_shardings(params, role)
-        return params if shardings is None else jax.device_put(params, shardings)
+        if shardings is None:
+            shardings = jax.sharding.SingleDeviceSharding(_default_device())
+        return jax.device_put(params, shardings)
 
     def new_state(self, make):
         """`make()` (an `init_state` call) built directly in its shardings: a large cache is
@@ -244,10 +259,12 @@ def _abstract_params(cfg):
 def make_mesh(data: int = 1, model: int = 1, devices=None) -> Mesh:
     """A ("data", "model") mesh over the first data * model devices, axes in Auto mode
     (GSPMD propagates shardings; `jax.make_mesh` defaults to Explicit axes)."""
+    devices_given = devices
     devices = list(jax.devices() if devices is None else devices)
     if data < 1 or model < 1:
         raise ValueError(f"mesh sizes must be >= 1, got data={data}, model={model}")
     if data * model > len(devices):
-        raise ValueError(f"a {data}x{model} mesh needs {data * model} devices, this process has "
+        raise ValueError(f"a {data}x{model} mesh needs {data * model} devices, "
+                         f"{'jax.devices() (every process) has' if devices_given is None else 'got'} "
                          f"{len(devices)}")
     return Mesh(np.array(devices[:data * model]).reshape(data, model), (DATA, MODEL))

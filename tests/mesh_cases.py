@@ -139,6 +139,25 @@ ref.set_params(target=jax.device_put(ref._target_params, jax.devices()[1]))
 results["single"]["param_devices_after_move"] = sorted(
     {d.id for x in jax.tree.leaves(ref._target_params) for d in x.devices()})
 results["single"]["greedy_after_move"] = tokens(ref, GREEDY)
+# without a mesh, a model whose weights live elsewhere (device 1, or sharded over a
+# trainer's mesh) is served from the default device (the first generate failed on the
+# input shardings); and a caller's `jax.set_mesh` around the engine does not reach its
+# programs (the Pallas kernels traced per device of that mesh, and the state kept its layout)
+elsewhere = {}
+for name, where in (("device_1", jax.devices()[1]),
+                    ("replicated_2", jax.sharding.NamedSharding(mesh(2, 1), jax.sharding.PartitionSpec()))):
+    moved = scaled(models.init_model(tiny_config(), seed=0), 3.0)
+    from flax import nnx  # noqa: E402
+    nnx.update(moved, jax.device_put(nnx.state(moved), where))
+    e = SpecEngine(moved, None, SpecConfig(method="ngram", num_speculative_tokens=2,
+                                           acceptance="drafter_invariant"),
+                   max_batch_size=4, max_seq_len=64, prefill_chunk=16, batch_buckets=[1, 4])
+    elsewhere[name] = tokens(e, GREEDY)
+results["single"]["params_elsewhere"] = elsewhere
+ambient = engine(None, backend="interpret")
+with jax.set_mesh(mesh(1, 2)):
+    inside = tokens(ambient, GREEDY)
+results["single"]["ambient_mesh"] = [inside, tokens(ambient, GREEDY)]
 for d, m in ((2, 2), (4, 1)):
     e = engine(mesh(d, m))
     r = results[f"{d}x{m}"] = {"greedy_draft": tokens(e, GREEDY), "coupled": tokens(e, COUPLED),

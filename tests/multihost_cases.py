@@ -64,5 +64,17 @@ def run(strategy: str, params) -> dict:
 results = {"process": pid, "devices": jax.device_count(), "local": jax.local_device_count()}
 results["broadcast"] = run("broadcast", GREEDY)
 results["allgather"] = run("allgather", COUPLED)
+# an engine on this process's own devices (no mesh, or a local one) runs no collective:
+# no agreement, so each process runs its own requests (process 1 many more than process 0)
+mine = PROMPTS[:1] if pid == 0 else PROMPTS
+for name, m in (("local_mesh", make_mesh(1, 2, devices=jax.local_devices())), ("no_mesh", None)):
+    e = engine(m)
+    results[name] = {"agreement": e.agreement is not None,
+                     "tokens": [o.token_ids for o in e.generate(mine, GREEDY)]}
+try:  # a mesh over the first two devices holds none of process 1's
+    engine(make_mesh(1, 2))
+    results["foreign_mesh"] = None
+except ValueError as err:
+    results["foreign_mesh"] = str(err)
 print("RESULTS " + json.dumps(results), flush=True)
 jax.distributed.shutdown()

@@ -83,9 +83,14 @@ def test_no_compilation_after_warmup(results):
     assert results["compilations_after_warmup"] == 0
 
 
-def test_set_params_moves_weights_from_another_device(results):
+def test_weights_from_another_device_and_a_callers_mesh(results):
     single = results["single"]
     assert single["param_devices_after_move"] == [0]
+    # built from weights on another device, or on two: served from the default one
+    ngram = single["greedy_ngram"]
+    assert single["params_elsewhere"] == {"device_1": ngram, "replicated_2": ngram}
+    # a caller's jax.set_mesh around a mesh=None engine (Pallas kernels) changes nothing
+    assert single["ambient_mesh"] == [single["greedy_draft"]] * 2
     assert single["greedy_after_move"] == single["greedy_draft"]
 
 

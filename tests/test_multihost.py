@@ -37,3 +37,15 @@ def test_tokens_equal_one_device(processes, single_device, strategy):
     """Greedy (broadcast run) and drafter-invariant sampling (allgather run)."""
     for r in processes:
         assert r[strategy]["tokens"] == single_device[strategy]
+
+
+def test_an_engine_on_its_own_processs_devices_runs_alone(processes, single_device):
+    """No mesh, or a mesh of this process's devices: no agreement, so the processes run
+    different requests without waiting on each other (each waited 120 s, then failed); a
+    mesh holding none of this process's devices is refused when the engine is built."""
+    for r in processes:
+        mine = 1 if r["process"] == 0 else len(single_device["broadcast"])
+        for name in ("local_mesh", "no_mesh"):
+            assert r[name] == {"agreement": False, "tokens": single_device["broadcast"][:mine]}
+    assert processes[0]["foreign_mesh"] is None
+    assert "the mesh holds none of this process's devices (process 1" in processes[1]["foreign_mesh"]

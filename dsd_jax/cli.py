@@ -365,14 +365,18 @@ def cmd_profile(args) -> int:
     if args.acceptance is not None:
         if any(not 0.0 <= a <= 1.0 for a in args.acceptance):
             _fail(cmd, "--acceptance", f"values must be probabilities in [0, 1], got {args.acceptance}")
-        if len(args.acceptance) != spec.max_k:
-            _fail(cmd, "--acceptance", f"give a_1..a_K, exactly {spec.max_k} values (K = "
-                  f"num_speculative_tokens), got {len(args.acceptance)}")
+        if len(args.acceptance) < spec.max_k:
+            _fail(cmd, "--acceptance", f"give a_1..a_K for every K up to {spec.max_k} "
+                  f"(num_speculative_tokens), got {len(args.acceptance)} values")
         from dsd_jax.profile import check_nonincreasing
         try:
             check_nonincreasing("values", args.acceptance)
         except ValueError as e:
             _fail(cmd, "--acceptance", str(e))
+        if len(args.acceptance) > spec.max_k:  # a published curve may run past this K
+            print(f"dsd-jax profile: note: K = {spec.max_k}: recording a_1..a_{spec.max_k} = "
+                  f"{args.acceptance[:spec.max_k]}; the other {len(args.acceptance) - spec.max_k} "
+                  f"value(s) are past K", file=sys.stderr)
         prompts = None
     else:
         if source == "synthetic" and spec.max_k > 0:
@@ -621,8 +625,9 @@ def _add_profile(sub) -> None:
     p.add_argument("--draft-synthetic", metavar="NAME", help="draft: likewise (e.g. llama-3.2-1b, qwen3-0.6b)")
     p.add_argument("--acceptance", type=_float_list, metavar="A1,A2,...",
                    help="per-position acceptance a_i = P(accepted >= i) to record instead of measuring "
-                        "it (e.g. a published curve; needed with random weights); K values, K = "
-                        "num_speculative_tokens; the acceptance-run flags (--prompts, ...) do not apply")
+                        "it (e.g. a published curve; needed with random weights); at least K values, "
+                        "K = num_speculative_tokens (those past K are noted and not recorded); the "
+                        "acceptance-run flags (--prompts, ...) do not apply")
     p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
     _add_overwrite_flag(p, "--out")
     p.set_defaults(func=cmd_profile, dtype=None)  # float32, or bfloat16 for --synthetic

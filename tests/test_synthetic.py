@@ -89,7 +89,7 @@ def test_cli_profile_synthetic_with_given_acceptance(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--acceptance: values: a_2 = 0.6 exceeds a_1 = 0.5"):
         main(two + ["--acceptance", "0.5,0.6"])
     with pytest.raises(SystemExit, match="--synthetic: unknown model 'gpt-2'"):
-        main(["profile", "--synthetic", "gpt-2", "--out", fresh])
+        main(["profile", "--synthetic", "gpt-2", "--draft-synthetic", "tiny-llama-draft", "--out", fresh])
     with pytest.raises(SystemExit, match="--draft-synthetic: vocabulary"):
         main(["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "qwen3-0.6b",
               "--out", fresh])

@@ -306,6 +306,21 @@ class SpecEngine:
         self._check_idle("set_params_from")
         set_params_from(self, mapping, state, role)
 
+    @staticmethod
+    def _running_error() -> RuntimeError:
+        return RuntimeError(
+            "this engine is already running a stream() or generate() call (one run at a "
+            "time: a second would take the first's slots). Exhaust the first stream or "
+            "close it (its .close(); breaking out of a `for` loop over engine.stream(...) "
+            "closes it) before starting another run, or use a second engine")
+
+    def _numbered(self, checked: list[tuple]) -> list[_Request]:
+        """`_make_requests`, refused first when a run is under way (a refused call takes
+        no request ids)."""
+        if self._run_lock.locked():
+            raise self._running_error()
+        return self._make_requests(checked)
+
     def _check_idle(self, what: str) -> None:
         if self._run_lock.locked():
             raise RuntimeError(
@@ -497,7 +512,7 @@ class SpecEngine:
         `dsd_jax.rollout_memory.RolloutMemory` giving each prompt its stored completions
         as references and storing this call's completions when it returns.
         """
-        requests = self._make_requests(self._check_call(prompts, sampling, references, memory))
+        requests = self._numbered(self._check_call(prompts, sampling, references, memory))
         with contextlib.closing(self._run(requests)) as run:  # closed even if progress raises
             for _ in run:
                 if progress:
@@ -523,7 +538,7 @@ class SpecEngine:
         return self._stream(self._check_call(prompts, sampling, references, memory), memory)
 
     def _stream(self, checked: list[tuple], memory=None) -> Iterator[tuple[int, list[int]]]:
-        requests = self._make_requests(checked)
+        requests = self._numbered(checked)
         index = {r.request_id: i for i, r in enumerate(requests)}
         # closing the stream closes its run at once, which frees the slots and the engine
         with contextlib.closing(self._run(requests)) as run:
@@ -744,11 +759,7 @@ class SpecEngine:
         # Every run packs its requests from slot 0 of the one device state: a second run
         # while a stream is suspended would overwrite the first's slots and lose its tokens.
         if not self._run_lock.acquire(blocking=False):
-            raise RuntimeError(
-                "this engine is already running a stream() or generate() call (one run at a "
-                "time: a second would take the first's slots). Exhaust the first stream or "
-                "close it (its .close(); breaking out of a `for` loop over engine.stream(...) "
-                "closes it) before starting another run, or use a second engine")
+            raise self._running_error()
         queue = collections.deque(requests)
         shards: list[list[_Request]] = [[] for _ in range(self.data)]  # live, in slot order
         inflight = None

@@ -749,9 +749,22 @@ def test_refused_calls_and_unstarted_streams_shift_no_later_seed(pair):
         with pytest.raises(ValueError, match="prompt 1 is empty"):
             engine.generate([[1, 2], []], sp)
 
+    def while_running(engine):
+        stream = engine.stream(prompts, sp)
+        next(stream)
+        with pytest.raises(RuntimeError, match="already running"):
+            engine.generate(prompts, sp)
+        second = engine.stream(prompts, sp)
+        with pytest.raises(RuntimeError, match="already running"):
+            next(second)
+        stream.close()
+
     fresh = run(lambda engine: None)
     assert run(refused) == fresh
     assert run(lambda engine: engine.stream(prompts, sp)) == fresh
+    once = run(lambda engine: engine.generate(prompts, sp))  # a call that ran takes its ids ...
+    assert once != fresh
+    assert run(while_running) == once  # ... and refused ones none
 
 
 def test_a_state_too_large_for_memory_names_its_sizes_and_capped_max_tokens_warn_once(pair):

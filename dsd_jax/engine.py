@@ -257,6 +257,7 @@ class SpecEngine:
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
         self._warned_capped = False
+        self._warned_references = False
         self._request_ids = itertools.count()
         self._calls = itertools.count()  # accepted generate/stream calls (`_references_seed`)
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
@@ -469,6 +470,12 @@ class SpecEngine:
                                  "leaves no room to generate")
             checked.append((prompt, sp, refs))
         self._warn_capped(checked)
+        if (memory is not None or any(references)) and not self.drafter.reads_references \
+                and not self._warned_references:
+            self._warned_references = True
+            warnings.warn(f"method {self.spec.method!r} drafts without references: references= and "
+                          f"memory= are not read (a memory still stores the completions; method "
+                          f"'suffix' reads them; warned once per engine)", UserWarning, stacklevel=3)
         return checked
 
     def _warn_capped(self, checked: list[tuple]) -> None:

@@ -793,3 +793,16 @@ def test_a_prompt_that_is_not_valid_text_is_named(engine):
             engine.generate(["ok"], SamplingParams(max_tokens=2), references=[["\udfff"]])
     finally:
         engine.tokenizer = old
+
+
+def test_references_to_a_method_that_reads_none_warn_once(pair):
+    from dsd_jax.rollout_memory import RolloutMemory
+    engine = make_engine(*pair, method="draft_model", max_seq_len=48, controller=FixedK([2]))
+    sp = SamplingParams(temperature=0.0, max_tokens=3)
+    with pytest.warns(UserWarning, match="method 'draft_model' drafts without references"):
+        engine.generate([[1, 2]], sp, references=[[[1, 2, 3]]])
+    memory = RolloutMemory()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per engine
+        out = engine.generate([[1, 2]], sp, memory=memory)
+    assert memory.references([1, 2]) == [out[0].token_ids]  # the memory still stores them

@@ -256,8 +256,7 @@ class SpecEngine:
         self._prefilled = False
         self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
-        self._warned_capped = False
-        self._warned_references = False
+        self._warned: set[str] = set()  # `_warn_once` keys
         self._request_ids = itertools.count()
         self._calls = itertools.count()  # accepted generate/stream calls (`_references_seed`)
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
@@ -469,26 +468,26 @@ class SpecEngine:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} "
                                  "leaves no room to generate")
             checked.append((prompt, sp, refs))
-        self._warn_capped(checked)
-        if (memory is not None or any(references)) and not self.drafter.reads_references \
-                and not self._warned_references:
-            self._warned_references = True
-            warnings.warn(f"method {self.spec.method!r} drafts without references: references= and "
-                          f"memory= are not read (a memory still stores the completions; method "
-                          f"'suffix' reads them; warned once per engine)", UserWarning, stacklevel=3)
-        return checked
-
-    def _warn_capped(self, checked: list[tuple]) -> None:
-        """Warns (once per engine) when a request's max_tokens does not fit in its slot: it
-        then stops at max_seq_len with finish_reason "length", as vLLM's max_model_len."""
+        # a max_tokens that does not fit in the slot stops at max_seq_len, finish_reason
+        # "length" (as vLLM's max_model_len)
         capped = [i for i, (prompt, sp, _) in enumerate(checked)
                   if len(prompt) + sp.max_tokens > self.max_seq_len]
-        if capped and not self._warned_capped:
-            self._warned_capped = True
-            warnings.warn(f"{len(capped)} request(s) (first: prompt {capped[0]}) ask for more tokens "
-                          f"than max_seq_len {self.max_seq_len} leaves after the prompt: they stop "
-                          f"there, finish_reason 'length' (warned once per engine)", UserWarning,
-                          stacklevel=4)
+        if capped:
+            self._warn_once("capped", f"{len(capped)} request(s) (first: prompt {capped[0]}) ask for more "
+                            f"tokens than max_seq_len {self.max_seq_len} leaves after the prompt: they "
+                            f"stop there, finish_reason 'length'")
+        if (memory is not None or any(references)) and not self.drafter.reads_references:
+            self._warn_once("references", f"method {self.spec.method!r} drafts without references: "
+                            f"references= and memory= are not read (a memory still stores the "
+                            f"completions; method 'suffix' reads them)")
+        return checked
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """A UserWarning at the caller of generate/stream, the first time only for this engine
+        (an RL loop calls them thousands of times)."""
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message + " (warned once per engine)", UserWarning, stacklevel=4)
 
     def _make_requests(self, checked: list[tuple]) -> list[_Request]:
         """The requests of a checked call, numbered (an unseeded request's seed hashes its id)."""

@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from tunix.rl.rollout import base_rollout
 
-from dsd_jax import param_mapping
+from dsd_jax import drafters, param_mapping
 from dsd_jax.config import SpecConfig
 from dsd_jax.distill import DraftDistiller, token_logps
 from dsd_jax.engine import SpecEngine
@@ -224,9 +224,9 @@ class SpecRollout(base_rollout.BaseRollout):
             memory = None
         elif not isinstance(memory, RolloutMemory):  # (an empty RolloutMemory is falsy: len 0)
             raise ValueError(f"memory must be a RolloutMemory, True or False, got {type(memory).__name__}")
-        if memory is not None and spec.method != "suffix":
-            raise ValueError(f"memory feeds method 'suffix' its references; method {spec.method!r} "
-                             "does not read them")
+        if memory is not None and not drafters.get(spec.method).reads_references:
+            raise ValueError(f"memory feeds a drafter its references (method 'suffix'); method "
+                             f"{spec.method!r} does not read them")
         self.memory = memory
         self.distill_steps = int(distill_steps)
         if self.distill_steps > 0 and (draft is None or spec.method != "draft_model"):

@@ -105,7 +105,8 @@ class SamplingParams:
     With method "suffix" under "rejection", a request given references (or a
     `RolloutMemory`) draws its noise from the seed mixed with them (their tokens and the
     seed each was drawn from, `RequestOutput.noise_seed`; pass outputs themselves as
-    references, or the engine mixes in its call number): a reference drawn with the same
+    references, or the engine mixes in its call number, fresh within one engine but not
+    across engines re-created with the same seed): a reference drawn with the same
     seed came from the same noise, and a draft copied from it would bias acceptance. Same
     seed and same references (outputs) give the same output.
 

@@ -411,10 +411,7 @@ class SpecEngine:
         if isinstance(text, str):
             if self.tokenizer is None:
                 raise ValueError(f"{what} is a string; strings need an engine with a tokenizer")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate ("\ud800"): tokenizers raise TypeError
-                raise ValueError(f"{what} is not valid text: {e.reason} at character {e.start}") from None
+            inputs.check_text(text, what)
             encoded = self.tokenizer.encode(text)
             # a `tokenizers.Tokenizer` returns an Encoding, a transformers tokenizer a list
             text = encoded.ids if hasattr(encoded, "ids") else encoded

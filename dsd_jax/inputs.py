@@ -38,6 +38,17 @@ def token_id_list(ids, what: str) -> list[int]:
     return [int(t) for t in ids]
 
 
+def check_text(text: str, what: str) -> None:
+    """A ValueError naming `what` for a string that is not UTF-8 text: a lone surrogate (a
+    JSON "\\ud800", or a byte of stdin that is not UTF-8) is no text a tokenizer takes (it
+    raises a TypeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: not valid UTF-8 text (a lone surrogate {text[e.start]!r} at "
+                         f"character {e.start})") from None
+
+
 def prompt_list(prompts) -> list:
     """The prompts of a call as a list (a 2-D integer array is one prompt a row). One prompt
     (a string or a flat list of ids) is refused: it needs wrapping in a list."""

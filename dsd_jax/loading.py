@@ -342,12 +342,11 @@ def _jsonl_prompt(flag: str, where: str, line: str) -> dict:
 
 
 def _check_text(flag: str, where: str, text: str) -> None:
-    # a lone surrogate (JSON "\ud800", or a byte of stdin that is not UTF-8) is no text a tokenizer takes
+    from dsd_jax.inputs import check_text
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ArgumentError(flag, f"{where}: not valid UTF-8 text (a lone surrogate {text[e.start]!r} at "
-                            f"character {e.start})") from e
+        check_text(text, where)
+    except ValueError as e:
+        raise ArgumentError(flag, str(e)) from None
 
 
 PROMPT_FORMATS = ("auto", "text", "jsonl")

@@ -787,9 +787,10 @@ def test_a_prompt_that_is_not_valid_text_is_named(engine):
     import types
     old, engine.tokenizer = engine.tokenizer, types.SimpleNamespace(encode=lambda text: [1, 2])
     try:
-        with pytest.raises(ValueError, match=r"prompt 1 is not valid text: surrogates not allowed"):
+        with pytest.raises(ValueError, match=r"prompt 1: not valid UTF-8 text \(a lone surrogate '\\ud800' "
+                                              r"at character 1\)$"):
             engine.generate(["ok", "a\ud800"], SamplingParams(max_tokens=2))
-        with pytest.raises(ValueError, match=r"reference 0 of prompt 0 is not valid text"):
+        with pytest.raises(ValueError, match=r"reference 0 of prompt 0: not valid UTF-8 text"):
             engine.generate(["ok"], SamplingParams(max_tokens=2), references=[["\udfff"]])
     finally:
         engine.tokenizer = old

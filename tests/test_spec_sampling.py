@@ -23,14 +23,14 @@ def small_vocab_pair():
     return target, draft
 
 
-def exact_joint(model, sp: SamplingParams) -> np.ndarray:
-    """P(t1, t2 | PROMPT) under the target's processed distribution, by enumeration."""
+def exact_joint(model, sp: SamplingParams, prompt=PROMPT) -> np.ndarray:
+    """P(t1, t2 | prompt) under the target's processed distribution, by enumeration."""
     def probs(seq):
         logits = jnp.asarray(oracle_logits(model, seq))[None]
         return np.asarray(sampling.sampling_probs(logits, jnp.array([sp.temperature]),
                                                   jnp.array([sp.top_k]), jnp.array([sp.top_p])))[0]
-    p1 = probs(PROMPT)
-    return np.stack([p1[a] * probs(PROMPT + [a]) for a in range(VOCAB)])
+    p1 = probs(prompt)
+    return np.stack([p1[a] * probs(list(prompt) + [a]) for a in range(VOCAB)])
 
 
 def tv_threshold(joint: np.ndarray, n: int, quantile=0.999, reps=2000) -> float:
@@ -265,12 +265,7 @@ def test_a_fixed_seed_rl_loop_drafting_from_its_own_rollouts_stays_exact(small_v
     prompt, n = [3, 0], 4096
     sp = SamplingParams(temperature=1.0, top_k=3, max_tokens=2)
     params = [SamplingParams(**{**sp.__dict__, "seed": i}) for i in range(n)]
-
-    def probs(seq):
-        logits = jnp.asarray(oracle_logits(target, seq))[None]
-        return np.asarray(sampling.sampling_probs(logits, jnp.array([1.0]), jnp.array([3]),
-                                                  jnp.array([1.0])), np.float64)[0]
-    law = np.stack([probs(prompt)[a] * probs(prompt + [a]) for a in range(VOCAB)])
+    law = exact_joint(target, sp, prompt).astype(np.float64)
 
     def p_value(outs):
         counts = np.zeros((VOCAB, VOCAB))

@@ -550,8 +550,9 @@ def cmd_generate(args) -> int:
     if args.stats:
         text = json.dumps(engine.metrics(), indent=1, default=float) + "\n"
         _write_file("--stats", args.stats, lambda f: f.write(text))
-    if args.trace:  # as EngineStats.save_trace writes it, but atomically
-        _write_file("--trace", args.trace, lambda f: json.dump(engine.stats.trace, f))
+    if args.trace:
+        with loading.writing("--trace", args.trace):
+            engine.stats.save_trace(args.trace)  # atomically
     return 0
 
 

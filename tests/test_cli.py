@@ -601,6 +601,7 @@ def test_profile_refuses_flags_no_run_uses(files, compile_cache, tmp_path, capsy
     assert cli.main(base + ["--acceptance", "0.5,0.3,0.1", "--temperatures", "0.7"]) == 0
     prof = Profile.load(out)
     assert prof.meta["latency_temperature"] == 0.7 and list(prof.acceptance) == [0.5, 0.3]
+    assert prof.meta["acceptance_given"] == [0.5, 0.3, 0.1]  # the curve as given, nothing lost
     assert "recording a_1..a_2 = [0.5, 0.3]; the other 1 value(s) are past K" in capsys.readouterr().err
 
 

@@ -33,6 +33,7 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert prof["k_schedule_ranges"]["16"][0][:2] == [2, 2]
     loaded = Profile.load(prof["profile_path"])
     assert loaded.meta["acceptance_source"] == "given" and loaded.acceptance == [0.681]
+    assert loaded.meta["acceptance_given"] == list(dc.VLLM_ACCEPTANCE)  # the whole published curve
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
                     "## ITL(B, K) profile", "vLLM PR, profiled on an H100"):

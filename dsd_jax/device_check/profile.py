@@ -16,14 +16,15 @@ from .settings import PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, VLLM_H100_SCHEDU
 def profile_with_acceptance(engine, acceptance: Sequence[float], **kw):
     """`profiler.profile_engine(engine, **kw)` with the acceptance given, not measured: the
     latency table is measured on this device, a_1..a_max_k are `acceptance` (at least
-    max_k values; extra ones are dropped). Returns the `Profile`."""
+    max_k values; those past max_k are kept in ``meta["acceptance_given"]``, not used).
+    Returns the `Profile`."""
     from dsd_jax.profiler import profile_engine
     acc = [float(a) for a in acceptance]
     if len(acc) < engine.max_k:
         raise ValueError(f"need at least max_k={engine.max_k} acceptance values, got {len(acc)}")
-    acc = acc[:engine.max_k]
-    prof = profile_engine(engine, acceptance=acc, **kw)
+    prof = profile_engine(engine, acceptance=acc[:engine.max_k], **kw)
     prof.meta["acceptance_source"] = "given"
+    prof.meta["acceptance_given"] = acc
     return prof
 
 

@@ -61,12 +61,13 @@ def test_forgetting_one_keeps_only_the_last_step():
 
 def test_unseen_positions_follow_the_prior_shape_and_stay_non_increasing():
     g = GlobalAcceptance(PRIOR, forgetting=0.1)
-    g.observe(2, np.array([2, 2, 1, 0]))  # a_1 = 0.75, a_2 = 0.5 measured
-    np.testing.assert_allclose(g.estimate, [0.75, 0.5, 0.5 * 0.4 / 0.6, 0.5 * 0.2 / 0.6])
+    g.observe(2, np.array([2, 2, 1, 0]))  # a_1 = 0.75, a_2 = 0.5 measured (c_2 = 2/3)
+    # unreached drafts: the prior's rate, at least the last live one (c_3 = 2/3, c_4 = max(0.5, 2/3))
+    np.testing.assert_allclose(g.estimate, [0.75, 0.5, 0.5 * 0.4 / 0.6, 0.5 * (2 / 3) ** 2])
     assert g.kseen == 2
     g = GlobalAcceptance(np.array([0.9, 0.0, 0.0]), forgetting=0.1)
     g.observe(1, np.array([1]))
-    np.testing.assert_array_equal(g.estimate, [1.0, 0.0, 0.0])  # a zero prior extrapolates to 0
+    np.testing.assert_array_equal(g.estimate, [1.0, 1.0, 1.0])  # a zero prior too: at least the live rate
     g = GlobalAcceptance(np.array([0.5, np.nan]), forgetting=0.1)
     g.observe(1, np.array([1]))
     np.testing.assert_array_equal(g.estimate, [1.0, np.nan])  # no prior, no data: unknown

@@ -229,8 +229,9 @@ def test_warmup_switches_from_profile_to_live():
 def test_unobserved_positions_extrapolated_from_profile_shape():
     p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
     c = Controller(goodput_spec(max_k=4, warmup_steps=1), p)
-    c.observe(2, [2, 2, 1, 0])  # a_1 = 0.75, a_2 = 0.5 measured; a_3, a_4 never proposed
-    np.testing.assert_allclose(c.acceptance_estimate(), [0.75, 0.5, 0.5 * 0.4 / 0.6, 0.5 * 0.2 / 0.6])
+    c.observe(2, [2, 2, 1, 0])  # a_1 = 0.75, a_2 = 0.5 measured (c_2 = 2/3); a_3, a_4 never proposed
+    # the profile's conditional rates there (2/3, 1/2), at least the last live one (2/3)
+    np.testing.assert_allclose(c.acceptance_estimate(), [0.75, 0.5, 0.5 * 0.4 / 0.6, 0.5 * (2 / 3) ** 2])
 
 
 def test_forgetting_tracks_step_change_within_bound():

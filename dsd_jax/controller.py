@@ -15,7 +15,8 @@ The estimates this reads live elsewhere: ``a_i`` (profile during warm-up, then
 live counts with forgetting; per request, shrunk toward the global estimate) in
 `dsd_jax.acceptance`, ``ITL(B, K)`` (the profile at the batch and context bucket,
 times a factor learnt per (batch bucket, K) from measured step times when
-``dynamic.latency_forgetting`` > 0, as by default) in `dsd_jax.latency`. How well both predicted
+``dynamic.latency_forgetting`` > 0, as by default; not from the first K > 0 round
+after K = 0 rounds, which also runs the draft's catch-up) in `dsd_jax.latency`. How well both predicted
 each observed step (`calibration_log()`, the MAPEs in `stats()`) is kept by
 `dsd_jax.calibration`.
 
@@ -207,6 +208,7 @@ class Controller:
         self._probe_interval = dyn.probe_interval if goodput else 0
         self._since_probe = 0  # choices since the last probe
         self._cur = 0  # the K the hysteresis holds
+        self._last_k = 0  # the K of the last observed round (the draft starts behind)
 
     def _init_acceptance(self, dyn, profile: Profile | None) -> None:
         forgetting = dyn.forgetting if dyn is not None else DEFAULT_FORGETTING
@@ -553,11 +555,15 @@ class Controller:
         self._k_steps[k] += 1
         if b == 0:
             return
+        # The first K > 0 round after K = 0 rounds also runs the draft's catch-up on the
+        # tokens it skipped (`dsd_jax.step`): a one-off, not what each round at that K costs.
+        # Learnt into the (bucket, K) factor it priced the probes at a held K = 0 out for good.
+        catching_up, self._last_k = k > 0 and self._last_k == 0, k
         rows = self._requests.rows_for(request_ids) if self._track_rows and request_ids is not None else None
         # Calibration scores the predictions made for this step, before it updates them.
         pred_al = None if k == 0 else self._step_al(k, acc, rows)
         timed_b = b if batch_size is None else _index("batch_size", batch_size)
-        itl_ms = None if meas_ms is None else self._step_itl(k, timed_b, meas_ms, context_len)
+        itl_ms = None if meas_ms is None else self._step_itl(k, timed_b, meas_ms, context_len, not catching_up)
         self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
         if k == 0:
             return
@@ -576,11 +582,11 @@ class Controller:
             return self._acc.al[k]
         return 1.0 + float(self._requests.estimate(rows, k).sum()) / acc.size
 
-    def _step_itl(self, k: int, b: int, meas_ms: float, context_len):
+    def _step_itl(self, k: int, b: int, meas_ms: float, context_len, learn: bool = True):
         """The (profile, predicted) ITL in ms for a step that took `meas_ms` (None without
-        a profile), taken before the measurement trains the latency factors."""
+        a profile), taken before the measurement trains the latency factors (if `learn`)."""
         pred = None if self._latency is None else self._latency.predict_ms(b, k, context_len)
-        if pred is not None and self._latency.learn(b, k, meas_ms, pred[0]):
+        if pred is not None and learn and self._latency.learn(b, k, meas_ms, pred[0]):
             self._stale_tables()
         return pred
 

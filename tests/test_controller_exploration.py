@@ -46,3 +46,36 @@ def test_rates_left_by_a_hard_stretch_fade_once_their_drafts_are_not_proposed(b)
     c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
     ks = _queue(c, b, 600, lambda s, k: [min(k, 1) if s < 200 else k] * b)
     assert ks[199] == 1 and c.current_k == 6
+
+
+def _rows(rng, k, rate, b):
+    """Drafts accepted per row when each draft is accepted with probability `rate` until
+    the first rejection."""
+    if not k:
+        return np.zeros(b, int)
+    ok = rng.random((b, k)) < rate
+    return np.where(ok.all(1), k, np.argmin(ok, axis=1))
+
+
+# ---------------------------------------------------------------- the draft's catch-up
+
+
+def test_the_catch_up_in_a_probe_does_not_price_later_probes_out():
+    """A K > 0 round after K = 0 rounds also runs the draft's catch-up on what it skipped
+    (here 2 K = 0 steps' time, charged to that round as the engine's wall clock does).
+    Learnt into the (bucket, K) latency factor, it made K = 1 17% dearer than profiled at
+    B = 16 (K = 0: 5%), the profile's acceptance no longer beat K = 0 there, and probes
+    stopped for good: acceptance back at 0.9 after a bad stretch was never seen. Such a
+    round does not train the latency factors, so probes go on and speculation comes back."""
+    b, rng = 16, np.random.default_rng(0)
+    c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
+    ks, prev = [], 0
+    for s in range(1500):
+        rate = 0.05 if 150 <= s < 750 else 0.9
+        k = c.choose_k(b)
+        ms = PROF.itl_ms(b, k) + (2.0 * PROF.itl_ms(b, 0) if k and not prev else 0.0)
+        c.observe(k, _rows(rng, k, rate, b), ms / 1e3)
+        ks.append(prev := k)
+    assert np.mean(np.array(ks[750:1050]) == 0) > 0.5  # the bad stretch was held at K = 0 ...
+    assert np.mean(np.array(ks[-300:]) > 0) > 0.9  # ... and left once acceptance was back
+    assert np.ptp(c.stats()["latency_factors"][b]) < 0.01  # no K looks dearer than another

@@ -270,8 +270,9 @@ class SpecEngine:
         resharding program the first time weights come from another device layout). Every
         tree given is checked before any is
         swapped in (a refused call changes nothing; the error names the first leaf that
-        differs), and goes where the weights it replaces are: device to device, on a mesh
-        onto its layout.
+        differs, or for a model the config fields that differ from the engine's: the engine
+        keeps its compiled graph), and goes where the weights it replaces are: device to
+        device, on a mesh onto its layout.
 
         copy: the engine keeps weights of its own, so the caller may donate or delete its
         arrays afterwards (a jitted training step donating its params, the usual RL loop,
@@ -290,7 +291,8 @@ class SpecEngine:
             old = self._target_params if role == "target" else self._draft_params
             if old is None:
                 raise ValueError("this engine has no draft model")
-            state = inputs.params_like(given, old, role)
+            config = self.target_config if role == "target" else self.draft_config
+            state = inputs.params_like(given, old, role, config)
             new[role] = jax.device_put(state, jax.tree.map(lambda x: x.sharding, old),
                                        may_alias=False if copy else None)
         self._target_params = new.get("target", self._target_params)

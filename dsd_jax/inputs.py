@@ -132,15 +132,31 @@ def reference_lists(references, n: int) -> list[list]:
     return out
 
 
-def params_like(given, old, role: str):
+def params_like(given, old, role: str, config=None):
     """`given` (a model, its `nnx.state`, or that state as a pure dict) as a tree like
     `old`, the engine's `role` params: the same leaf names, shapes and dtypes, else a
-    ValueError naming the first difference. The leaves are `given`'s, not yet placed."""
+    ValueError naming the first difference. A model must also have the engine's `config`
+    (dtype aside): the engine keeps running its own graph, so another rope_theta or norm
+    epsilon with equal shapes would silently compute another function. The leaves are
+    `given`'s, not yet placed."""
+    import dataclasses
+
     import jax
     from flax import nnx
 
     from dsd_jax.param_mapping import flatten
     if isinstance(given, nnx.Module):
+        theirs = getattr(given, "config", None)
+        if config is not None and theirs is not None:
+            if type(theirs) is not type(config):
+                raise ValueError(f"new {role} model has a {type(theirs).__name__}; the engine's "
+                                 f"{role} has a {type(config).__name__}")
+            differ = [f"{f.name} {getattr(theirs, f.name)!r} (engine: {getattr(config, f.name)!r})"
+                      for f in dataclasses.fields(config)
+                      if f.name != "dtype" and getattr(theirs, f.name) != getattr(config, f.name)]
+            if differ:
+                raise ValueError(f"new {role} model's config differs from the engine's: "
+                                 f"{'; '.join(differ)}; build a new SpecEngine for another architecture")
         given = nnx.state(given)  # every variable, as the engine split it
     theirs, _ = flatten(given)
     ours, treedef = flatten(old)

@@ -683,7 +683,19 @@ def test_set_params_keeps_weights_of_its_own_and_names_what_differs(engine, pair
             with pytest.raises(ValueError, match=match):
                 engine.set_params(target=bad)
         with pytest.raises(ValueError, match=r"new target params do not have the engine's leaves"):
-            engine.set_params(target=draft)  # the draft's tree given as the target
+            engine.set_params(target=nnx.state(draft))  # the draft's tree given as the target
+        with pytest.raises(ValueError, match=r"new target model's config differs from the engine's: "
+                                             r"hidden_size 16 \(engine: 32\)"):
+            engine.set_params(target=draft)
+        # Same shapes, another function: the engine runs its own graph, so this was silently
+        # served with the engine's rope_theta and norm epsilon.
+        import dataclasses
+        other = type(target)(dataclasses.replace(target.config, rope_theta=5e5, rms_norm_eps=1e-3),
+                             rngs=nnx.Rngs(0))
+        with pytest.raises(ValueError, match=r"rope_theta 500000.0 \(engine: 10000.0\); rms_norm_eps"):
+            engine.set_params(target=other)
+        engine.set_params(target=nnx.state(other))  # the state alone is the caller's to vouch for
+        engine.set_params(target=new)
         before = engine._target_params
         with pytest.raises(ValueError, match="new draft param"):  # the target is not swapped in
             engine.set_params(target=target, draft={**nnx.to_pure_dict(nnx.state(draft)),

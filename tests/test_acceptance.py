@@ -218,12 +218,17 @@ def test_spread_is_the_deviation_of_finished_requests_al_curves():
     counts = [4, 0, 4, 0, 2, 1]  # deterministic requests: no sampling noise to take off
     for i, n in enumerate(counts):
         _finish(rq, f"r{i}", n, 4, steps=12)
-    _finish(rq, "thin", 4, 4, steps=1)  # one step cannot tell its rate from luck: ignored
-    assert SPREAD_MIN_STEPS > 1
     als = [al_curve((n >= np.arange(1, 5)).astype(float), 4) for n in counts]
     w = (1 - 1 / 32) ** np.arange(len(als))[::-1]  # the newest weighs most
     mean = np.average(als, axis=0, weights=w)
     std = np.sqrt(np.average((np.array(als) - mean) ** 2, axis=0, weights=w))
+    np.testing.assert_allclose(rq.spread(), std, atol=1e-12)
+    # one step cannot tell its rate from luck: it counts as a request at the mean (no news
+    # fades the spread, so one learnt before a hold at K = 0 does not price probes out for good)
+    _finish(rq, "thin", 4, 4, steps=1)
+    assert SPREAD_MIN_STEPS > 1
+    w = np.append(w * (1 - 1 / 32), 1.0)
+    std = np.sqrt(np.average(np.append((np.array(als) - mean) ** 2, [np.zeros(5)], axis=0), axis=0, weights=w))
     np.testing.assert_allclose(rq.spread(), std, atol=1e-12)
 
 

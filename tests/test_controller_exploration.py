@@ -79,3 +79,40 @@ def test_the_catch_up_in_a_probe_does_not_price_later_probes_out():
     assert np.mean(np.array(ks[750:1050]) == 0) > 0.5  # the bad stretch was held at K = 0 ...
     assert np.mean(np.array(ks[-300:]) > 0) > 0.9  # ... and left once acceptance was back
     assert np.ptp(c.stats()["latency_factors"][b]) < 0.01  # no K looks dearer than another
+
+
+# ---------------------------------------------------------------- the makespan's spread
+
+
+def _groups(c, b, n, tokens, rates, rng, tag):
+    """n groups of b requests of `tokens` tokens each, nothing refilling their slots (the
+    makespan objective's regime), one round a choice; rates(group) -> each row's rate.
+    Returns (the K of each step, time in ms at the profile's ITL)."""
+    ks, t = [], 0.0
+    for g in range(n):
+        ids, done, rate = [f"{tag}{g}.{i}" for i in range(b)], np.zeros(b), np.asarray(rates(g))
+        while done.min() < tokens:
+            k = c.choose_k(b, request_ids=ids, remaining=(tokens - done).tolist())
+            acc = np.array([_rows(rng, k, r, 1)[0] for r in rate])
+            c.observe(k, acc, PROF.itl_ms(b, k) / 1e3, request_ids=ids)
+            done += acc + 1
+            ks.append(k)
+            t += PROF.itl_ms(b, k)
+        for rid in ids:
+            c.forget_request(rid)
+    return ks, t
+
+
+def test_a_spread_learnt_before_a_hold_at_k0_fades_so_probes_resume():
+    """Makespan objective (the default), B = 8. A mixed workload (half the rows accept
+    0.95, half 0.1) teaches a wide spread between requests and holds K = 0; priced with it,
+    not even the profile's acceptance beats K = 0 for the slowest row, so no probe ran,
+    no request ran drafts, and the spread never moved: later groups where every row
+    accepts 0.9 ran K = 0 for good (1.39x a fresh controller's time). A request that ran
+    no drafts now counts as one at the mean: the spread fades and probes resume."""
+    b, rng = 8, np.random.default_rng(0)
+    c = Controller(goodput_spec(), PROF, max_batch_size=64)
+    _groups(c, b, 5, 200, lambda g: [0.95, 0.1] * (b // 2), rng, "mixed")
+    assert c._requests.spread()[1] > 0.2 and c.current_k == 0
+    ks, _ = _groups(c, b, 12, 200, lambda g: [0.9] * b, rng, "easy")
+    assert np.mean(np.array(ks[-300:]) > 0) > 0.8

@@ -329,10 +329,13 @@ def _synthetic_models(cmd: str, args):
             _fail(cmd, flag, f"unknown model {name!r}; known: {', '.join(SYNTHETIC_CONFIGS)}")
     if args.synthetic is None:
         _fail(cmd, "--draft-synthetic", "needs --synthetic TARGET")
-    vocab = {n: SYNTHETIC_CONFIGS[n.lower()]["vocab_size"] for n in (args.synthetic, args.draft_synthetic) if n}
-    if args.draft_synthetic and vocab[args.draft_synthetic] != vocab[args.synthetic]:
-        _fail(cmd, "--draft-synthetic", f"vocabulary {vocab[args.draft_synthetic]} differs from the "
-              f"target's {vocab[args.synthetic]}; pick a draft of the same family")
+    # one tokenizer per family (Qwen2.5 and Qwen3 share one; its vocabularies are padded to
+    # 151936 or 152064 rows, which the draft-model drafter bridges)
+    family = {n: SYNTHETIC_CONFIGS[n.lower()]["model_type"].rstrip("0123456789")
+              for n in (args.synthetic, args.draft_synthetic) if n}
+    if args.draft_synthetic and family[args.draft_synthetic] != family[args.synthetic]:
+        _fail(cmd, "--draft-synthetic", f"{args.draft_synthetic} is a {family[args.draft_synthetic]} "
+              f"model with another tokenizer than {args.synthetic}'s; pick a draft of the same family")
     dtype = args.dtype = args.dtype or "bfloat16"
     target = synthetic(args.synthetic, dtype=dtype, seed=0)
     draft = None if args.draft_synthetic is None else synthetic(args.draft_synthetic, dtype=dtype, seed=1)

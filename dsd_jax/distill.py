@@ -130,7 +130,8 @@ class DraftDistiller:
                                 f"{type(model).__name__}")
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
-                             f"{target.config.vocab_size}: the draft must share the tokenizer")
+                             f"{target.config.vocab_size}: distillation matches the two "
+                             "distributions id by id, so it needs equal vocabularies")
         self.target_graph = nnx.graphdef(target)
         self.draft_graph = nnx.graphdef(draft)
         # what the engine's params must look like at refresh (structure, shapes, dtypes)

@@ -185,9 +185,10 @@ class SpecEngine:
                 draft = drafter_cls.load_model(spec)  # e.g. an EAGLE-3 head named by spec.model
             if draft is None:
                 raise ValueError(f"method {spec.method!r} needs a draft model")
-            if draft.config.vocab_size != target.config.vocab_size:
+            if draft.config.vocab_size != target.config.vocab_size and not drafter_cls.any_vocab_size:
                 raise ValueError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size "
-                                 f"{target.config.vocab_size}: the draft must share the tokenizer")
+                                 f"{target.config.vocab_size}: method {spec.method!r} needs the draft's "
+                                 "vocabulary to be the target's")
         else:
             draft = None
         if compilation_cache_dir:

@@ -110,6 +110,33 @@ def test_drafter_invariant_equals_plain_sampling(small_vocab_pair, method):
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule
 
 
+@pytest.mark.parametrize("draft_vocab", [6, 11])
+def test_a_draft_with_a_differently_padded_vocabulary_stays_exact(small_vocab_pair, draft_vocab):
+    """One tokenizer padded to two sizes (Qwen2.5-0.5B 151936 rows, Qwen2.5-7B 152064) was
+    refused. The draft's q now lives in the target's vocabulary (rows it lacks at 0, ids past
+    the target's cut): greedy is plain greedy, drafter-invariant is plain sampling token for
+    token, and rejection sampling is distributed as the target (K = 4, 2000 samples)."""
+    target, _ = small_vocab_pair
+    draft = scaled(models.init_model(tiny_config(vocab_size=draft_vocab, num_layers=1), seed=4), 6.0)
+    prompts = [[1, 5, 2], [3], [2, 7, 7, 1, 2, 7, 7, 1]]  # 7: an id a 6-row draft has no embedding for
+    params = [SamplingParams(temperature=t, max_tokens=16, seed=20 + i) for i, t in enumerate((0.0, 1.0, 0.7))]
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0)
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    invariant = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant")
+    for schedule in ([4], [0, 3, 1, 4, 2]):
+        invariant.controller = FixedK(schedule)
+        assert [o.token_ids for o in invariant.generate(prompts, params)] == expected, schedule
+
+    engine = make_engine(target, draft, method="draft_model", max_batch_size=64, batch_buckets=(64,))
+    sp = SAMPLING["temperature"]
+    outs = engine.generate([PROMPT] * N_SAMPLES, [SamplingParams(temperature=1.0, max_tokens=2, seed=i)
+                                                 for i in range(N_SAMPLES)])
+    exact = exact_joint(target, sp)
+    threshold = tv_threshold(exact, N_SAMPLES)
+    assert 0.5 * np.abs(empirical_joint(outs) - exact).sum() < threshold
+    assert engine.metrics()["acceptance_per_position"][0] > 0.3  # drafts were accepted, not all rejected
+
+
 def test_group_of_eight_prefills_once_and_each_completion_is_plain_sampling(small_vocab_pair):
     """GRPO's case: SamplingParams(n=8) on one prompt is one prefill program call, and in
     drafter-invariant mode completion g equals plain sampling of that prompt with seed + g,

@@ -74,6 +74,9 @@ class Drafter:
     # does when its controller is not about to speculate) and a run kept at K = 0 (large
     # batches) never pays for the drafter
     catches_up_prompts: ClassVar[bool] = False
+    # True: the draft model's vocabulary may be another size than the target's (one
+    # tokenizer, padded differently: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064)
+    any_vocab_size: ClassVar[bool] = False
 
     @classmethod
     def build(cls, spec, model=None, backend: str = "auto") -> "Drafter":

@@ -1,4 +1,4 @@
-"""Method "draft_model": a smaller model of `dsd_jax.models` sharing the vocabulary.
+"""Method "draft_model": a smaller model of `dsd_jax.models` sharing the tokenizer.
 
 Its cache may lag behind the committed tokens (after K = 0 rounds it is not run at all),
 so a round first catches up by chunked prefill, re-reads a two-token window ending at the
@@ -7,6 +7,13 @@ caught up that way too (`catches_up_prompts`): the engine prefills the draft at 
 only when its controller is about to speculate, so where it keeps K = 0 the draft model
 never runs (that prefill had cost a draft-model engine held at K = 0 3% against plain
 decoding at B = 32: `benchmarks/results/lazy_draft_prefill`).
+
+Its embedding may have another number of rows than the target's (one tokenizer padded to
+another size). Its logits are then taken over the target's vocabulary: rows the draft
+lacks get probability 0, ids past the target's are dropped, so drafts and q always live
+in the target's vocabulary and rejection sampling stays exact (drafter-invariant mode
+still draws the target's noise at the same ids). A token the draft has no embedding for
+(the target emitting a padding id) is fed to it as its last id, not as NaN.
 """
 
 from __future__ import annotations
@@ -20,9 +27,23 @@ from jax import lax
 
 from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens, sample_proposal
 from dsd_jax.models import KVCache, forward, init_kv_cache
+from dsd_jax.models.transformer import embedding_of
 from dsd_jax.models.eagle3 import Eagle3Config
 
 WINDOW = 2  # tokens the draft re-reads each round: after an all-accepted round it lags by 2
+
+
+class DraftParams(NamedTuple):
+    model: Any  # the draft model's params
+    target_vocab: int  # static: the vocabulary drafts and q live in
+
+
+def to_vocab(logits, vocab: int):
+    """Logits [..., V] over the first `vocab` ids: cut, or padded with -inf."""
+    v = logits.shape[-1]
+    if v >= vocab:
+        return logits[..., :vocab]
+    return jnp.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, vocab - v)], constant_values=-jnp.inf)
 
 
 class DraftModelState(NamedTuple):
@@ -34,6 +55,7 @@ class DraftModelState(NamedTuple):
 class DraftModel(Drafter):
     needs_model = True
     catches_up_prompts = True
+    any_vocab_size = True
 
     graph: Any = None  # nnx.GraphDef of the draft model
     config: Any = None  # its ModelConfig
@@ -56,9 +78,16 @@ class DraftModel(Drafter):
         return DraftModelState(init_kv_cache(self.config, num_slots, capacity),
                                jnp.zeros((num_slots,), jnp.int32))
 
+    def bind_params(self, draft_params, target_graph, target_params):
+        return DraftParams(draft_params, embedding_of(target_graph, target_params).shape[0])
+
     def _forward(self, params, tokens, positions, kv, rows=None):
-        return forward(self.graph, params, tokens, positions, kv, rows=rows,
-                       attn_backend=self.backend)
+        own = self.config.vocab_size
+        if params.target_vocab > own:
+            tokens = jnp.minimum(tokens, own - 1)
+        logits, kv = forward(self.graph, params.model, tokens, positions, kv, rows=rows,
+                             attn_backend=self.backend)
+        return to_vocab(logits, params.target_vocab), kv
 
     def prefill(self, params, state, chunk, positions, rows):
         _, kv = self._forward(params, chunk, positions, state.kv, rows=rows)

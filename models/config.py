@@ -15,8 +15,11 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                "num_kv_heads", "head_dim", "max_position_embeddings")
 _BOOL_FIELDS = ("tie_word_embeddings", "qkv_bias", "qk_norm")
-# The llama3 RoPE scaling keys `transformer.rope_inv_freq` reads (all but `factor` have defaults).
+# The llama3 RoPE scaling keys `transformer.rope_inv_freq` reads. A ModelConfig built without
+# the last three gets Llama 3.1's values (`LLAMA3_DEFAULTS`, what dsd_jax always used: saved
+# checkpoints keep their meaning); a config.json gets transformers' resolution (`hf_rope`).
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 _MISSING = object()
 
 
@@ -56,10 +59,12 @@ def hf_field(hf: dict, name: str, kind: type, default: Any = _MISSING, null_defa
     raise ValueError(f"{where}: {name} must be a finite number, got {_shown(value)}")
 
 
-def check_rope_scaling(value) -> tuple[tuple[str, Any], ...] | None:
+def check_rope_scaling(value, where: str = "rope_scaling") -> tuple[tuple[str, Any], ...] | None:
     """`rope_scaling` in its canonical form: None (no scaling), or the sorted (key, value)
-    pairs of a llama3 scaling. Any other RoPE type is a ValueError: the transformer would
-    compute it as no scaling, i.e. silently wrong positions for a long-context model."""
+    pairs of a llama3 scaling with all of `LLAMA3_ROPE_KEYS` (missing ones filled from
+    `LLAMA3_DEFAULTS`, so every reader sees the same resolved values). Any other RoPE type
+    is a ValueError: the transformer would compute it as no scaling, i.e. silently wrong
+    positions for a long-context model. where: the field named in messages."""
     if value is None:
         return None
     if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
@@ -68,35 +73,81 @@ def check_rope_scaling(value) -> tuple[tuple[str, Any], ...] | None:
     elif isinstance(value, dict):
         d = dict(value)
     else:
-        raise ValueError(f"rope_scaling must be null or a dict of llama3 RoPE scaling settings, got "
+        raise ValueError(f"{where} must be null or a dict of llama3 RoPE scaling settings, got "
                          f"{value!r}")
     if "type" in d:  # the legacy spelling of rope_type
         legacy = d.pop("type")
         if d.setdefault("rope_type", legacy) != legacy:
-            raise ValueError(f"rope_scaling gives rope_type {d['rope_type']!r} and type {legacy!r}")
+            raise ValueError(f"{where} gives rope_type {d['rope_type']!r} and type {legacy!r}")
     if not d or d.get("rope_type") == "default":
         return None
     if d.get("rope_type") != "llama3":
-        raise ValueError(f"unsupported rope_scaling type {d.get('rope_type')!r} (supported: llama3) "
-                         f"in rope_scaling {value!r}")
+        raise ValueError(f"unsupported {where} type {d.get('rope_type')!r} (supported: llama3) "
+                         f"in {where} {value!r}")
     unknown = sorted(set(d) - {"rope_type", *LLAMA3_ROPE_KEYS})
     if unknown:
-        raise ValueError(f"rope_scaling: unknown llama3 key(s) {unknown}; known: "
+        raise ValueError(f"{where}: unknown llama3 key(s) {unknown}; known: "
                          f"{', '.join(LLAMA3_ROPE_KEYS)}")
     if "factor" not in d:
-        raise ValueError(f"rope_scaling: a llama3 scaling needs a 'factor', got {value!r}")
+        raise ValueError(f"{where}: a llama3 scaling needs a 'factor', got {value!r}")
+    d = {**LLAMA3_DEFAULTS, **d}
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
-        if key in d and not (_is_real(d[key]) and d[key] > 0):
-            raise ValueError(f"rope_scaling: {key} must be a positive finite number, got {_shown(d[key])}")
+        if not (_is_real(d[key]) and d[key] > 0):
+            raise ValueError(f"{where}: {key} must be a positive finite number, got {_shown(d[key])}")
     # rope_inv_freq interpolates between the two wavelength bounds: divides by high - low.
-    if not d.get("high_freq_factor", 4.0) > d.get("low_freq_factor", 1.0):
-        raise ValueError(f"rope_scaling: high_freq_factor ({d.get('high_freq_factor', 4.0)}) must exceed "
-                         f"low_freq_factor ({d.get('low_freq_factor', 1.0)})")
-    old_len = d.get("original_max_position_embeddings", 8192)
+    if not d["high_freq_factor"] > d["low_freq_factor"]:
+        raise ValueError(f"{where}: high_freq_factor ({d['high_freq_factor']}) must exceed "
+                         f"low_freq_factor ({d['low_freq_factor']})")
+    old_len = d["original_max_position_embeddings"]
     if not (_is_int(old_len) and old_len > 0):
-        raise ValueError(f"rope_scaling: original_max_position_embeddings must be a positive integer, "
+        raise ValueError(f"{where}: original_max_position_embeddings must be a positive integer, "
                          f"got {_shown(old_len)}")
     return tuple(sorted(d.items()))
+
+
+def _rope_block(hf: dict, block: dict, where: str) -> tuple[float, tuple | None]:
+    """(rope_theta, canonical scaling) of one RoPE block of config.json, as transformers 5
+    standardises it (`RotaryEmbeddingConfigMixin.standardize_rope_params`)."""
+    top_theta = hf_field(hf, "rope_theta", float, 10000.0, null_default=True)
+    theta = hf_field(block, "rope_theta", float, top_theta, null_default=True, where=where)
+    # rope_theta and partial_rotary_factor are read apart; transformers ignores other extra keys
+    d = {k: v for k, v in block.items() if k in ("rope_type", "type", *LLAMA3_ROPE_KEYS)}
+    if d.get("rope_type", d.get("type")) == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            if key not in d:  # transformers raises a KeyError; no guessed default
+                raise ValueError(f"{where}: a llama3 RoPE scaling needs {key!r}, got {block!r}")
+        if "original_max_position_embeddings" in hf:  # transformers: the top-level one wins
+            d["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        elif "original_max_position_embeddings" not in d:
+            if "max_position_embeddings" not in hf:
+                raise ValueError(f"{where}: a llama3 RoPE scaling needs original_max_position_embeddings "
+                                 "(or max_position_embeddings, which transformers takes for it)")
+            d["original_max_position_embeddings"] = hf["max_position_embeddings"]
+    return theta, check_rope_scaling(d, where)
+
+
+def hf_rope(hf: dict) -> tuple[float, tuple | None]:
+    """(rope_theta, canonical llama3 scaling or None) of a config.json, resolved as
+    transformers 5 does: the block is `rope_scaling` when non-empty, else `rope_parameters`
+    (its `rope_theta` first, then the top-level one, then 10000); a llama3 block's
+    `original_max_position_embeddings` is the top-level one if present, else its own, else
+    `max_position_embeddings`. Both blocks given and resolving differently is an error:
+    transformers would silently take rope_scaling, which may be the stale one."""
+    resolved = {}
+    for name in ("rope_scaling", "rope_parameters"):
+        block = hf.get(name)
+        if block is not None and not isinstance(block, dict):
+            raise ValueError(f"config.json: {name} must be null or an object, got {block!r}")
+        if block:
+            resolved[name] = _rope_block(hf, block, f"config.json {name}")
+    if len(set(resolved.values())) > 1:
+        shown = "; ".join(f"{name} gives rope_theta={theta}, scaling={dict(s) if s else None}"
+                          for name, (theta, s) in resolved.items())
+        raise ValueError(f"config.json: rope_scaling and rope_parameters disagree ({shown}); "
+                         "transformers would use rope_scaling: make them agree or remove one")
+    if not resolved:
+        return _rope_block(hf, {}, "config.json")
+    return next(iter(resolved.values()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +161,8 @@ class ModelConfig:
     head_dim: int
     model_type: str = "llama"
     rope_theta: float = 10000.0
-    # Llama 3 frequency scaling as sorted (key, value) pairs so the config stays hashable
-    # (a dict is accepted and converted; see `check_rope_scaling`).
+    # Llama 3 frequency scaling as sorted (key, value) pairs so the config stays hashable, all
+    # of LLAMA3_ROPE_KEYS resolved (a dict is accepted and converted; see `check_rope_scaling`).
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
@@ -207,27 +258,15 @@ class ModelConfig:
             raise ValueError(f"unsupported: attention_bias=true for {model_type} (o_proj bias)")
         if hf.get("use_sliding_window"):
             raise ValueError("unsupported: use_sliding_window=true (sliding-window attention)")
-        scaling = hf.get("rope_scaling") or None
-        rope_theta = hf_field(hf, "rope_theta", float, None, null_default=True)
-        rope_params = hf.get("rope_parameters")  # transformers >= 5 nests RoPE settings here
-        for name, block in (("rope_scaling", scaling), ("rope_parameters", rope_params)):
-            if block is not None and not isinstance(block, dict):
-                raise ValueError(f"config.json: {name} must be null or an object, got {block!r}")
-        if rope_params:
-            rope_theta = hf_field(rope_params, "rope_theta", float, rope_theta, null_default=True,
-                                  where="config.json rope_parameters")
-            if rope_params.get("rope_type", rope_params.get("type", "default")) != "default":
-                scaling = rope_params
-        for src, where in ((hf, "config.json"), (rope_params or {}, "config.json rope_parameters"),
-                           (scaling or {}, "config.json rope_scaling")):
+        rope_theta, scaling = hf_rope(hf)
+        for src, where in ((hf, "config.json"), (hf.get("rope_scaling") or {}, "config.json rope_scaling"),
+                           (hf.get("rope_parameters") or {}, "config.json rope_parameters")):
             if hf_field(src, "partial_rotary_factor", float, 1.0, where=where) != 1.0:
                 raise ValueError("unsupported: partial_rotary_factor != 1")
-        if scaling:  # only the scaling keys (rope_parameters also holds rope_theta); __post_init__ checks
-            scaling = {k: v for k, v in scaling.items() if k in ("rope_type", "type", *LLAMA3_ROPE_KEYS)}
         return cls(
             **cfg,
             model_type=model_type,
-            rope_theta=10000.0 if rope_theta is None else rope_theta,
+            rope_theta=rope_theta,
             rope_scaling=scaling,
             rms_norm_eps=hf_field(hf, "rms_norm_eps", float, 1e-6),
             # transformers reads a null tie_word_embeddings as false

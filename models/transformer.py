@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from dsd_jax import kernels
-from .config import ModelConfig
+from .config import LLAMA3_ROPE_KEYS, ModelConfig
 
 
 class KVCache(NamedTuple):
@@ -54,9 +54,8 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     if scaling:
         if scaling.get("rope_type") != "llama3":  # ModelConfig refuses it; never compute it as unscaled
             raise ValueError(f"unsupported rope_scaling {scaling!r} (supported: llama3)")
-        factor = scaling["factor"]
-        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-        old_len = scaling.get("original_max_position_embeddings", 8192)
+        # ModelConfig holds every key resolved (its defaults live in config.check_rope_scaling)
+        factor, low, high, old_len = (scaling[k] for k in LLAMA3_ROPE_KEYS)
         low_wavelen, high_wavelen = old_len / low, old_len / high
         wavelen = 2 * math.pi / inv_freq
         smooth = (old_len / wavelen - low) / (high - low)

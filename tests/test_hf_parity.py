@@ -441,7 +441,7 @@ def _set_config(d, **fields):
     ("eps_null", "config.json: rms_norm_eps must be a finite number, got null"),
     ("theta_str", r"config.json: rope_theta must be a finite number, got 'x' \(str\)"),
     ("rope_list", "config.json: rope_scaling must be null or an object"),
-    ("rope_no_factor", "rope_scaling: a llama3 scaling needs a 'factor'"),
+    ("rope_no_factor", "config.json rope_scaling: a llama3 RoPE scaling needs 'factor'"),
     ("int_tensor", r"tensor 'model\.embed_tokens\.weight' in '.*model\.safetensors' has dtype int32, "
                    "expected a floating dtype"),
     ("bool_tensor", r"tensor 'model\.norm\.weight' in '.*' has dtype bool, expected a floating dtype"),
@@ -504,6 +504,19 @@ def test_legacy_rope_type_key_is_applied(exported, tmp_path):
     _set_config(d, rope_scaling={"rope_type": "llama3", **scaling})
     assert legacy == load_hf(d).config and legacy.rope_scaling_dict == {"rope_type": "llama3", **scaling}
     assert not np.array_equal(rope_inv_freq(legacy), rope_inv_freq(legacy.replace(rope_scaling=None)))
+
+
+def test_llama3_without_original_max_matches_hf(checkpoints, tmp_path):
+    """A transformers-4 style llama3 config without original_max_position_embeddings:
+    transformers takes max_position_embeddings for it (dsd_jax used to take 8192)."""
+    d = _copy(checkpoints["llama"][0], tmp_path / "ckpt")
+    _set_config(d, rope_parameters=None, rope_theta=10000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+    model = load_hf(d)
+    prompts = _prompts()
+    assert _max_diff(_full_forward(model, prompts), _hf_logits(hf_model, prompts)) < FP32_TOL
+    assert model.config.rope_scaling_dict["original_max_position_embeddings"] == 128
 
 
 def test_save_hf_refuses_an_existing_checkpoint(tmp_path):

@@ -254,7 +254,9 @@ def hf_config(cfg: ModelConfig) -> dict:
     """The Hugging Face `config.json` dict of a `ModelConfig` (the inverse of `ModelConfig.from_hf`).
 
     RoPE settings are written in both layouts, transformers 4 (top-level `rope_theta`,
-    `rope_scaling`) and 5 (`rope_parameters`), so either version reads them. No special
+    `rope_scaling`) and 5 (`rope_parameters`), so either version reads them; a llama3
+    scaling with all four of its keys as the model uses them (transformers requires
+    them, and would otherwise take `max_position_embeddings` for the original one). No special
     token ids are written (`bos`/`eos` null: our models have none), so transformers'
     `generate` stops at `max_new_tokens` only, as an engine request without stop ids.
     """
@@ -264,7 +266,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         raise ValueError(f"cannot export a {cfg.model_type} model with qkv_bias={cfg.qkv_bias}, "
                          f"qk_norm={cfg.qk_norm}: Hugging Face has qkv biases only for qwen2 and q/k "
                          "norms only for qwen3")
-    scaling = cfg.rope_scaling_dict
+    scaling = cfg.rope_scaling_dict  # every llama3 key, resolved by ModelConfig
     rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if scaling:
         rope_parameters = {**scaling, "rope_theta": cfg.rope_theta}

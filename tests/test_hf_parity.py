@@ -342,13 +342,20 @@ BUILTIN_LIKE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_
                     num_kv_heads=2, head_dim=16, model_type="llama", tie_word_embeddings=True)
 
 
-@pytest.mark.parametrize("variant", ["builtin-like", "llama-scaled-untied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("variant", ["builtin-like", "llama-scaled-untied", "llama3-factor-only",
+                                     "llama3-no-original-max", "qwen2", "qwen3"])
 def test_save_hf_round_trip(variant, tmp_path):
-    """Ours -> save_hf -> transformers: same logits; -> load_hf: identical parameters."""
+    """Ours -> save_hf -> transformers: same logits; -> load_hf: identical parameters.
+    A llama3 scaling given without some of its keys (ModelConfig fills them in) is written
+    whole: transformers refuses a block without low/high_freq_factor and takes
+    max_position_embeddings for a missing original_max_position_embeddings."""
     extra = {"builtin-like": {},
              "llama-scaled-untied": dict(tie_word_embeddings=False, rope_theta=500000.0, rope_scaling=(
                  ("rope_type", "llama3"), ("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
                  ("original_max_position_embeddings", 64))),
+             "llama3-factor-only": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+             "llama3-no-original-max": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
              "qwen2": dict(model_type="qwen2", qkv_bias=True, rope_theta=1000.0),
              "qwen3": dict(model_type="qwen3", qk_norm=True, head_dim=24, tie_word_embeddings=False)}[variant]
     cfg = models.ModelConfig(**{**BUILTIN_LIKE, **extra})

@@ -194,6 +194,18 @@ def read_tensor(reader, files, path, name: str, shape: tuple, transpose: bool, d
     return jax.device_put(np.ascontiguousarray(arr.astype(dtype, copy=False)))
 
 
+def _check_tied_head(reader, path: str) -> None:
+    """Some tied checkpoints also store the head; a copy of the embedding is fine. One that
+    differs is what transformers 5 uses (it then leaves the two untied): an error here, as
+    our tied model has no head of its own and would silently give other logits."""
+    head, embed = reader.get("lm_head.weight"), reader.get("model.embed_tokens.weight")
+    if head.shape != embed.shape or not np.array_equal(head, embed):
+        raise ValueError(f"checkpoint {path!r}: config.json has tie_word_embeddings=true but its "
+                         "'lm_head.weight' differs from 'model.embed_tokens.weight' (transformers would "
+                         "use the stored lm_head.weight): set tie_word_embeddings to false to load both, "
+                         "or remove lm_head.weight to tie the head to the embedding")
+
+
 def load_hf(path, dtype: str = "float32") -> Transformer:
     """Loads a local Llama / Qwen2 / Qwen3 safetensors checkpoint directory as a `Transformer`.
 
@@ -217,12 +229,13 @@ def load_hf(path, dtype: str = "float32") -> Transformer:
             values[param_path] = read_tensor(reader, files, path, name, tuple(var.get_value().shape),
                                              transpose, target_dtype, f"for {cfg.model_type}")
             used.add(name)
+        if cfg.tie_word_embeddings and "lm_head.weight" in files:
+            _check_tied_head(reader, path)
+            used.add("lm_head.weight")
     finally:
         reader.close()
 
     ignorable = {n for n in files if n.endswith("rotary_emb.inv_freq")}
-    if cfg.tie_word_embeddings:
-        ignorable.add("lm_head.weight")  # some tied checkpoints store the copy too; HF ignores it
     unexpected = sorted(set(files) - used - ignorable)
     if unexpected:
         shown = ", ".join(repr(n) for n in unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")

@@ -241,6 +241,19 @@ def test_untied_model_without_lm_head(checkpoints, tmp_path):
         load_hf(d)
 
 
+def test_tied_model_with_a_stored_lm_head(checkpoints, tmp_path):
+    """A tied checkpoint that also stores lm_head.weight: a copy of the embedding loads; a
+    different one is what transformers would use, so loading it tied is an error."""
+    d = _copy(checkpoints["qwen2"][0], tmp_path / "ckpt")  # tied
+    tied = load_hf(d)
+    _rewrite_weights(d, lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"].copy()))
+    _assert_same_params(load_hf(d), tied)
+    _rewrite_weights(d, lambda t: t.__setitem__("lm_head.weight", t["lm_head.weight"] + 1.0))
+    with pytest.raises(ValueError, match=r"tie_word_embeddings=true but its 'lm_head\.weight' differs from "
+                                         r"'model\.embed_tokens\.weight' \(transformers would use"):
+        load_hf(d)
+
+
 def test_shape_mismatch(checkpoints, tmp_path):
     d = _copy(checkpoints["llama"][0], tmp_path / "ckpt")
     name = "model.layers.0.mlp.up_proj.weight"

@@ -15,6 +15,7 @@ were recorded (no checksums.json) restores unchecked.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from .config import ModelConfig
+from .hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 from .transformer import Transformer, init_model
 
 CONFIG_FILE = "config.json"
@@ -52,6 +54,23 @@ def _flatten(tree, prefix=()) -> dict:
     else:
         out["/".join(prefix)] = tree
     return out
+
+
+def _foreign_checkpoint(path: Path) -> str | None:
+    """What in the directory `path` belongs to a checkpoint of another format (`save_hf`,
+    `save_eagle3`, a downloaded model), or None. `save` writes its own config.json there,
+    so even with overwrite=True it must not: the other checkpoint would stop loading."""
+    found = [name for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE) if (path / name).exists()]
+    cfg_file = path / CONFIG_FILE
+    if cfg_file.exists():
+        try:
+            d = json.loads(cfg_file.read_text())
+            ours = isinstance(d, dict) and set(d) <= {f.name for f in dataclasses.fields(ModelConfig)}
+        except (OSError, ValueError):  # unreadable: not known to be ours
+            ours = False
+        if not ours:
+            found.insert(0, f"a {CONFIG_FILE} that is not a dsd_jax model config")
+    return ", ".join(found) or None
 
 
 def _metadata_problem(params_dir: Path) -> str:
@@ -118,7 +137,9 @@ def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = Non
 
     dtype: optionally cast the parameters first ("float32" or "bfloat16"); the saved
     config records the dtype the parameters are stored in.
-    overwrite: replace an existing checkpoint at `path` (otherwise that is an error).
+    overwrite: replace an existing checkpoint at `path` (otherwise a non-empty directory is an
+    error). A checkpoint of another format there (a Hugging Face one: model.safetensors or a
+    config.json that is not ours) is refused even so: use another directory.
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"save expects a dsd_jax.models.Transformer, got {type(model).__name__}")
@@ -131,6 +152,11 @@ def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = Non
     if path.exists():
         if not path.is_dir():
             raise FileExistsError(f"checkpoint path {path} exists and is not a directory")
+        foreign = _foreign_checkpoint(path)
+        if foreign:
+            raise FileExistsError(f"{path} holds a checkpoint of another format ({foreign}); save writes "
+                                  f"its own {CONFIG_FILE} and would make it unloadable: save into another "
+                                  "directory")
         if any(path.iterdir()) and not overwrite:
             raise FileExistsError(f"checkpoint directory {path} is not empty (pass overwrite=True)")
     path.mkdir(parents=True, exist_ok=True)

@@ -314,10 +314,19 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 def check_out_dir(directory, overwrite: bool, who: str = "save_hf") -> str:
     """`directory`, created if needed, for writing a checkpoint: refuses a file, and a
-    directory already holding a checkpoint unless `overwrite` (as `models.save`)."""
+    directory already holding a checkpoint unless `overwrite` (as `models.save`). A
+    `models.save` checkpoint there is refused even with `overwrite`: our config.json
+    would replace its own and it would no longer restore."""
+    from .checkpoint import CHECKSUMS_FILE, PARAMS_DIR  # (checkpoint imports this module)
+
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"{who}: {directory!r} is an existing file, not a directory")
+    orbax = [f for f in (PARAMS_DIR + "/", CHECKSUMS_FILE) if os.path.exists(os.path.join(directory, f))]
+    if orbax:
+        raise ValueError(f"{who}: {directory!r} holds a dsd_jax checkpoint of models.save "
+                         f"({', '.join(orbax)}); writing {CONFIG_FILE} there would make it unrestorable: "
+                         "use another directory")
     if os.path.isfile(os.path.join(directory, WEIGHTS_INDEX_FILE)):
         # even with overwrite: its shards would stay behind beside the new weights
         raise ValueError(f"{who}: {directory!r} holds a sharded checkpoint ({WEIGHTS_INDEX_FILE}); "
@@ -344,7 +353,8 @@ def save_hf(model: Transformer, directory, tokenizer=None, *, overwrite: bool = 
 
     overwrite: replace the checkpoint already in `directory` (otherwise a directory holding
     config.json, model.safetensors or tokenizer.json is an error); a tokenizer.json there
-    is kept unless `tokenizer` is given. A sharded checkpoint is never overwritten.
+    is kept unless `tokenizer` is given. A sharded checkpoint, or one of `models.save`
+    (params/, checksums.json), is never overwritten.
     """
     from safetensors.numpy import save_file
 

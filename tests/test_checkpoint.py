@@ -59,6 +59,33 @@ def test_refuses_to_overwrite(tmp_path):
     restore(tmp_path / "c")
 
 
+def _files(path):
+    return {f.relative_to(path): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def test_save_and_save_hf_never_replace_each_others_checkpoint(tmp_path):
+    """Both write config.json: with overwrite=True either would make the other format's
+    checkpoint unloadable, so a foreign one is refused without suggesting overwrite."""
+    from dsd_jax.models import load_hf, save_hf
+    model = init_model(CFG)
+    hf_dir, orbax_dir = save_hf(model, tmp_path / "hf"), save(model, tmp_path / "orbax")
+    hf_before, orbax_before = _files(tmp_path / "hf"), _files(orbax_dir)
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match=r"holds a checkpoint of another format \(a config\.json "
+                                                  r"that is not a dsd_jax model config, model\.safetensors\)"
+                           ) as e:
+            save(model, hf_dir, overwrite=overwrite)
+        assert "overwrite" not in str(e.value)
+        with pytest.raises(ValueError, match=r"save_hf: .* holds a dsd_jax checkpoint of models\.save "
+                                             r"\(params/, checksums\.json\)") as e:
+            save_hf(model, orbax_dir, overwrite=overwrite)
+        assert "overwrite" not in str(e.value)
+    assert _files(tmp_path / "hf") == hf_before and _files(orbax_dir) == orbax_before
+    load_hf(hf_dir), restore(orbax_dir)
+    save(model, orbax_dir, overwrite=True)  # each still replaces its own
+    save_hf(model, hf_dir, overwrite=True)
+
+
 def test_missing_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         restore(tmp_path / "nope")

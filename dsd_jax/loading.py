@@ -203,9 +203,8 @@ def _hf_tokenizer(path: str):
     from dsd_jax import models
     try:
         return models.load_tokenizer(path)
-    except Exception as e:  # noqa: BLE001  (tokenizers raises its own exception types)
-        raise ArgumentError("--hf-target", f"cannot read {os.path.join(path, 'tokenizer.json')!r}: {e} "
-                            "(fix it, or pass --tokenizer FILE)") from e
+    except (OSError, ValueError) as e:  # its message names the file and the cause
+        raise ArgumentError("--hf-target", f"{e} (fix it, or pass --tokenizer FILE)") from e
 
 
 MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")

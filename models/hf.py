@@ -248,14 +248,21 @@ def load_hf(path, dtype: str = "float32") -> Transformer:
 
 
 def load_tokenizer(path):
-    """The `tokenizers.Tokenizer` of a checkpoint directory, or None without `tokenizer.json`."""
+    """The `tokenizers.Tokenizer` of a checkpoint directory, or None without `tokenizer.json`.
+    One that is there but cannot be read is a ValueError naming it (never taken as none)."""
     path = _check_dir(path)
     tok_path = os.path.join(path, TOKENIZER_FILE)
-    if not os.path.isfile(tok_path):
+    if not os.path.lexists(tok_path):
         return None
+    if not os.path.isfile(tok_path):
+        what = "a directory" if os.path.isdir(tok_path) else "not a readable file (a broken link?)"
+        raise ValueError(f"cannot read {tok_path!r}: it is {what}")
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(tok_path)
+    try:
+        return Tokenizer.from_file(tok_path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise ValueError(f"cannot read {tok_path!r} (not a valid tokenizer.json?): {e}") from e
 
 
 # ---- export --------------------------------------------------------------------------------

@@ -302,6 +302,24 @@ def test_load_tokenizer(checkpoints, tmp_path):
         load_tokenizer(tmp_path / "nope")
 
 
+def test_unreadable_tokenizer_is_a_clear_error(tmp_path):
+    """A tokenizer.json that is there but unreadable is a ValueError naming it, not a bare
+    Exception of tokenizers, nor (a directory) taken as no tokenizer."""
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text('{"version": "1.0", "trunc')
+    with pytest.raises(ValueError, match=r"cannot read '.*tokenizer\.json' \(not a valid tokenizer\.json\?\): "
+                                         "EOF while parsing"):
+        load_tokenizer(tmp_path)
+    tok.unlink()
+    tok.mkdir()
+    with pytest.raises(ValueError, match=r"cannot read '.*tokenizer\.json': it is a directory"):
+        load_tokenizer(tmp_path)
+    tok.rmdir()
+    tok.symlink_to(tmp_path / "gone.json")
+    with pytest.raises(ValueError, match="broken link"):
+        load_tokenizer(tmp_path)
+
+
 def test_exported():
     assert models.load_hf is load_hf and models.load_tokenizer is load_tokenizer
 

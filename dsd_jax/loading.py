@@ -18,9 +18,12 @@ from typing import Any, Callable
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
            "atomic_write", "writing", "model_inputs",
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
-           "EOS_CANDIDATES"]
+           "EOS_CANDIDATES", "CHECKPOINT_EOS_ATTR"]
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
+# Set by `load_models` on the tokenizer it gives with --hf-target: the checkpoint's own
+# eos_token_id list, which `eos_token_ids` adds (the callers hold only the tokenizer).
+CHECKPOINT_EOS_ATTR = "dsd_checkpoint_eos_ids"
 
 
 class ArgumentError(ValueError):
@@ -221,7 +224,8 @@ def load_models(options):
     options: anything with the CLI's model attributes ``target``, ``draft`` (directories
     of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
     directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
-    (dtype float32). Neither target given: the built-in pair."""
+    (dtype float32). Neither target given: the built-in pair. With ``hf_target``, the
+    tokenizer carries the checkpoint's own end-of-text ids for `eos_token_ids`."""
     target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (getattr(options, k, None) for k in MODEL_FLAGS)
     dtype = getattr(options, "dtype", None) or "float32"
     if target_dir and hf_target:
@@ -244,6 +248,13 @@ def load_models(options):
         draft = _load_checkpoint("--hf-draft" if hf else "--draft", hf_draft or draft_dir, hf, dtype)
     if tokenizer_path:
         tokenizer = _tokenizer_file(tokenizer_path)
+    if hf_target and tokenizer is not None:
+        from dsd_jax.models.hf import checkpoint_eos_ids
+        try:
+            eos = checkpoint_eos_ids(hf_target, target.config.vocab_size)
+        except (OSError, ValueError) as e:
+            raise ArgumentError("--hf-target", f"cannot read the end-of-text ids in {hf_target!r}: {e}") from e
+        setattr(tokenizer, CHECKPOINT_EOS_ATTR, eos)
     return target, draft, tokenizer, source
 
 
@@ -280,7 +291,10 @@ def draft_for(spec, draft, source: str, flag: str = "--speculative-config", dtyp
 
 
 def eos_token_ids(tokenizer) -> list[int]:
-    """The ids of the end-of-text tokens (`EOS_CANDIDATES`) the tokenizer knows."""
+    """The ids generation stops at: those of the end-of-text tokens (`EOS_CANDIDATES`) the
+    tokenizer knows, then, for a tokenizer `load_models` gave with --hf-target, the
+    checkpoint's own `eos_token_id`s (generation_config.json, config.json), which may name
+    tokens no candidate does (Llama-3.1-Instruct's <|eom_id|>)."""
     if tokenizer is None:
         return []
     out = []
@@ -291,6 +305,7 @@ def eos_token_ids(tokenizer) -> list[int]:
             tid = None
         if tid is not None and tid not in out:
             out.append(int(tid))
+    out += [t for t in getattr(tokenizer, CHECKPOINT_EOS_ATTR, ()) if t not in out]
     return out
 
 

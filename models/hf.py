@@ -28,13 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .config import ModelConfig
+from .config import ModelConfig, _is_int
 from .transformer import Transformer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 # Files whose presence means a directory already holds a checkpoint (save_hf, save_eagle3).
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TOKENIZER_FILE)
 # Parameter dtypes a checkpoint may store; anything else (int8 codes, bool) cast to float
@@ -265,6 +266,30 @@ def load_tokenizer(path):
         raise ValueError(f"cannot read {tok_path!r} (not a valid tokenizer.json?): {e}") from e
 
 
+def checkpoint_eos_ids(path, vocab_size: int) -> list[int]:
+    """The `eos_token_id`s (an int or a list) of a checkpoint directory's
+    generation_config.json (what transformers' `generate` stops at) and config.json, in that
+    order without repeats; [] when neither names one. A file that is not a JSON object, or
+    an id that is not an integer in [0, vocab_size), is a ValueError naming the file."""
+    path = _check_dir(path)
+    out: list[int] = []
+    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+        file = os.path.join(path, name)
+        if not os.path.exists(file):
+            continue
+        doc = _read_json(file)
+        if not isinstance(doc, dict):
+            raise ValueError(f"{file!r} must hold a JSON object, got a {type(doc).__name__}")
+        ids = doc.get("eos_token_id")
+        for tid in [] if ids is None else ids if isinstance(ids, list) else [ids]:
+            if not (_is_int(tid) and 0 <= tid < vocab_size):
+                raise ValueError(f"{file!r}: eos_token_id must be a token id in [0, {vocab_size}) or a list "
+                                 f"of them, got {ids!r}")
+            if tid not in out:
+                out.append(int(tid))
+    return out
+
+
 # ---- export --------------------------------------------------------------------------------
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -382,4 +407,4 @@ def save_hf(model: Transformer, directory, tokenizer=None, *, overwrite: bool = 
     return directory
 
 
-__all__ = ["load_hf", "load_tokenizer", "read_hf_config", "save_hf", "hf_config"]
+__all__ = ["load_hf", "load_tokenizer", "read_hf_config", "save_hf", "hf_config", "checkpoint_eos_ids"]

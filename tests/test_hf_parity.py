@@ -320,6 +320,39 @@ def test_unreadable_tokenizer_is_a_clear_error(tmp_path):
         load_tokenizer(tmp_path)
 
 
+def test_stop_ids_include_the_checkpoints_eos_token_ids(exported, tmp_path):
+    """An --hf-target's own eos_token_id (generation_config.json, config.json) are stop ids
+    too: Llama-3.1-Instruct's <|eom_id|> has no name among EOS_CANDIDATES."""
+    import types
+    from tokenizers import Tokenizer, models as tok_models
+    from dsd_jax import loading
+    d = _copy(exported, tmp_path / "ckpt")
+    vocab = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|eom_id|>": 2, "<|eot_id|>": 3, "hi": 4}
+    Tokenizer(tok_models.WordLevel(vocab, unk_token="hi")).save(str(d / "tokenizer.json"))
+    gen = d / "generation_config.json"
+    gen.write_text(json.dumps({"eos_token_id": [1, 2, 3]}))
+    _set_config(d, eos_token_id=96)
+
+    def stop_ids(**opts):
+        return loading.eos_token_ids(loading.load_models(types.SimpleNamespace(hf_target=str(d), **opts))[2])
+
+    assert stop_ids() == [1, 3, 2, 96]
+    assert stop_ids(tokenizer=str(d / "tokenizer.json")) == [1, 3, 2, 96]  # --tokenizer FILE too
+    for text, match in [("{", r"generation_config\.json' is not valid JSON"),
+                        ("[2]", r"generation_config\.json' must hold a JSON object"),
+                        ('{"eos_token_id": 97}', r"generation_config\.json': eos_token_id must be a token id "
+                                                 r"in \[0, 97\) or a list of them, got 97"),
+                        ('{"eos_token_id": [2, true]}', r"got \[2, True\]"),
+                        ('{"eos_token_id": "2"}', "got '2'")]:
+        gen.write_text(text)
+        with pytest.raises(loading.ArgumentError, match="--hf-target: cannot read the end-of-text ids .*"
+                                                        + match):
+            stop_ids()
+    gen.unlink()
+    _set_config(d, eos_token_id=None)
+    assert stop_ids() == [1, 3]
+
+
 def test_exported():
     assert models.load_hf is load_hf and models.load_tokenizer is load_tokenizer
 

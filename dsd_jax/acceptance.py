@@ -160,6 +160,7 @@ class GlobalAcceptance:
     def __init__(self, prior: np.ndarray, forgetting: float, warmup_steps: int = 0):
         self.prior = np.asarray(prior, dtype=float)
         self.prior_rates = conditional_rates(self.prior)
+        self._prior_rates = self.prior_rates.tolist()
         self.max_k = len(self.prior)
         self.keep = 1.0 - forgetting
         self.stale_keep = 1.0 - forgetting * STALE_FORGETTING
@@ -206,18 +207,23 @@ class GlobalAcceptance:
         rows reached at least the live rate there. See the module docstring."""
         if self.kseen == 0 or (self.steps < self._warmup and not np.isnan(self.prior).all()):
             return self.prior_rates.copy()
-        A, R = self._A, self._R
-        live = _rates(A, R, self.prior_rates)
-        fresh = np.flatnonzero(R >= FRESH_ROWS)
-        if fresh.size == len(R):
-            return live
-        fallback = self.prior_rates.copy()
-        if fresh.size:
-            j = fresh[-1]
-            fallback[j + 1:] = np.maximum(fallback[j + 1:], live[j])  # no prior stays unknown
-        short = R < FRESH_ROWS
-        topped = (A + (FRESH_ROWS - R) * fallback) / FRESH_ROWS
-        return np.where(short & ~np.isnan(fallback), topped, live)
+        A, R = self._A.tolist(), self._R.tolist()  # a few floats: plain Python is faster
+        fresh = [i for i, r in enumerate(R) if r >= FRESH_ROWS]
+        if len(fresh) == len(R):
+            return self._A / self._R
+        last = A[fresh[-1]] / R[fresh[-1]] if fresh else None  # the rate there
+        rates = []
+        for i, (a, r, p) in enumerate(zip(A, R, self._prior_rates)):
+            if r >= FRESH_ROWS:
+                rates.append(a / r)
+                continue
+            if last is not None and i > fresh[-1] and p == p:  # a NaN prior stays unknown
+                p = max(p, last)
+            if p != p:
+                rates.append(a / r if r > 0 else p)
+            else:
+                rates.append((a + (FRESH_ROWS - r) * p) / FRESH_ROWS)
+        return np.array(rates)
 
 
 class RequestAcceptance:

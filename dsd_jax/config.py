@@ -192,7 +192,9 @@ class DynamicConfig:
         acceptance). Such an acceptance probe comes less often where it is dear for
         what it could win: its extra step time is kept under a quarter of the time
         its K would save if the profile's acceptance came back (on the CPU bench's
-        profile: every 16 choices at B <= 4, 35-85 at B = 8-64). With latency
+        profile: every 16 choices at B <= 4, 35-85 at B = 8-64). Where only perfect
+        acceptance would speculate, a rarer optimistic probe asks whether live acceptance
+        is far above the profile's (at most 1% of the time where it is not). With latency
         learning on, a probe may also time a close contender (`explore_gap`). 0
         disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,

@@ -33,7 +33,14 @@ by more than ``margin``, so the hold could move), the probe runs that K, and onl
 every few intervals where it is dear for what it could win (`_acceptance_probe`:
 its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
 acceptance came back; under the makespan objective, the time the slowest live row
-would save, each row accepting at the profile's rates). Before that (with latency
+would save, each row accepting at the profile's rates). Where not even the profile's
+acceptance would move the hold but perfect acceptance would (a profile can be far more
+pessimistic than the live drafts), an optimistic probe runs the cheapest K that would
+win were every draft accepted, once so many K = 0 rounds have passed that its extra
+time, the draft's catch-up included, stays under ``OPTIMISTIC_SHARE`` (1%) of theirs
+(`_optimistic_probe`); one whose step beats K = 0 is followed by up to
+``OPTIMISTIC_FOLLOW_UPS`` more, a choice apart, so live counts replace a pessimistic
+prior at one go. None runs where K = 0 wins even at perfect acceptance. Before that (with latency
 learning on and ``dynamic.explore_gap`` > 0; off by default), a probe runs the least
 observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
@@ -92,6 +99,13 @@ DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is
 # its extra step time over K = 0, spread over the dispatches between two probes, against
 # the time per step the profile's acceptance says its K would save (`_acceptance_probe`).
 PROBE_SHARE = 0.25
+# Where not even the profile's acceptance would speculate, but perfect acceptance would, an
+# optimistic probe asks whether live acceptance is far above the profile's: its extra time
+# (its step and the draft's catch-up) is at most this share of the K = 0 rounds between two.
+OPTIMISTIC_SHARE = 0.01
+# An optimistic probe whose own step beat K = 0 is followed by another at the next choice,
+# up to this many in a row: enough steps to end the default warm-up (16) at one go.
+OPTIMISTIC_FOLLOW_UPS = 15
 
 
 def _index(name: str, v: Any) -> int:
@@ -192,9 +206,10 @@ class Controller:
         self._explore_gap = spec.dynamic.explore_gap if learning else 0.0
         self._init_acceptance(spec.dynamic, profile)
         self._init_stats(history)
-        # Precomputed tables per context bucket: (best K, goodput row, probe K) per batch size.
+        # Precomputed tables per context bucket, per batch size: best K, goodput row, probe K,
+        # probe interval, whether the probe is optimistic (`_build_table`).
         self._ktab: list[int] = []
-        self._gtabs: dict[int, tuple[list[int], list[list[float]], list[int]]] = {}
+        self._gtabs: dict[int, tuple[list, ...]] = {}
         if self.mode != "goodput":
             self._ktab = [spec.schedule_k(b) for b in range(self.max_batch_size + 1)]
 
@@ -207,6 +222,10 @@ class Controller:
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
         self._since_probe = 0  # choices since the last probe
+        self._follow_up = False  # an optimistic probe's step beat K = 0: probe again next choice
+        self._chain = 0  # follow-ups run since the optimistic probe that started them
+        self._optimistic_out = False  # the last probe was optimistic and is not observed yet
+        self._k0_rounds = 0  # K = 0 rounds observed since the last K > 0 round
         self._cur = 0  # the K the hysteresis holds
         self._last_k = 0  # the K of the last observed round (the draft starts behind)
 
@@ -219,6 +238,7 @@ class Controller:
         self._est_tables = self._acc.estimate.copy()  # the estimate the tables were built with
         self._prior_a = np.nan_to_num(prior)[: self._kc]  # for the probe K at a held K = 0
         self._prior_al = al_curve(self._prior_a, self._kc)
+        self._perfect_al = np.arange(self._kc + 1, dtype=float) + 1.0  # every draft accepted
 
     def _init_stats(self, history: int) -> None:
         self._history = _index("history", history)
@@ -276,9 +296,9 @@ class Controller:
             self._cur = cur = self._hold(tab[0][batch_size], tab[1][batch_size], self._cur)
             if self._probe_interval:
                 self._since_probe += 1
-                if self._since_probe >= self._probe_interval:
+                if self._since_probe >= self._probe_interval or self._follow_up:
                     cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size],
-                                      tab[3][batch_size])
+                                      tab[3][batch_size], tab[4][batch_size])
             self._k_counts[cur] += 1
             return cur
         b = _index("batch_size", batch_size)
@@ -287,20 +307,27 @@ class Controller:
             return 0
         return self._decide(b, key, self._al_vector())
 
-    def _decide(self, b: int, key: int, al: np.ndarray, prior_al=None) -> int:
+    def _decide(self, b: int, key: int, al: np.ndarray, al_at=None) -> int:
         """`choose_k`'s hysteresis and probe on a goodput row computed now from `al`;
-        `prior_al()` (default: the profile's AL curve) is the row under the profile's
-        acceptance, which an acceptance probe at a held K = 0 is for."""
+        `al_at(a)` (default: the mean row's AL curve) is the row were a_1..a_K = `a`, for the
+        probes at a held K = 0: under the profile's acceptance, else every draft accepted."""
         g = self._goodput_row(b, key, al)
         self._cur = cur = self._hold(int(np.argmax(g)), g, self._cur)
         if self._probe_interval:
             self._since_probe += 1
-            if self._since_probe >= self._probe_interval:
-                k_prior, every = 0, self._probe_interval
+            if self._since_probe >= self._probe_interval or self._follow_up:
+                k_prior, every, optimistic = 0, self._probe_interval, False
                 if cur == 0:
-                    g_prior = self._goodput_row(b, key, self._prior_al if prior_al is None else prior_al())
-                    k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, self._latency.itl(b, key)))
-                cur = self._probe(cur, b, g, k_prior, every)
+                    itl = self._latency.itl(b, key)
+                    g_prior = self._goodput_row(b, key, self._prior_al if al_at is None else al_at(self._prior_a))
+                    k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, itl))
+                    if k_prior == 0:
+                        ones = np.ones(self._kc)
+                        g_opt = self._goodput_row(b, key, self._perfect_al if al_at is None else al_at(ones))
+                        k_opt, every_opt = self._optimistic_probe(g_opt, itl, self._latency.catchup_ms(b, key))
+                        if k_opt:
+                            k_prior, every, optimistic = int(k_opt), int(every_opt), True
+                cur = self._probe(cur, b, g, k_prior, every, optimistic)
         self._k_counts[cur] += 1
         return cur
 
@@ -333,16 +360,53 @@ class Controller:
         every = np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0)
         return np.where(probe, best, 0), np.maximum(every, self._probe_interval).astype(int)
 
-    def _probe(self, cur: int, b: int, g, k_prior: int, every: int) -> int:
-        """The K for a step at held K `cur` once `probe_interval` choices have passed: a
-        close contender whose latency is still being learnt, else (holding K = 0)
-        `k_prior` once `every` choices have passed (`_acceptance_probe`), else `cur`."""
-        k = self._contender(cur, b, g)
+    def _optimistic_probe(self, g_opt: np.ndarray, itl: np.ndarray, catchup_ms) -> tuple[np.ndarray, np.ndarray]:
+        """(the K an optimistic probe runs at a held K = 0, the K = 0 rounds before it), per
+        goodput row were every draft accepted `g_opt`, its ITL and the draft's catch-up on a
+        row's context (ms; [..., K] and [...]).
+
+        The probes at a held K = 0 only run where the profile's acceptance would move the
+        hold, so a profile more pessimistic than the live drafts (a published curve, other
+        prompts, a distilled draft) meant speculation was never tried: at B = 1, live
+        acceptance 0.95 where K = 6 is 2.2x K = 0 ran K = 0 for good. This probe runs the
+        cheapest K that beats K = 0 by the margin were every draft accepted (none where no
+        K could: B = 64 on a typical profile), once so many K = 0 rounds have passed (and
+        `probe_interval` choices) that its extra time over K = 0, the catch-up included, is
+        at most `OPTIMISTIC_SHARE` of theirs (and PROBE_SHARE of what it could win): the
+        price of asking where acceptance is in fact low. Rounds, not choices: the bound is
+        one of time, whatever the dispatches' lengths. A probe whose step beats K = 0 is
+        followed by others (`OPTIMISTIC_FOLLOW_UPS`), so live counts replace a pessimistic
+        prior at once."""
+        beats = g_opt[..., 1:] > g_opt[..., :1] * self._one_plus_margin
+        k = np.where(beats.any(axis=-1), beats.argmax(axis=-1) + 1, 0)
+        kk = np.maximum(k, 1)[..., None]
+        extra = (np.take_along_axis(itl, kk, axis=-1)[..., 0] + catchup_ms) / itl[..., 0] - 1.0
+        gain = np.take_along_axis(g_opt, kk, axis=-1)[..., 0] / g_opt[..., 0] - 1.0
+        safe_gain = np.where(k > 0, gain, 1.0)
+        every = np.maximum(np.ceil(extra / OPTIMISTIC_SHARE), np.ceil(extra / (PROBE_SHARE * safe_gain)))
+        return k, np.where(k > 0, np.maximum(every, self._probe_interval), 0).astype(int)
+
+    def _probe(self, cur: int, b: int, g, k_prior: int, every: int, optimistic: bool = False) -> int:
+        """The K for a step at held K `cur` once `probe_interval` choices have passed (or an
+        optimistic probe asked for a follow-up): a close contender whose latency is still
+        being learnt, else (holding K = 0) `k_prior` once `every` choices have passed
+        (`_acceptance_probe`; K = 0 rounds for an `_optimistic_probe`) or as a follow-up,
+        else `cur`."""
+        follow = self._follow_up and cur == 0 and optimistic and k_prior > 0
+        self._follow_up = False
+        if not follow and self._since_probe < self._probe_interval:
+            return cur  # a follow-up was asked for, but the hold or the probe has changed
+        k = cur if follow else self._contender(cur, b, g)
         if k == cur and cur == 0:
-            if self._since_probe < every:
+            # an optimistic probe's interval counts rounds (its cost bound is in time)
+            if not follow and (self._k0_rounds if optimistic else self._since_probe) < every:
+                if optimistic:
+                    self._since_probe = 0  # asked again `probe_interval` choices on
                 return cur  # no acceptance probe due yet at this batch size
             k = k_prior
         self._since_probe = 0
+        self._chain = self._chain + 1 if follow else 0
+        self._optimistic_out = optimistic and cur == 0 and k == k_prior > 0
         if k != cur:
             self._probes += 1
         return k
@@ -374,8 +438,8 @@ class Controller:
         if row is None:
             self._k_counts[0] += 1
             return 0
-        b, key, al, at_prior = row
-        return self._decide(b, key, al, at_prior)
+        b, key, al, at = row
+        return self._decide(b, key, al, at)
 
     def _makespan_row(self, batch_size, context_len, request_ids, remaining):
         """(b, context key, the AL row of the makespan objective, the same at the profile's
@@ -403,11 +467,11 @@ class Controller:
         # rates, with the spread learnt between requests. (Priced by the mean row, probes
         # at B = 16 ran K = 2 and caught 16 rows' drafts up where no acceptance could
         # move the hold: 5% of dynamic's time there, `benchmarks/results/makespan_probes/`.)
-        def at_prior():
+        def at(acceptance):
             return 1.0 / self._requests.makespan_steps(rows, rem, self._kc, len(rows),
-                                                       acceptance=self._prior_a).max(axis=0)
+                                                       acceptance=acceptance).max(axis=0)
 
-        return b, key, 1.0 / steps.max(axis=0), at_prior
+        return b, key, 1.0 / steps.max(axis=0), at
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         live = self._live_rows(batch_size, context_len, request_ids)
@@ -437,12 +501,18 @@ class Controller:
         itl = self._latency.itl_rows(key)
         g = self._al_vector()[None, :] / itl
         g_prior = self._prior_al[None, :] / itl
+        g_opt = self._perfect_al[None, :] / itl
         if self._disable is not None and self._disable < self.max_batch_size:
             g[self._disable + 1 :, 1:] = 0.0
             g_prior[self._disable + 1 :, 1:] = 0.0
-        # (best K, goodput row, the probe K at a held K = 0 and the dispatches between such probes)
+            g_opt[self._disable + 1 :, 1:] = 0.0
+        # (best K, goodput row, the probe K at a held K = 0, the dispatches between such
+        # probes, whether that probe is an optimistic one)
         probe_k, every = self._acceptance_probe(g_prior, itl)
-        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist())
+        opt_k, opt_every = self._optimistic_probe(g_opt, itl, self._latency.catchup_rows(key))
+        optimistic = (probe_k == 0) & (opt_k > 0)
+        probe_k, every = np.where(optimistic, opt_k, probe_k), np.where(optimistic, opt_every, every)
+        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist(), optimistic.tolist())
         self._gtabs[key] = tab
         return tab
 
@@ -492,7 +562,10 @@ class Controller:
         the makespan objective, whose row also moves as the requests' remaining budgets
         shrink). K = 0 steps still train K = 0's latency factor under latency learning,
         but that average moves by `latency_forgetting` a step, so a hold it could undo is
-        asked again after the dispatch's rounds all the same. The engine lets such a
+        asked again after the dispatch's rounds all the same. Where only an optimistic
+        probe may come (rare, due after so many K = 0 rounds, so longer dispatches make it
+        no dearer) the hold is settled too, except at the choice before it may come due and
+        while one is in flight or a follow-up is due. The engine lets such a
         choice run up to `step.MAX_ROUNDS` rounds a dispatch (32, not 8): dynamic at K = 0
         then dispatches as plain decoding does."""
         if self.mode != "goodput":
@@ -506,7 +579,15 @@ class Controller:
         tab = self._gtabs.get(key) or self._build_table(key)
         if self._hold(tab[0][b], tab[1][b], 0) != 0:
             return False  # the goodput row already beats the hold: it moves next choice
-        return not self._probe_interval or (tab[2][b] == 0 and self._contender(0, b, tab[1][b]) == 0)
+        if not self._probe_interval:
+            return True
+        if self._contender(0, b, tab[1][b]) != 0 or (tab[2][b] and not tab[4][b]):
+            return False
+        # An optimistic probe is rare and due after so many K = 0 rounds, so longer
+        # dispatches make it no dearer: settled unless it may come at the next choice, or
+        # one is in flight (its result may call for a follow-up).
+        return not tab[2][b] or not (self._follow_up or self._optimistic_out or (
+            self._since_probe + 1 >= self._probe_interval and self._k0_rounds + 1 >= tab[3][b]))
 
     # ------------------------------------------------------------------ per-request state
 
@@ -566,7 +647,13 @@ class Controller:
         itl_ms = None if meas_ms is None else self._step_itl(k, timed_b, meas_ms, context_len, not catching_up)
         self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
         if k == 0:
+            self._k0_rounds += 1
             return
+        self._k0_rounds = 0
+        if self._optimistic_out:
+            self._optimistic_out = False
+            self._follow_up = (self._cur == 0 and self._chain < OPTIMISTIC_FOLLOW_UPS
+                               and self._beat_k0(k, acc, timed_b, context_len))
         self._acc.observe(k, acc)
         if rows is not None:
             self._requests.observe(rows, acc, k)
@@ -575,6 +662,12 @@ class Controller:
             if np.abs(est[: self._kc] - self._est_tables[: self._kc]).max() > self.refresh_tol:
                 self._est_tables = est.copy()
                 self._stale_tables()
+
+    def _beat_k0(self, k: int, acc: np.ndarray, b: int, context_len) -> bool:
+        """Whether a step of `k` drafts that accepted `acc` made more tokens a row per
+        predicted ms than K = 0 would, by more than the margin."""
+        pk, p0 = (self._latency.predict_ms(b, x, context_len) for x in (k, 0))
+        return pk is not None and (1.0 + float(acc.mean())) * p0[1] > pk[1] * self._one_plus_margin
 
     def _step_al(self, k: int, acc: np.ndarray, rows) -> float:
         """The AL predicted for a step of `k` drafts: the rows' own estimates when tracked."""

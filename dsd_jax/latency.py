@@ -134,6 +134,7 @@ class LatencyModel:
             self.correction = LatencyCorrection(self._buckets or range(1, max_batch_size + 1), num_k, forgetting)
         self._log_factors = None  # the correction's log factors the cached rows were built with
         self._rows_cache: dict[int, np.ndarray] = {}
+        self._catchup_cache: dict[int, np.ndarray] = {}
         self._key_cache: dict[Any, int] = {}
 
     # ---------------------------------------------------------------- buckets
@@ -204,6 +205,24 @@ class LatencyModel:
         if self.correction is not None:
             itl = itl * self.correction.factors(bucket)
         return itl
+
+    def catchup_ms(self, b: int, key: int) -> float:
+        """What the draft's catch-up on a row's whole context (the context bucket's length)
+        adds to a step at b's batch bucket, from the profile's `catchup_ms` (0 without it:
+        a drafter that never lags, or a profile from before it was measured)."""
+        c = self.profile.catchup_ms
+        if c is None:
+            return 0.0
+        rounds = max(1, math.ceil(self.context_value(key) / c["chunk"]))  # lagging at least a round
+        return rounds * float(np.interp(self.bucket(b), self.profile.batch_sizes, c["ms"]))
+
+    def catchup_rows(self, key: int) -> np.ndarray:
+        """`catchup_ms` for live batch sizes 0..max_batch_size (row 0 copies row 1); cached."""
+        rows = self._catchup_cache.get(key)
+        if rows is None:
+            rows = np.array([self.catchup_ms(max(b, 1), key) for b in range(self._max_b + 1)])
+            self._catchup_cache[key] = rows
+        return rows
 
     def predict_ms(self, b: int, k: int, context_len: float | None) -> tuple[float, float] | None:
         """(profile ITL, predicted ITL) of one step, at the exact context length; None

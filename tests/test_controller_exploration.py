@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dsd_jax.controller import Controller
+from dsd_jax.profile import Profile
 from test_controller import goodput_spec, realistic_profile
 
 PROF = realistic_profile()  # acceptance 0.8, 0.65, 0.5, 0.4, 0.3, 0.25; max K 6
@@ -116,3 +117,123 @@ def test_a_spread_learnt_before_a_hold_at_k0_fades_so_probes_resume():
     assert c._requests.spread()[1] > 0.2 and c.current_k == 0
     ks, _ = _groups(c, b, 12, 200, lambda g: [0.9] * b, rng, "easy")
     assert np.mean(np.array(ks[-300:]) > 0) > 0.8
+
+
+# ---------------------------------------------------------------- a pessimistic profile
+
+PESSIMISTIC = realistic_profile(acceptance=(0.3, 0.09, 0.027, 0.008, 0.002, 0.001))
+
+
+@pytest.mark.parametrize("objective", ["throughput", "makespan"])
+def test_live_acceptance_far_above_a_pessimistic_profiles_is_found(objective):
+    """B = 1, the profile says drafts are mostly rejected, the live ones are accepted 95%
+    of the time (K = 6 is 2.2x K = 0). Acceptance probes only ran where the profile's
+    acceptance would speculate, so K = 0 was held for good. An optimistic probe (K = 1,
+    after ceil(0.30 / OPTIMISTIC_SHARE) = 30 rounds at K = 0) beats K = 0, its follow-ups
+    end the warm-up, and the controller speculates from then on."""
+    rng = np.random.default_rng(0)
+    c = Controller(goodput_spec(objective=objective), PESSIMISTIC, max_batch_size=64)
+    ks = []
+    for _ in range(300):
+        k = c.choose_k(1, request_ids=["r"], remaining=[10_000]) if objective == "makespan" else c.choose_k(1)
+        c.observe(k, _rows(rng, k, 0.95, 1), PESSIMISTIC.itl_ms(1, k) / 1e3, request_ids=["r"])
+        ks.append(k)
+    assert np.mean(np.array(ks[-200:]) > 2) > 0.95
+
+
+def test_an_optimistic_probe_finds_speculation_at_a_batch_where_the_profile_says_never():
+    """B = 32: at the profile's acceptance K = 0 wins by 5%; live drafts accepted 97% of the
+    time make K = 1 4% faster. Only an optimistic probe can find that out."""
+    b, rng = 32, np.random.default_rng(0)
+    c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
+    ks = _queue(c, b, 1500, lambda s, k: _rows(rng, k, 0.97, b))
+    assert c.current_k > 0 and np.mean(np.array(ks[-500:]) > 0) > 0.95
+
+
+def _catchup_profile(acceptance, context=256):
+    """The realistic profile at one context length, with the draft's catch-up the design
+    notes report: one 32-token round a row costs 0.15x a K = 0 step at B = 1, 0.76x at 64."""
+    ms = [float(np.interp(np.log2(b), [0, 6], [0.15, 0.76])) * PROF.itl_ms(b, 0) for b in PROF.batch_sizes]
+    return Profile("cpu", PROF.batch_sizes, PROF.ks, PROF.latency_ms, list(acceptance), context_lengths=[context],
+                   catchup_ms={"chunk": 32, "ms": ms})
+
+
+def _probe_share(prof, b, rate, steps=4000, catchup=False, seed=0):
+    """One-round dispatches at a steady batch size (every choice one round: probes, counted
+    in choices, are then as frequent in time as they get), drafts accepted at `rate`, the
+    draft's catch-up of the rounds it skipped (a row lags its context at most) charged to
+    the first K > 0 round after K = 0 rounds when `catchup`. Returns the time spent over
+    what K = 0 rounds would have taken, as a share of it, and the probes run."""
+    rng = np.random.default_rng(seed)
+    c = Controller(goodput_spec(objective="throughput"), prof, max_batch_size=64)
+    t = t0 = 0.0
+    lag, ctx, chunk = 0, prof.context_lengths[0], 32
+    for _ in range(steps):
+        k = c.choose_k(b)
+        ms = prof.itl_ms(b, k)
+        if catchup and k and lag:
+            ms += -(-min(lag, ctx) // chunk) * float(np.interp(b, prof.batch_sizes, prof.catchup_ms["ms"]))
+        lag = 0 if k else lag + 1
+        acc = _rows(rng, k, rate, b)
+        c.observe(k, acc, ms / 1e3)
+        t += ms
+        t0 += prof.itl_ms(b, 0) * (1.0 + acc.mean())  # K = 0 rounds for the same tokens
+    return t / t0 - 1.0, c.stats()["probes"]
+
+
+@pytest.mark.parametrize("catchup", [False, True])
+def test_optimistic_probes_cost_at_most_their_share_where_acceptance_is_low(catchup):
+    """The price of the optimistic probes where the drafts really are rejected (0.05) and
+    the profile says so: at most OPTIMISTIC_SHARE (1%) of the time, its catch-up included
+    (simulated: 0.8-0.9% at B = 1-32 at the profile's ITL, 0.6-0.9% with the catch-up), and
+    none at B = 64, where K = 0 wins even were every draft accepted."""
+    from dsd_jax.controller import OPTIMISTIC_SHARE
+    acceptance = (0.3, 0.09, 0.027, 0.008, 0.002, 0.001)
+    prof = _catchup_profile(acceptance) if catchup else PESSIMISTIC
+    for b in (1, 16, 32, 64):
+        share, probes = _probe_share(prof, b, 0.05, catchup=catchup)
+        assert share <= OPTIMISTIC_SHARE, (b, share)
+        assert (probes > 0) == (b < 64), (b, probes)
+
+
+def test_probes_where_acceptance_is_low_cost_what_the_probe_rules_allow():
+    """All exploration together on the realistic profile, drafts accepted 0.05, one round a
+    choice (the most probes in time): the acceptance probes of the profile's acceptance
+    cost their K's extra time once every `probe_interval` choices or at most PROBE_SHARE of
+    the profile's gain (B = 1: 5.4%, B = 16: 3.4%, as before these fixes), none at B = 64
+    (not even an optimistic one)."""
+    from dsd_jax.controller import PROBE_SHARE
+    for b, most in ((1, 0.06), (16, 0.04), (64, 0.0)):
+        share, probes = _probe_share(PROF, b, 0.05)
+        al = 1.0 + np.concatenate([[0.0], np.cumsum(PROF.acceptance)])
+        g = al / np.array([PROF.itl_ms(b, k) for k in range(7)])
+        assert share <= min(most, PROBE_SHARE * (g.max() / g[0] - 1.0)) + 1e-9, (b, share)
+        assert (probes > 0) == (b < 64)
+
+
+def test_settled_holds_through_a_rare_optimistic_probes_wait():
+    """Throughput objective, the pessimistic profile at B = 1: only an optimistic probe can
+    come. A hold at K = 0 stays `settled` (the engine dispatches up to 32 rounds, as for
+    plain decoding) except at the choice before the probe comes due and while a probe is in
+    flight (its result may call for a follow-up); where acceptance probes may come at any
+    choice (the realistic profile at B = 1) it is never settled, as before."""
+    c = Controller(goodput_spec(objective="throughput"), PESSIMISTIC, max_batch_size=64)
+    ks, settled = [], []
+    for _ in range(200):
+        ks.append(c.choose_k(1))
+        settled.append(c.settled(1, ks[-1]))
+        c.observe(ks[-1], [0])
+    probes = np.flatnonzero(ks)
+    assert len(probes) >= 4 and settled[0]
+    assert set(np.flatnonzero(~np.array(settled))) == set(probes) | set(probes - 1)
+    # the engine chooses the next dispatch's K before it reads the probe's result back
+    while not c.choose_k(1):
+        c.observe(0, [0])
+    assert c.choose_k(1) == 0 and not c.settled(1, 0)
+    c.observe(1, [0])
+    assert c.settled(1, 0)  # the probe's step did not beat K = 0: no follow-up
+    c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
+    for _ in range(50):
+        k = c.choose_k(1)
+        c.observe(k, [0])
+    assert c.current_k == 0 and not c.settled(1, 0)

@@ -433,16 +433,16 @@ def cmd_profile(args) -> int:
 
 # --------------------------------------------------------------------------- generate
 
-def _sampling(cmd: str, args, tokenizer, n: int) -> list:
+def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
     """One SamplingParams per prompt (request i seeded seed + i), stopping at the tokenizer's
-    end-of-text tokens unless --ignore-eos."""
+    end-of-text tokens and an --hf-target's own eos_token_ids unless --ignore-eos."""
     from dsd_jax import SamplingParams
     from dsd_jax.state import MAX_STOP_IDS
     raw = list(args.stop_token_ids or [])
     stop = list(dict.fromkeys(raw))  # a repeat counts once, as in SamplingParams
     given = len(stop)
     if not args.ignore_eos:
-        stop += [t for t in loading.eos_token_ids(tokenizer) if t not in stop]
+        stop += [t for t in loading.eos_token_ids(tokenizer, args.hf_target, vocab_size) if t not in stop]
     if len(stop) > MAX_STOP_IDS:  # the engine's error would not say where the other ids came from
         added = len(stop) - given
         eos = (f" and {added} end-of-text id{'s' * (added != 1)} of the tokenizer added "
@@ -546,7 +546,7 @@ def cmd_generate(args) -> int:
         dyn = spec.dynamic or DynamicConfig()
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
 
-    sampling = _sampling(cmd, args, tokenizer, len(prompts))
+    sampling = _sampling(cmd, args, tokenizer, len(prompts), target.config.vocab_size)
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec, profile=profile)
     outs = _run_generate(args, engine, prompts, sampling)
     _write_records(args, raw_prompts, prompts, outs)

@@ -18,12 +18,9 @@ from typing import Any, Callable
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
            "atomic_write", "writing", "model_inputs",
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
-           "EOS_CANDIDATES", "CHECKPOINT_EOS_ATTR"]
+           "EOS_CANDIDATES"]
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
-# Set by `load_models` on the tokenizer it gives with --hf-target: the checkpoint's own
-# eos_token_id list, which `eos_token_ids` adds (the callers hold only the tokenizer).
-CHECKPOINT_EOS_ATTR = "dsd_checkpoint_eos_ids"
 
 
 class ArgumentError(ValueError):
@@ -224,8 +221,7 @@ def load_models(options):
     options: anything with the CLI's model attributes ``target``, ``draft`` (directories
     of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
     directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
-    (dtype float32). Neither target given: the built-in pair. With ``hf_target``, the
-    tokenizer carries the checkpoint's own end-of-text ids for `eos_token_ids`."""
+    (dtype float32). Neither target given: the built-in pair."""
     target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (getattr(options, k, None) for k in MODEL_FLAGS)
     dtype = getattr(options, "dtype", None) or "float32"
     if target_dir and hf_target:
@@ -248,13 +244,6 @@ def load_models(options):
         draft = _load_checkpoint("--hf-draft" if hf else "--draft", hf_draft or draft_dir, hf, dtype)
     if tokenizer_path:
         tokenizer = _tokenizer_file(tokenizer_path)
-    if hf_target and tokenizer is not None:
-        from dsd_jax.models.hf import checkpoint_eos_ids
-        try:
-            eos = checkpoint_eos_ids(hf_target, target.config.vocab_size)
-        except (OSError, ValueError) as e:
-            raise ArgumentError("--hf-target", f"cannot read the end-of-text ids in {hf_target!r}: {e}") from e
-        setattr(tokenizer, CHECKPOINT_EOS_ATTR, eos)
     return target, draft, tokenizer, source
 
 
@@ -290,22 +279,27 @@ def draft_for(spec, draft, source: str, flag: str = "--speculative-config", dtyp
     return draft
 
 
-def eos_token_ids(tokenizer) -> list[int]:
+def eos_token_ids(tokenizer, hf_checkpoint: str | None = None, vocab_size: int | None = None) -> list[int]:
     """The ids generation stops at: those of the end-of-text tokens (`EOS_CANDIDATES`) the
-    tokenizer knows, then, for a tokenizer `load_models` gave with --hf-target, the
-    checkpoint's own `eos_token_id`s (generation_config.json, config.json), which may name
-    tokens no candidate does (Llama-3.1-Instruct's <|eom_id|>)."""
-    if tokenizer is None:
-        return []
+    tokenizer knows, then the `eos_token_id`s of a Hugging Face checkpoint directory
+    (generation_config.json, config.json; ids in [0, vocab_size)), which may name tokens no
+    candidate does (Llama-3.1-Instruct's <|eom_id|>). An unreadable one is an ArgumentError
+    of --hf-target."""
     out = []
-    for name in EOS_CANDIDATES:
+    for name in EOS_CANDIDATES if tokenizer is not None else ():
         try:
             tid = tokenizer.token_to_id(name)
         except Exception:  # noqa: BLE001
             tid = None
         if tid is not None and tid not in out:
             out.append(int(tid))
-    out += [t for t in getattr(tokenizer, CHECKPOINT_EOS_ATTR, ()) if t not in out]
+    if hf_checkpoint:
+        from dsd_jax.models.hf import checkpoint_eos_ids
+        try:
+            own = checkpoint_eos_ids(hf_checkpoint, vocab_size)
+        except (OSError, ValueError) as e:
+            raise ArgumentError("--hf-target", f"cannot read the end-of-text ids in {hf_checkpoint!r}: {e}") from e
+        out += [t for t in own if t not in out]
     return out
 
 

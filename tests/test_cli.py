@@ -416,16 +416,17 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                  "of the tokenizer added (--ignore-eos leaves those out); at most 8 are supported"), m
     # a repeat, and an end-of-text id given, count once
     args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
-                                 temperature=1.0, top_k=0, top_p=1.0, max_tokens=4, seed=None)
-    assert cli._sampling("generate", args, tok, 1)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
+                                 temperature=1.0, top_k=0, top_p=1.0, max_tokens=4, seed=None,
+                                 hf_target=None)
+    assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):
-        cli._sampling("generate", args, tok, 1)
+        cli._sampling("generate", args, tok, 1, 64)
     args.ignore_eos = True
-    assert cli._sampling("generate", args, tok, 2)[1].stop_token_ids == tuple(range(1, MAX_STOP_IDS + 1))
+    assert cli._sampling("generate", args, tok, 2, 64)[1].stop_token_ids == tuple(range(1, MAX_STOP_IDS + 1))
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 2))
     with pytest.raises(SystemExit, match=r"--stop-token-ids: 9 stop ids: 9 given; at most 8"):
-        cli._sampling("generate", args, tok, 1)
+        cli._sampling("generate", args, tok, 1, 64)
 
 
 def test_plot_format_is_checked_before_the_run(tmp_path):

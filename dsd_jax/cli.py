@@ -135,6 +135,8 @@ def _load_spec(cmd: str, args):
         head = " (its EAGLE-3 head is the speculative config's \"model\")" if spec.method == "eagle3" else ""
         _fail(cmd, given, f"speculative method {spec.method!r} drafts without a draft model{head}; leave "
               f"{given} out")
+    if spec.method == "eagle3":  # before a custom target takes minutes and gigabytes to build
+        loading.check_head_fits("--speculative-config", spec.model, "custom" if custom else "builtin")
     return spec
 
 

@@ -247,14 +247,20 @@ def load_models(options):
     return target, draft, tokenizer, source
 
 
+def check_head_fits(flag: str, path, source: str) -> None:
+    """Refuses the built-in EAGLE-3 head (`path` None or "builtin") for a target that is not
+    the built-in one (`source` other than "builtin"); callers check before loading models."""
+    if path in (None, "builtin") and source != "builtin":
+        raise ArgumentError(flag, "the built-in EAGLE-3 head was trained for the built-in target; with a "
+                            "custom target give a head trained for it (an EAGLE-3 head directory)")
+
+
 def load_eagle3_head(flag: str, path, source: str = "builtin", dtype: str = "float32"):
     """The EAGLE-3 head in `path` (a head directory, or None / "builtin": the one shipped for
     the built-in target, only with the built-in models: source "builtin")."""
     from dsd_jax.models import load_eagle3
+    check_head_fits(flag, path, source)
     if path in (None, "builtin"):
-        if source != "builtin":
-            raise ArgumentError(flag, "the built-in EAGLE-3 head was trained for the built-in target; with a "
-                                "custom target give a head trained for it (an EAGLE-3 head directory)")
         path = "builtin"
     else:
         existing_dir(flag, os.fspath(path))

@@ -159,6 +159,20 @@ def test_generate_with_an_eagle3_head(files, tmp_path, capsys):
     assert "--method" in m and "disagrees" in m
 
 
+def test_builtin_head_for_a_custom_target_is_refused_before_any_model_loads(monkeypatch, capsys):
+    """The refusal depends on the flags alone; it came after building the target (an 8B
+    synthetic target: minutes and gigabytes)."""
+    from dsd_jax import loading
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(loading, "load_models", no_loading)
+    monkeypatch.setattr(cli, "_synthetic_models", no_loading)
+    m = _err(["profile", "--synthetic", "llama-3.2-1b", "--method", "eagle3", "--acceptance", "0.5",
+              "--out", "unused.json"], capsys)
+    assert "built-in EAGLE-3 head was trained for the built-in target" in m, m
+
+
 def _err(argv, capsys=None) -> str:
     with pytest.raises(SystemExit) as e:
         cli.main(argv)

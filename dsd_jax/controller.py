@@ -67,7 +67,8 @@ would (`RequestAcceptance.makespan_steps`): remaining_r / AL_r(K) from per-reque
 acceptance (tracked as in ``per_request``), plus z_B standard deviations (z_B = the
 expected maximum of B standard normals) from each step's random token count and,
 on rows with little data of their own, from the spread of acceptance learnt over
-finished requests. Nothing refills the slots of such a batch, so it lasts as long
+finished requests; drafts past what a row can still emit (K > remaining_r - 1) count
+for nothing. Nothing refills the slots of such a batch, so it lasts as long
 as its slowest request: the batch-mean AL over-rates K when rows accept unevenly
 (one hard row then runs the tail alone: `benchmarks/straggler_tail.py`), and also
 when they accept alike but by chance (at T=1, B=8, static K=3 ran 0.94x of K=0
@@ -442,8 +443,8 @@ class Controller:
         return self._decide(b, key, al, at)
 
     def _makespan_row(self, batch_size, context_len, request_ids, remaining):
-        """(b, context key, the AL row of the makespan objective, the same at the profile's
-        acceptance, as a function), or None for an empty batch. Registers the live rows."""
+        """(b, context key, the AL row of the makespan objective, the same as a function of
+        the rows' a_1..a_K), or None for an empty batch. Registers the live rows."""
         # checked before the live rows are registered, so a refused call leaves no state
         try:
             rem = np.asarray(remaining, dtype=float)
@@ -460,7 +461,14 @@ class Controller:
         # The steps until the last row is done; a row about to finish is never critical
         # (the engine's token counts lag one step behind).
         rem = np.maximum(rem, 1.0)
-        steps = self._requests.makespan_steps(rows, rem, self._kc, len(rows))
+        # A step emits at most K + 1 of a row's tokens, so drafts past its R - 1 are wasted
+        # (the engine's R still counts the tokens in flight: never fewer than are left): such
+        # a K takes K = R - 1's steps, and its dearer ITL loses (at R = 1 K = 6 had run).
+        upto = np.minimum(np.arange(self._kc + 1), np.ceil(rem)[:, None] - 1).astype(np.intp)
+
+        def steps_at(acceptance=None):
+            steps = self._requests.makespan_steps(rows, rem, self._kc, len(rows), acceptance=acceptance)
+            return np.take_along_axis(steps, upto, axis=1)
 
         # A probe at a held K = 0 asks whether the profile's acceptance is back, so it is
         # priced under this objective too: the slowest of B rows accepting at the profile's
@@ -468,10 +476,9 @@ class Controller:
         # at B = 16 ran K = 2 and caught 16 rows' drafts up where no acceptance could
         # move the hold: 5% of dynamic's time there, `benchmarks/results/makespan_probes/`.)
         def at(acceptance):
-            return 1.0 / self._requests.makespan_steps(rows, rem, self._kc, len(rows),
-                                                       acceptance=acceptance).max(axis=0)
+            return 1.0 / steps_at(acceptance).max(axis=0)
 
-        return b, key, 1.0 / steps.max(axis=0), at
+        return b, key, at(None), at
 
     def _choose_per_request(self, batch_size, context_len, request_ids) -> int:
         live = self._live_rows(batch_size, context_len, request_ids)

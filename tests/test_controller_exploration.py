@@ -237,3 +237,22 @@ def test_settled_holds_through_a_rare_optimistic_probes_wait():
         k = c.choose_k(1)
         c.observe(k, [0])
     assert c.current_k == 0 and not c.settled(1, 0)
+
+
+# ---------------------------------------------------------------- the makespan's last tokens
+
+
+def test_the_makespan_row_runs_no_drafts_past_what_the_rows_can_still_emit():
+    """Every draft accepted: K = 6 mid-request. A step emits at most K + 1 of a row's tokens,
+    so with R tokens left drafts past R - 1 are wasted (K = 6 ran at R = 1, 2.8x a K = 0
+    step for the same one token). Such a K takes K = R - 1's steps, and loses."""
+    c = Controller(goodput_spec(), PROF, max_batch_size=64)
+    for _ in range(40):
+        k = c.choose_k(1, request_ids=["r"], remaining=[500])
+        c.observe(k, [k], request_ids=["r"])
+    assert c.current_k == 6
+    for r, want in ((4, 3), (3, 2), (2, 1), (1, 0)):
+        assert c.choose_k(1, request_ids=["r"], remaining=[r]) == want
+    # the row with most left sets the cap: the other one's drafts are wasted either way
+    c.choose_k(2, request_ids=["r", "s"], remaining=[500, 500])
+    assert c.held_k(2, request_ids=["r", "s"], remaining=[3, 1]) == 2

@@ -16,8 +16,9 @@ Controller modes (`SpecConfig.controller_mode`):
   profile (see `dsd_jax.controller`).
 
 ``disable_by_batch_size`` (vLLM V0's ``speculative_disable_by_batch_size``) forces
-K = 0 whenever the live batch size is greater than it; it applies on top of every
-mode (static, schedule and goodput).
+K = 0 whenever the live batch size is at least it (vLLM V0 disables speculation when
+``running_queue_size >= disable_by_batch_size``); it applies on top of every mode
+(static, schedule and goodput).
 
 "Live batch size" is the batch one step runs. On a mesh with a "data" axis that is the
 live requests of the fullest data shard, not of the whole engine: each data shard is
@@ -320,7 +321,7 @@ class SpecConfig:
     num_speculative_tokens_per_batch_size: inclusive [start_bs, end_bs, K] ranges,
         sorted, non-overlapping, start_bs >= 1, 0 <= K <= max K. Batch sizes no
         range covers use K = 0.
-    disable_by_batch_size: K = 0 whenever the live batch size is > this.
+    disable_by_batch_size: K = 0 whenever the live batch size is >= this (as vLLM V0).
         For both, on a "data" mesh the batch size is the fullest data shard's live
         requests (what one step runs, as one vLLM data-parallel rank), not the total.
     acceptance: "rejection" (Leviathan et al.) or "drafter_invariant" (Gumbel-max
@@ -432,7 +433,7 @@ class SpecConfig:
         """
         if self.method == "none" or batch_size <= 0:
             return 0
-        if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
+        if self.disable_by_batch_size is not None and batch_size >= self.disable_by_batch_size:
             return 0
         sched = self.num_speculative_tokens_per_batch_size
         if sched is None:

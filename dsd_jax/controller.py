@@ -74,7 +74,7 @@ as its slowest request: the batch-mean AL over-rates K when rows accept unevenly
 when they accept alike but by chance (at T=1, B=8, static K=3 ran 0.94x of K=0
 where the mean AL said 1.06x: `benchmarks/draft_staleness.py`).
 
-``disable_by_batch_size`` (K = 0 above the threshold) applies in every mode.
+``disable_by_batch_size`` (K = 0 at the threshold and above, as vLLM V0) applies in every mode.
 """
 
 from __future__ import annotations
@@ -500,7 +500,7 @@ class Controller:
 
     def _goodput_row(self, b: int, key: int, al: np.ndarray) -> np.ndarray:
         g = al / self._latency.itl(b, key)
-        if self._disable is not None and b > self._disable:
+        if self._disable is not None and b >= self._disable:
             g[1:] = 0.0
         return g
 
@@ -509,10 +509,10 @@ class Controller:
         g = self._al_vector()[None, :] / itl
         g_prior = self._prior_al[None, :] / itl
         g_opt = self._perfect_al[None, :] / itl
-        if self._disable is not None and self._disable < self.max_batch_size:
-            g[self._disable + 1 :, 1:] = 0.0
-            g_prior[self._disable + 1 :, 1:] = 0.0
-            g_opt[self._disable + 1 :, 1:] = 0.0
+        if self._disable is not None and self._disable <= self.max_batch_size:
+            g[self._disable :, 1:] = 0.0
+            g_prior[self._disable :, 1:] = 0.0
+            g_opt[self._disable :, 1:] = 0.0
         # (best K, goodput row, the probe K at a held K = 0, the dispatches between such
         # probes, whether that probe is an optimistic one)
         probe_k, every = self._acceptance_probe(g_prior, itl)

@@ -69,14 +69,18 @@ def test_schedule_vllm_example():
 
 
 def test_disable_by_batch_size_all_modes():
+    """K = 0 once the live batch reaches the threshold, as vLLM V0 (`running_queue_size >=
+    disable_by_batch_size`): a vLLM config read by `SpecConfig.from_dict` means the same."""
     c = Controller(SpecConfig(num_speculative_tokens=4, disable_by_batch_size=8), max_batch_size=16)
-    assert [c.choose_k(b) for b in (1, 8, 9, 16, 100)] == [4, 4, 0, 0, 0]
+    assert [c.choose_k(b) for b in (1, 7, 8, 9, 16, 100)] == [4, 4, 0, 0, 0, 0]
     spec = SpecConfig(num_speculative_tokens=3, disable_by_batch_size=100,
                       num_speculative_tokens_per_batch_size=[[1, 64, 3], [65, 128, 1], [129, 512, 0]])
     c = Controller(spec, max_batch_size=128)
-    assert (c.choose_k(64), c.choose_k(100), c.choose_k(101)) == (3, 1, 0)
-    # goodput: K = 0 above the threshold even where speculation would win.
-    spec = SpecConfig(num_speculative_tokens=6, disable_by_batch_size=2, dynamic=DynamicConfig(margin=0.0))
+    assert (c.choose_k(64), c.choose_k(99), c.choose_k(100), c.choose_k(101)) == (3, 1, 0, 0)
+    vllm = SpecConfig.from_dict({"model": "draft", "num_speculative_tokens": 4, "speculative_disable_by_batch_size": 4})
+    assert [Controller(vllm, max_batch_size=8).choose_k(b) for b in (3, 4, 5)] == [4, 0, 0]
+    # goodput: K = 0 at the threshold even where speculation would win.
+    spec = SpecConfig(num_speculative_tokens=6, disable_by_batch_size=3, dynamic=DynamicConfig(margin=0.0))
     c = Controller(spec, realistic_profile())
     assert c.choose_k(2) > 0 and c.choose_k(3) == 0 and c.choose_k(1) > 0 and c.choose_k(200) == 0
 

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import lax
 
 from dsd_jax import kernels
 from .config import ModelConfig, _is_int, hf_field
@@ -81,6 +82,17 @@ class Eagle3Config(ModelConfig):
             raise ValueError(f"EAGLE-3 feature layers {layers} are not layers of a "
                              f"{target.num_layers}-layer target (set aux_layers for a shallow one)")
         return tuple(layers)
+
+
+def _f32_dot(x, w):
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32)
+
+
+def _f32_dot_cpu(x, w):
+    # XLA:CPU transposes this dot to feed `target_logits`' scatter, and its DotThunk has no
+    # bf16 x bf16 -> f32 kernel; upcasting first costs nothing elsewhere (other platforms
+    # never lower this branch) and gives the same products (bf16 x bf16 is exact in f32)
+    return jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
 
 
 class VocabMap(nnx.Variable):
@@ -140,7 +152,7 @@ class Eagle3Head(nnx.Module):
     def logits(self, h):
         """float32 logits [B, T, draft_vocab] of pre-norm outputs h."""
         x = rms_norm(h, self.norm[...], self.config.rms_norm_eps)
-        return jnp.matmul(x, self.lm_head[...], preferred_element_type=jnp.float32)
+        return lax.platform_dependent(x, self.lm_head[...], cpu=_f32_dot_cpu, default=_f32_dot)
 
     def __call__(self, h, tokens, positions, kv: KVCache, embed, rows=None,
                  attn_backend: str = "auto"):

@@ -307,6 +307,19 @@ def test_greedy_matches_plain_decoding(engine, plain_greedy, schedule):
     assert [out.token_ids for out in outs] == plain_greedy
 
 
+def test_bfloat16_greedy_matches_plain_decoding(head_dir):
+    """bf16 on the CPU backend, B >= 2, K >= 2: XLA:CPU has no bf16 x bf16 -> f32 kernel
+    for the transposed LM-head dot of the chained draft steps (it crashed in generate)."""
+    target = scaled(models.init_model(tiny_config(num_layers=4, dtype="bfloat16"), seed=0), 3.0)
+    head = load_eagle3(head_dir, dtype="bfloat16")
+    prompts, sp = PROMPTS[:4], SamplingParams(temperature=0.0, max_tokens=8)
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,))
+    expected = [o.token_ids for o in plain.generate(prompts, sp)]
+    engine = make_engine(target, head, method="eagle3", controller=FixedK([2, 4, 3]),
+                         batch_buckets=(4,))
+    assert [o.token_ids for o in engine.generate(prompts, sp)] == expected
+
+
 def test_no_compilation_after_warmup(engine, target):
     engine.controller = FixedK([0, 4, 2, 0, 1, 3])
     engine.warmup()

@@ -1,8 +1,11 @@
 """The controller keeps exploring where its estimates could be stuck, and cheaply.
 
 Seeded simulations against the real `Controller`, one per finding of the controller
-audit: drafts a held K never proposes (or stopped proposing), ... Step times are the
-profile's ITL; nothing here is timed.
+audit: drafts a held K never proposes (or stopped proposing), the draft's catch-up
+learnt as a K's step time, a makespan spread nothing refreshes, a profile more
+pessimistic than the live drafts, drafts past a row's last tokens; and what the probes
+cost where acceptance really is low. Step times are the profile's ITL (plus a modelled
+catch-up where said); nothing here is timed, each test takes a second or two.
 """
 
 import numpy as np

@@ -33,6 +33,7 @@ from flax import nnx
 from jax import lax
 
 from dsd_jax import kernels
+from dsd_jax.loading import atomic_write
 from .config import ModelConfig, _is_int, hf_field
 from .hf import (CONFIG_FILE, WEIGHTS_FILE, _TensorReader, _weight_files, check_out_dir, read_hf_config,
                  read_tensor)
@@ -329,7 +330,7 @@ def save_eagle3(head: Eagle3Head, directory, dtype: str | None = None, *, overwr
     `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` int64, `t2d` bool).
     dtype: optionally cast the weights ("float32" or "bfloat16").
     overwrite: replace the checkpoint already in `directory` (otherwise an error, as `save_hf`)."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     cfg = head.config if dtype is None else head.config.replace(dtype=dtype)
     np_dtype = np.dtype(cfg.jnp_dtype)
@@ -345,10 +346,12 @@ def save_eagle3(head: Eagle3Head, directory, dtype: str | None = None, *, overwr
             continue
         key, transpose = _KEYS[name]
         tensors[key] = np.ascontiguousarray((arr.T if transpose else arr).astype(np_dtype))
-    save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(hf_eagle3_config(cfg), f, indent=2)
-        f.write("\n")
+    # each file through a temporary one renamed over it, the config last: a save killed
+    # midway (the trainer's checkpoints) leaves the head that was there whole, not truncated
+    data = save(tensors, metadata={"format": "pt"})
+    atomic_write(os.path.join(directory, WEIGHTS_FILE), lambda f: f.write(data), "wb")
+    atomic_write(os.path.join(directory, CONFIG_FILE),
+                 lambda f: f.write(json.dumps(hf_eagle3_config(cfg), indent=2) + "\n"))
     return os.fspath(directory)
 
 

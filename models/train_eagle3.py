@@ -55,6 +55,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from dsd_jax.loading import atomic_write
 from . import corpus
 from .builtin import builtin
 from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3, save_eagle3
@@ -279,7 +280,7 @@ def main(argv=None):
     out = Path(args.out)
     if args.eval:
         res = evaluate(out)
-        (out / "EVAL.json").write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write(out / "EVAL.json", lambda f: f.write(json.dumps(res, indent=1) + "\n"))
         return
     if args.new_schedule and not args.resume:
         ap.error("--new-schedule only applies with --resume")
@@ -434,7 +435,7 @@ def main(argv=None):
                                                     "warmup": warmup, "seed": args.seed})
         record["planned_steps"], record["steps_done"] = planned, done
         record["log"] = lines[-300:]
-        (out / LOG_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        atomic_write(out / LOG_FILE, lambda f: f.write(json.dumps(record, indent=1) + "\n"))
         last_ckpt = time.time()
         log(f"checkpoint ({tag}) -> {out.name}")
 

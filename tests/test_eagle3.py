@@ -183,6 +183,41 @@ def test_save_refuses_an_existing_head(tmp_path, head):
         save_eagle3(head, tmp_path / "file")
 
 
+def test_save_replaces_each_file_whole(tmp_path, head, monkeypatch):
+    """An overwrite writes new files renamed over the old ones, never into them: a save
+    killed midway (a trainer checkpoint) leaves the head that was there loadable."""
+    import dsd_jax.models.eagle3 as e3
+    out = tmp_path / "h"
+    save_eagle3(head, out)
+    names = ("model.safetensors", "config.json")
+    old = {n: (out / n).read_bytes() for n in names}
+    for n in names:  # a second name for each file: an in-place write would change it too
+        (tmp_path / n).hardlink_to(out / n)
+    real = e3.atomic_write
+
+    class Cut:  # a third of the weights reach the file, then the process dies
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[:len(data) // 3])
+            raise KeyboardInterrupt
+
+    def killed(path, write, mode="w"):
+        real(path, (lambda f: write(Cut(f))) if path.endswith(".safetensors") else write, mode)
+
+    monkeypatch.setattr(e3, "atomic_write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_eagle3(head, out, dtype="bfloat16", overwrite=True)
+    assert {n: (out / n).read_bytes() for n in names} == old
+    monkeypatch.setattr(e3, "atomic_write", real)
+    save_eagle3(head, out, dtype="bfloat16", overwrite=True)
+    assert {n: (tmp_path / n).read_bytes() for n in names} == old
+    assert all((out / n).read_bytes() != old[n] for n in names)
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
+    assert load_eagle3(out).config.dtype == "float32"
+
+
 def test_missing_directory_and_wrong_draft(tmp_path, target, tiny_pair):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_eagle3(tmp_path / "nope")

@@ -1,0 +1,48 @@
+"""`models.train_eagle3`: checkpoints that a kill cannot truncate, the directories
+--overwrite may replace, and the flags --eval refuses (tiny target, `test_train_cli`'s
+fixture)."""
+
+import json
+
+import pytest
+
+from dsd_jax import models
+from dsd_jax.models import eagle3 as e3
+from dsd_jax.models import train_eagle3 as te
+from test_train_cli import E3, _usage_error, tiny_e3  # noqa: F401  (tiny_e3: a fixture)
+
+FILES = ("model.safetensors", "config.json", "train_log.json")
+
+
+def test_checkpoints_replace_files_whole(tmp_path, tiny_e3, monkeypatch):  # noqa: F811
+    """A checkpoint killed while it writes the weights leaves the last one whole, and
+    --resume continues from it; a finished one never wrote into the old files."""
+    out = tmp_path / "h"
+    te.main(["--out", str(out), "--steps", "1"] + E3)
+    old = {n: (out / n).read_bytes() for n in FILES}
+    for n in FILES:  # a second name for each file: an in-place write would change it too
+        (tmp_path / n).hardlink_to(out / n)
+    real = e3.atomic_write
+
+    class Cut:  # a third of the weights reach the file, then the job is killed
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[:len(data) // 3])
+            raise KeyboardInterrupt
+
+    def killed(path, write, mode="w"):
+        real(path, (lambda f: write(Cut(f))) if path.endswith(".safetensors") else write, mode)
+
+    resume = ["--out", str(out), "--resume", "--steps", "2", "--minutes", "0", "--batch", "1",
+              "--seq-len", "8", "--ttt-steps", "2", "--log-every", "1"]
+    monkeypatch.setattr(e3, "atomic_write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        te.main(resume)
+    assert {n: (out / n).read_bytes() for n in FILES} == old
+    monkeypatch.setattr(e3, "atomic_write", real)
+    te.main(resume)
+    assert {n: (tmp_path / n).read_bytes() for n in FILES} == old
+    assert (out / FILES[0]).read_bytes() != old[FILES[0]]
+    assert json.loads((out / "train_log.json").read_text())["steps_done"] == 2

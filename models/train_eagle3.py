@@ -17,7 +17,10 @@ Checkpoints (bf16, the published key layout, `models.save_eagle3`) go to DIR eve
 `--ckpt-minutes` and at the end, with `train_log.json` and `DIR/train_state/` (the
 float32 weights, the optimizer state, the step and the schedule; `models.load_eagle3`
 reads only `config.json` + `model.safetensors`). A DIR that already holds a head is
-refused unless `--overwrite` (start a new head there) or `--resume` is passed. Non-finite
+refused unless `--overwrite` (start a new head there) or `--resume` is passed; a DIR
+holding anything else this script would write over (another model's checkpoint: a
+`config.json` not naming `LlamaForCausalLMEagle3`, `models.save`'s `params/`, a lone
+`train_log.json`) is refused even so. Non-finite
 losses or weights stop the run before they are checkpointed.
 
 `--resume` continues the head in DIR: its config and draft vocabulary (an explicit
@@ -58,7 +61,8 @@ from flax import nnx
 from dsd_jax.loading import atomic_write
 from . import corpus
 from .builtin import builtin
-from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3, save_eagle3
+from .eagle3 import (ARCHITECTURE, Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3,
+                     save_eagle3)
 from .hf import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 from .argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from .train import NonFiniteError, encode_corpus
@@ -245,6 +249,30 @@ def load_train_state(out: Path, h_params, opt_state):
     return info, restored[0], restored[1]
 
 
+def _not_a_head(out: Path) -> str | None:
+    """What in `out` this script must not replace, described (None: nothing, or an EAGLE-3
+    head with its training state and log): --overwrite and checkpoints replace only those."""
+    from .checkpoint import CHECKSUMS_FILE, PARAMS_DIR
+    if not out.is_dir():
+        return None
+    orbax = [n for n in (PARAMS_DIR, CHECKSUMS_FILE) if (out / n).exists() or (out / n).is_symlink()]
+    if orbax:
+        return f"a models.save checkpoint ({', '.join(orbax)})"
+    weights = [n for n in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE) if (out / n).exists()]
+    if (out / CONFIG_FILE).exists() or weights:
+        if not (out / CONFIG_FILE).is_file():
+            return f"{', '.join(weights)} with no {CONFIG_FILE}"
+        try:
+            archs = json.loads((out / CONFIG_FILE).read_text()).get("architectures")
+        except (OSError, ValueError, AttributeError) as e:
+            return f"a {CONFIG_FILE} that is not a readable JSON object ({e})"
+        if not isinstance(archs, list) or ARCHITECTURE not in archs:
+            return f"a checkpoint whose {CONFIG_FILE} names architectures {archs!r}"
+    elif (out / LOG_FILE).exists() and not (out / STATE_DIR).exists():
+        return f"a {LOG_FILE} with no EAGLE-3 head beside it (another script's?)"
+    return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -274,7 +302,8 @@ def main(argv=None):
                     help="continue training DIR's head (its optimizer state, step and schedule)")
     ap.add_argument("--new-schedule", action="store_true",
                     help="with --resume: a fresh optimizer and a new --steps schedule from step 0")
-    ap.add_argument("--overwrite", action="store_true", help="replace the head already in DIR")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the EAGLE-3 head already in DIR (never another checkpoint)")
     ap.add_argument("--eval", action="store_true", help="only measure acceptance of DIR's head")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -288,6 +317,10 @@ def main(argv=None):
         ap.error("--resume continues the head in --out, --overwrite replaces it: pass one of them")
     if out.exists() and not out.is_dir():
         ap.error(f"--out {out} is an existing file, not a directory")
+    foreign = _not_a_head(out)
+    if foreign:
+        ap.error(f"--out {out} holds {foreign}, not an EAGLE-3 head ({CONFIG_FILE} naming "
+                 f"{ARCHITECTURE}): refusing to train into it (choose another directory)")
     if args.resume:
         missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (out / f).is_file()]
         if missing:

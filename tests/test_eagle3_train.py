@@ -3,13 +3,14 @@
 fixture)."""
 
 import json
+import re
 
 import pytest
 
 from dsd_jax import models
 from dsd_jax.models import eagle3 as e3
 from dsd_jax.models import train_eagle3 as te
-from test_train_cli import E3, _usage_error, tiny_e3  # noqa: F401  (tiny_e3: a fixture)
+from test_train_cli import E3, TINY, _digest, _usage_error, tiny_e3  # noqa: F401  (a fixture)
 
 FILES = ("model.safetensors", "config.json", "train_log.json")
 
@@ -46,3 +47,31 @@ def test_checkpoints_replace_files_whole(tmp_path, tiny_e3, monkeypatch):  # noq
     assert {n: (tmp_path / n).read_bytes() for n in FILES} == old
     assert (out / FILES[0]).read_bytes() != old[FILES[0]]
     assert json.loads((out / "train_log.json").read_text())["steps_done"] == 2
+
+
+@pytest.mark.parametrize("case, match", [
+    ("hf_target", r"config\.json names architectures \['LlamaForCausalLM'\], not an EAGLE-3 head"),
+    ("orbax", r"a models\.save checkpoint \(params"),
+    ("no_config", "holds model.safetensors with no config.json"),
+    ("lone_log", "a train_log.json with no EAGLE-3 head beside it"),
+])
+def test_overwrite_replaces_only_a_head(tmp_path, capsys, tiny_e3, case, match):  # noqa: F811
+    """--overwrite (or --resume, or nothing) never trains into another model's checkpoint;
+    the error says what is there and does not suggest --overwrite."""
+    out = tmp_path / "d"
+    model = models.init_model(models.ModelConfig(**TINY), seed=0)
+    if case == "orbax":
+        models.save(model, out)
+    elif case == "lone_log":
+        out.mkdir()
+        (out / "train_log.json").write_text("{}")
+    else:
+        models.save_hf(model, out)
+        if case == "no_config":
+            (out / "config.json").unlink()
+    before = _digest(out)
+    for flags in (["--overwrite"], ["--resume"], []):
+        err = _usage_error(capsys, te.main, ["--out", str(out), "--steps", "1"] + E3 + flags)
+        assert re.search(match, err) and "not an EAGLE-3 head" in err, err
+        assert "--overwrite to" not in err
+    assert _digest(out) == before and tiny_e3["steps"] == []

@@ -308,7 +308,16 @@ def main(argv=None):
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.eval:
-        res = evaluate(out)
+        # only --out applies: refuse training flags rather than ignore them
+        given = [k for k, v in vars(args).items() if k not in ("out", "eval") and v != ap.get_default(k)]
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            ap.error(f"--eval only measures the head in --out: training flags ({flags}) do not apply")
+        try:
+            head = load_eagle3(out, dtype="float32")
+        except (OSError, ValueError) as e:
+            ap.error(f"--eval: --out {out} holds no EAGLE-3 head to measure: {e}")
+        res = evaluate(head)
         atomic_write(out / "EVAL.json", lambda f: f.write(json.dumps(res, indent=1) + "\n"))
         return
     if args.new_schedule and not args.resume:
@@ -520,13 +529,15 @@ def main(argv=None):
 
 # ---- evaluation through the engine ---------------------------------------------------------
 
-def evaluate(head_dir, prompts: int = 32, tokens: int = 48, k: int = 4, seed: int = 0) -> dict:
-    """Per-position acceptance (the engine's counters, static K) of the head in `head_dir`
-    and of the built-in draft model, on held-out prompts, at temperature 0 and 1."""
+def evaluate(head, prompts: int = 32, tokens: int = 48, k: int = 4, seed: int = 0) -> dict:
+    """Per-position acceptance (the engine's counters, static K) of `head` (an `Eagle3Head`
+    or its directory) and of the built-in draft model, on held-out prompts, at temperature
+    0 and 1."""
     from dsd_jax import SamplingParams, SpecConfig, SpecEngine
 
     target, draft, tok = builtin("float32")
-    head = load_eagle3(head_dir, dtype="float32")
+    if not isinstance(head, Eagle3Head):
+        head = load_eagle3(head, dtype="float32")
     texts = corpus.heldout_prompts(prompts, num_lines=8, seed=seed)
     ids = [tok.encode(t).ids[-128:] for t in texts]
     res = {"prompts": len(ids), "max_tokens": tokens, "k": k, "note":

@@ -75,3 +75,16 @@ def test_overwrite_replaces_only_a_head(tmp_path, capsys, tiny_e3, case, match):
         assert re.search(match, err) and "not an EAGLE-3 head" in err, err
         assert "--overwrite to" not in err
     assert _digest(out) == before and tiny_e3["steps"] == []
+
+
+@pytest.mark.parametrize("flags", [["--resume"], ["--overwrite"], ["--new-schedule"], ["--steps", "3"],
+                                   ["--seq-len", "8"]])
+def test_eval_refuses_training_flags(tmp_path, capsys, flags):
+    err = _usage_error(capsys, te.main, ["--out", str(tmp_path), "--eval"] + flags)
+    assert f"training flags ({flags[0]}) do not apply" in err
+    assert not (tmp_path / "EVAL.json").exists()
+
+
+def test_eval_needs_a_head(tmp_path, capsys):
+    err = _usage_error(capsys, te.main, ["--out", str(tmp_path / "missing"), "--eval"])
+    assert "--eval: --out" in err and "holds no EAGLE-3 head" in err and "does not exist" in err

@@ -77,7 +77,8 @@ def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
     """K minimises the steps of the row that finishes last, times ITL(B, K): per row
     R / AL + z_B sd, where a row accepting each draft with probability a (here all or
     none: a_i = a for every i) makes K a (1 - a) K tokens of variance per step and so
-    R K^2 a (1 - a) / AL^3 steps^2 (budgets below 1 count as 1)."""
+    R K^2 a (1 - a) / AL^3 steps^2 (budgets below 1 count as 1; a K past R - 1 takes
+    K = R - 1's steps: a step emits at most K + 1 of a row's tokens)."""
     kmax = prof.max_k
     c = Controller(goodput_spec(max_k=kmax, margin=0.0, probe_interval=0, objective="makespan"), prof)
     ids = [f"r{i}" for i in range(len(rows))]
@@ -90,7 +91,9 @@ def test_makespan_choice_is_bruteforce_argmax_of_critical_progress(prof, rows):
     z = expected_max_normal(b)
 
     def steps(a, r, kk):
-        r, al = max(r, 1), 1 + kk * a
+        r = max(r, 1)
+        kk = min(kk, r - 1)
+        al = 1 + kk * a
         return r / al + z * np.sqrt(r * kk * kk * a * (1 - a) / al**3)
 
     g = [1 / max(steps(a, r, kk) for a, r in rows) / prof.itl_ms(b, kk) for kk in range(kmax + 1)]

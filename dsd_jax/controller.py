@@ -38,9 +38,9 @@ acceptance would move the hold but perfect acceptance would (a profile can be fa
 pessimistic than the live drafts), an optimistic probe runs the cheapest K that would
 win were every draft accepted, once so many K = 0 rounds have passed that its extra
 time, the draft's catch-up included, stays under ``OPTIMISTIC_SHARE`` (1%) of theirs
-(`_optimistic_probe`); one whose step beats K = 0 is followed by up to
-``OPTIMISTIC_FOLLOW_UPS`` more, a choice apart, so live counts replace a pessimistic
-prior at one go. None runs where K = 0 wins even at perfect acceptance. Before that (with latency
+(`_optimistic_probe`); one whose step beats K = 0, accepting more than the estimate
+predicted, is followed by up to ``OPTIMISTIC_FOLLOW_UPS`` more, a choice apart, so live
+counts replace a pessimistic prior at one go. None runs where K = 0 wins even at perfect acceptance. Before that (with latency
 learning on and ``dynamic.explore_gap`` > 0; off by default), a probe runs the least
 observed K whose
 predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
@@ -104,8 +104,9 @@ PROBE_SHARE = 0.25
 # optimistic probe asks whether live acceptance is far above the profile's: its extra time
 # (its step and the draft's catch-up) is at most this share of the K = 0 rounds between two.
 OPTIMISTIC_SHARE = 0.01
-# An optimistic probe whose own step beat K = 0 is followed by another at the next choice,
-# up to this many in a row: enough steps to end the default warm-up (16) at one go.
+# An optimistic probe whose own step beat K = 0, accepting more than the estimate said, is
+# followed by another at the next choice, up to this many in a row: enough steps to end the
+# default warm-up (16) at one go.
 OPTIMISTIC_FOLLOW_UPS = 15
 
 
@@ -375,9 +376,11 @@ class Controller:
         `probe_interval` choices) that its extra time over K = 0, the catch-up included, is
         at most `OPTIMISTIC_SHARE` of theirs (and PROBE_SHARE of what it could win): the
         price of asking where acceptance is in fact low. Rounds, not choices: the bound is
-        one of time, whatever the dispatches' lengths. A probe whose step beats K = 0 is
-        followed by others (`OPTIMISTIC_FOLLOW_UPS`), so live counts replace a pessimistic
-        prior at once."""
+        one of time, whatever the dispatches' lengths. A probe whose step beats K = 0 and
+        accepts more than the estimate predicted is followed by others
+        (`OPTIMISTIC_FOLLOW_UPS`), so live counts replace a pessimistic prior at once (a
+        mixed batch under the makespan objective beat K = 0 on its mean row, as the estimate
+        knew, and ran chains of 15 where the slowest row made K = 0 the choice)."""
         beats = g_opt[..., 1:] > g_opt[..., :1] * self._one_plus_margin
         k = np.where(beats.any(axis=-1), beats.argmax(axis=-1) + 1, 0)
         kk = np.maximum(k, 1)[..., None]
@@ -659,8 +662,10 @@ class Controller:
         self._k0_rounds = 0
         if self._optimistic_out:
             self._optimistic_out = False
+            # a step that beat K = 0, and the estimate did not see it coming: ask again
             self._follow_up = (self._cur == 0 and self._chain < OPTIMISTIC_FOLLOW_UPS
-                               and self._beat_k0(k, acc, timed_b, context_len))
+                               and self._beat_k0(k, acc, timed_b, context_len)
+                               and 1.0 + float(acc.mean()) > pred_al * self._one_plus_margin)
         self._acc.observe(k, acc)
         if rows is not None:
             self._requests.observe(rows, acc, k)

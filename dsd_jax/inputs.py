@@ -102,10 +102,12 @@ def check_batch_buckets(buckets, per_shard: int) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-def check_size(name: str, value, low: int) -> int:
-    """An engine size argument as an int >= low (a float such as 16.5 is refused, not truncated)."""
-    if not is_integer(value) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+def check_size(name: str, value, low: int, high: int | None = None) -> int:
+    """An engine size argument as an int in [low, high] (a float such as 16.5 is refused,
+    not truncated; a value past `high` is refused, not wrapped)."""
+    if not is_integer(value) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
     return int(value)
 
 

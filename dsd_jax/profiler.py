@@ -385,6 +385,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     also holds what one round of its catch-up adds to a step per bucket (`catchup_ms`,
     at the largest context length; `_measure_catchup`).
     """
+    engine._check_idle("profile_engine", "profiling runs on the device state holding the stream's requests")
     context_lengths = sorted({int(c) for c in context_lengths})
     if not context_lengths:
         raise ValueError("context_lengths must not be empty")

@@ -247,6 +247,9 @@ def test_one_run_at_a_time_and_an_abandoned_stream_frees_the_engine(engine, pair
         next(second)
     with pytest.raises(RuntimeError, match="set_params while a stream"):
         engine.set_params(target=pair[0])  # e.g. a trainer update mid-run
+    from dsd_jax.profiler import profile_engine
+    with pytest.raises(RuntimeError, match="profile_engine while a stream.*device state holding"):
+        profile_engine(engine, context_lengths=[8], acceptance=[0.5, 0.3, 0.2, 0.1])  # it took the state
     for i, new in stream:
         got[i] += new
     assert [got[i] for i in range(2)] == [greedy_reference(pair[0], p, 10) for p in prompts]
@@ -411,6 +414,36 @@ def test_profile_for_other_models_warns(pair, tmp_path):
     with pytest.warns(ProfileMismatchWarning, match="the profile given to SpecEngine: .*fingerprint"):
         SpecEngine(*pair, SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig()), max_batch_size=4,
                    max_seq_len=32, profile=given)
+    # a path, as DynamicConfig(profile=) takes one (it raised AttributeError: 'str' object ...)
+    with pytest.warns(ProfileMismatchWarning, match="fingerprint"):
+        eng = SpecEngine(*pair, SpecConfig(num_speculative_tokens=2, dynamic=DynamicConfig()),
+                         max_batch_size=4, max_seq_len=32, profile=path)
+    assert eng.controller.profile.acceptance == [0.8, 0.6]
+    with pytest.raises(TypeError, match="profile must be a dsd_jax.profile.Profile or a profile JSON path, "
+                                        "got dict"):
+        SpecEngine(*pair, max_batch_size=4, max_seq_len=32, profile={"ks": [0]})
+
+
+def test_engine_seed_is_an_integer_in_range(pair):
+    """Checked when the engine is built, as SamplingParams.seed: a bad one failed at the first
+    generate with an unrelated TypeError, and 2**32 silently equalled seed 0."""
+    for bad in (None, 1.5, "3", True, -1, 2**32):
+        with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 4294967295\]"):
+            SpecEngine(*pair, max_batch_size=1, max_seq_len=16, seed=bad)
+
+
+def test_progress_counts_finished_requests_and_siblings_own_their_prompt(engine):
+    """progress is called as the finished count grows (it recounted every request at every
+    event: quadratic in the prompts); the n completions of a prompt each get their own
+    prompt list (one shared list: extending one output's prompt extended all three)."""
+    engine.controller = FixedK([2])
+    seen = []
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8], [9, 1, 2], [3, 3]]
+    outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=5, n=2, seed=1),
+                           progress=seen.append)
+    assert seen == list(range(1, 13))
+    siblings = outs[0].prompt_token_ids, outs[1].prompt_token_ids
+    assert siblings[0] == siblings[1] == [1, 2, 3] and siblings[0] is not siblings[1]
 
 
 def test_profile_that_does_not_fit_the_engine_warns(pair, tmp_path):

@@ -209,6 +209,11 @@ _KEYS = {
 }
 
 
+# config.json switches of other EAGLE-3 variants -> the value that means the layer above
+_PLAIN_LAYER = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
+                "norm_output": False, "use_aux_hidden_state": True}
+
+
 def eagle3_config_from_hf(hf: dict, dtype: str = "float32") -> Eagle3Config:
     if not isinstance(hf, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
@@ -225,10 +230,25 @@ def eagle3_config_from_hf(hf: dict, dtype: str = "float32") -> Eagle3Config:
     eagle = hf.get("eagle_config") or {}
     if not isinstance(eagle, dict):
         raise ValueError(f"config.json: eagle_config must be an object, got {eagle!r}")
-    aux = eagle.get("eagle_aux_hidden_state_layer_ids")
-    if aux is not None and not isinstance(aux, list):
-        raise ValueError(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids must be a list of "
-                         f"layer indices, got {aux!r}")
+    # switches other exporters write (vLLM reads them at either level) that change what the
+    # layer computes: refused rather than silently run as the plain EAGLE-3 layer
+    for key, plain in _PLAIN_LAYER.items():
+        for where, block in (("", hf), ("eagle_config.", eagle)):
+            if block.get(key) not in (None, plain):
+                raise ValueError(f"config.json: {where}{key}={json.dumps(block[key])} is not supported "
+                                 f"(only the published EAGLE-3 layer, {key}={json.dumps(plain)})")
+    ids = {}
+    for where, block in (("", hf), ("eagle_config.", eagle)):
+        aux = block.get("eagle_aux_hidden_state_layer_ids")
+        if aux is not None and not isinstance(aux, list):
+            raise ValueError(f"config.json: {where}eagle_aux_hidden_state_layer_ids must be a list of "
+                             f"layer indices, got {aux!r}")
+        if aux:  # as vLLM: an empty list is unset
+            ids[where] = aux
+    if len(ids) == 2 and ids[""] != ids["eagle_config."]:
+        raise ValueError(f"config.json: eagle_aux_hidden_state_layer_ids {ids['']} and eagle_config."
+                         f"eagle_aux_hidden_state_layer_ids {ids['eagle_config.']} disagree")
+    aux = ids.get("") or ids.get("eagle_config.")  # vLLM reads the top-level ids first
     return Eagle3Config(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ModelConfig)},
                         draft_vocab_size=draft_vocab, aux_layers=tuple(aux) if aux else None)
 
@@ -263,7 +283,10 @@ def load_eagle3(path, dtype: str = "float32") -> Eagle3Head:
     trained for the built-in target. Nothing is downloaded.
 
     Every tensor is checked (present, shape from config.json, d2t in range and one-to-one,
-    t2d consistent with it); a tensor the head would not use is an error.
+    t2d consistent with it); a tensor the head would not use is an error. The feature
+    layers are `eagle_aux_hidden_state_layer_ids`, top-level or in `eagle_config` (as vLLM;
+    both must agree); config switches of other variants (`norm_before_residual`,
+    `norm_before_fc`, `use_aux_hidden_state: false`, ...) are an error.
     """
     if os.fspath(path) == "builtin":
         from .builtin import BUILTIN_DIR

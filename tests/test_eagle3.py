@@ -128,6 +128,11 @@ def test_default_feature_layers_follow_the_target():
     ("eagle_config_list", r"config.json: eagle_config must be an object, got \[0, 1, 3\]"),
     ("aux_str", r"eagle_aux_hidden_state_layer_ids must be a list of layer indices, got '0,1,3'"),
     ("aux_bad", r"aux_layers must be non-negative layer indices, got \(0, 'one', 3\)"),
+    ("aux_disagree", r"config.json: eagle_aux_hidden_state_layer_ids \[0, 1, 2\] and "
+                     r"eagle_config.eagle_aux_hidden_state_layer_ids \[0, 1, 3\] disagree"),
+    ("norm_before_residual", "config.json: norm_before_residual=true is not supported"),
+    ("norm_before_fc", "config.json: eagle_config.norm_before_fc=true is not supported"),
+    ("no_aux_hidden_state", "config.json: eagle_config.use_aux_hidden_state=false is not supported"),
 ])
 def test_bad_checkpoints_are_clear_errors(tmp_path, case, match):
     cfg = head_config(64, 48)
@@ -160,12 +165,36 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, case, match):
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": "0,1,3"}
     elif case == "aux_bad":
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, "one", 3]}
+    elif case == "aux_disagree":
+        cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
+    elif case == "norm_before_residual":
+        cfg["norm_before_residual"] = True
+    elif case == "norm_before_fc":
+        cfg["eagle_config"]["norm_before_fc"] = True
+    elif case == "no_aux_hidden_state":
+        cfg["eagle_config"]["use_aux_hidden_state"] = False
     path = write_head(tmp_path / case, cfg, t)
     if case == "truncated":
         data = (path / "model.safetensors").read_bytes()
         (path / "model.safetensors").write_bytes(data[:len(data) // 2])
     with pytest.raises(ValueError, match=match):
         load_eagle3(path)
+
+
+def test_feature_layer_ids_are_read_as_vllm_reads_them(tmp_path):
+    """The top-level ids (speculators and SpecForge exports) before eagle_config's; both
+    may be given if they agree; an empty list is unset; the plain switches' values load."""
+    cfg = head_config(64, 48)
+    t = head_tensors(cfg, seed=2)
+    del cfg["eagle_config"]
+    cases = [({"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}, (0, 2, 3)),
+             ({"eagle_aux_hidden_state_layer_ids": [0, 2, 3],
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}}, (0, 2, 3)),
+             ({"eagle_aux_hidden_state_layer_ids": [],
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}, (1, 2, 3)),
+             ({"norm_before_residual": False, "eagle_config": {"use_aux_hidden_state": True}}, None)]
+    for i, (extra, aux) in enumerate(cases):
+        assert load_eagle3(write_head(tmp_path / str(i), {**cfg, **extra}, t)).config.aux_layers == aux
 
 
 def test_save_refuses_an_existing_head(tmp_path, head):

@@ -1,5 +1,5 @@
 """Engine statistics: throughput, TPOT, acceptance per position, K and batch histograms,
-and a per-step trace that can be saved as JSON."""
+and a per-step trace of the last `TRACE_LIMIT` steps that can be saved as JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ import os
 import time
 
 import numpy as np
+
+
+# Steps the trace keeps (the newest; about 0.5 KB each): an RL loop runs millions of steps
+# between resets, and an unbounded trace grew by ~0.5 KB every round.
+TRACE_LIMIT = 100_000
 
 
 class EngineStats:
@@ -37,7 +42,7 @@ class EngineStats:
         self.proposed_per_pos = np.zeros(max(self.max_k, 1), np.int64)
         self.row_steps = 0  # sum over steps of live rows
         self.tpot_s: list[float] = []
-        self.trace: list[dict] = []
+        self.trace: collections.deque[dict] = collections.deque(maxlen=TRACE_LIMIT)  # the newest steps
         self._run_start = time.perf_counter() if running else None
         self.last_step_time = self._run_start
 
@@ -107,4 +112,4 @@ class EngineStats:
     def save_trace(self, path: str | os.PathLike) -> None:
         """Writes the per-step trace as JSON (atomically: a failed write keeps an old file)."""
         from dsd_jax.loading import atomic_write
-        atomic_write(path, lambda f: json.dump(self.trace, f))
+        atomic_write(path, lambda f: json.dump(list(self.trace), f))

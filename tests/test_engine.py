@@ -852,3 +852,21 @@ def test_references_to_a_method_that_reads_none_warn_once(pair):
         warnings.simplefilter("error")  # once per engine
         out = engine.generate([[1, 2]], sp, memory=memory)
     assert memory.references([1, 2]) == [out[0].token_ids]  # the memory still stores them
+
+
+def test_the_step_trace_keeps_the_newest_steps_only(monkeypatch, tmp_path):
+    """The trace grew by ~0.5 KB every round until `reset_metrics()`: an RL loop running
+    millions of steps held gigabytes. It keeps the newest TRACE_LIMIT steps; the counts
+    still cover every step."""
+    import json
+
+    from dsd_jax import metrics
+    monkeypatch.setattr(metrics, "TRACE_LIMIT", 5)
+    stats = metrics.EngineStats(2)
+    stats.begin_run()
+    for i in range(12):
+        stats.record_step(1, 2, np.array([1, 0]), 3, float(i))
+    assert stats.steps == 12 and stats.tokens == 36
+    assert [t["step"] for t in stats.trace] == [8, 9, 10, 11, 12]
+    stats.save_trace(tmp_path / "trace.json")
+    assert [t["step"] for t in json.loads((tmp_path / "trace.json").read_text())] == [8, 9, 10, 11, 12]

@@ -91,9 +91,10 @@ class Programs:
         exe = self._compiled.get(key)
         if exe is None:
             # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`);
-            # without one under no mesh at all, not a caller's `jax.set_mesh` around the call
+            # without one under no mesh at all, not a caller's `jax.set_mesh` around the call;
+            # and in 32 bits whatever a caller's jax_enable_x64 (the programs are int32 throughout)
             try:
-                with jax.set_mesh(self.placement.mesh):
+                with jax.set_mesh(self.placement.mesh), jax.enable_x64(False):
                     lowered = lower()
                 exe = lowered.compile()
             except Exception as err:  # noqa: BLE001  (Triton/Mosaic raise many kinds)

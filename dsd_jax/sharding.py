@@ -181,10 +181,11 @@ class Placement:
 
     def new_state(self, make):
         """`make()` (an `init_state` call) built directly in its shardings: a large cache is
-        never materialised on one device first."""
-        if self.mesh is None:
-            return make()
-        return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make)))()
+        never materialised on one device first. In 32 bits, as the programs that take it."""
+        with jax.enable_x64(False):
+            if self.mesh is None:
+                return make()
+            return jax.jit(make, out_shardings=self.state_shardings(jax.eval_shape(make)))()
 
     def abstract(self, tree, shardings=None):
         """ShapeDtypeStructs of `tree` carrying `shardings` (a tree of them, one for every

@@ -870,3 +870,17 @@ def test_the_step_trace_keeps_the_newest_steps_only(monkeypatch, tmp_path):
     assert [t["step"] for t in stats.trace] == [8, 9, 10, 11, 12]
     stats.save_trace(tmp_path / "trace.json")
     assert [t["step"] for t in json.loads((tmp_path / "trace.json").read_text())] == [8, 9, 10, 11, 12]
+
+
+def test_a_callers_x64_mode_changes_nothing(pair):
+    """Notebooks often turn on jax_enable_x64: the programs were traced under it and the
+    first generate died in an int32/int64 concatenate. They trace in 32 bits whatever the
+    caller's mode, and the tokens are the 32-bit engine's."""
+    prompts = [[1, 2, 3], [4, 5]]
+    params = [SamplingParams(temperature=0.0, max_tokens=8), SamplingParams(temperature=1.0, max_tokens=8, seed=3)]
+    want = [o.token_ids for o in make_engine(*pair, method="draft_model", num_speculative_tokens=3)
+            .generate(prompts, params)]
+    with jax.enable_x64(True):
+        engine = make_engine(*pair, method="draft_model", num_speculative_tokens=3)
+        assert [o.token_ids for o in engine.generate(prompts, params)] == want
+        assert [t for _, new in engine.stream(prompts[:1], params[0]) for t in new] == want[0]

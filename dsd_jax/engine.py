@@ -190,8 +190,10 @@ class SpecEngine:
                             f"{type(profile).__name__}")
         drafter_cls = drafters.get(spec.method)
         if drafter_cls.needs_model:
-            if draft is None and spec.model is not None and hasattr(drafter_cls, "load_model"):
-                draft = drafter_cls.load_model(spec)  # e.g. an EAGLE-3 head named by spec.model
+            if draft is None and hasattr(drafter_cls, "load_model"):
+                # e.g. the EAGLE-3 head spec.model names (unset: the built-in target's), in the
+                # target's dtype
+                draft = drafter_cls.load_model(spec, target.config)
             if draft is None:
                 raise ValueError(f"method {spec.method!r} needs a draft model")
             if draft.config.vocab_size != target.config.vocab_size and not drafter_cls.any_vocab_size:

@@ -474,13 +474,20 @@ def test_no_whole_cache_work(engine, program):
     assert not bad, f"{program}: whole-cache ops in the compiled HLO:\n" + "\n".join(bad)
 
 
-def test_engine_loads_the_head_its_spec_names(builtin_head):
-    """SpecConfig(method="eagle3", model="builtin") without draft=: the engine loads it."""
+def test_engine_loads_the_head_its_spec_names(builtin_head, target):
+    """SpecConfig(method="eagle3", model=...) without draft=: the engine loads the head, in
+    the target's dtype; model unset: the built-in head, only for the built-in target."""
     from dsd_jax import SpecEngine
-    target, _, _ = models.builtin()
-    spec = SpecConfig(method="eagle3", model="builtin", num_speculative_tokens=2)
-    engine = SpecEngine(target, None, spec, max_batch_size=1, max_seq_len=64)
-    assert engine.draft_config == builtin_head.config
+    for dtype in ("float32", "bfloat16"):
+        builtin_target, _, _ = models.builtin(dtype)
+        for model in ("builtin", None):
+            spec = SpecConfig(method="eagle3", model=model, num_speculative_tokens=2)
+            engine = SpecEngine(builtin_target, None, spec, max_batch_size=1, max_seq_len=64)
+            assert engine.draft_config == builtin_head.config.replace(dtype=dtype)
+            assert engine.state.drafter.features.dtype == jnp.dtype(dtype)
+    with pytest.raises(ValueError, match=r"'eagle3' needs an EAGLE-3 head trained for this target: "
+                                         r"pass SpecConfig\(model=<head directory>\) or draft="):
+        SpecEngine(target, None, SpecConfig(method="eagle3"), max_batch_size=1, max_seq_len=64)
 
 
 def test_memory_report_sizes_the_head(engine, head):

@@ -1,5 +1,7 @@
 """Method "eagle3": an EAGLE-3 head (`dsd_jax.models.eagle3`) fed by the target's hidden
-states; the engine is given the head as `draft=` (`models.load_eagle3(dir or "builtin")`).
+states; the engine is given the head as `draft=` (`models.load_eagle3(dir or "builtin")`),
+or loads the one `SpecConfig.model` names (unset: the built-in head, for the built-in
+target only).
 
 Head position p reads the target's feature of token x_p and the embedding of x_{p+1};
 its output there proposes x_{p+2}. With length L (pending token x_{L-1}, target KV
@@ -39,6 +41,17 @@ class Eagle3State(NamedTuple):
     length: jax.Array  # [num_slots] int32: head entries 0..length-1 are true
 
 
+def _is_builtin_target(config) -> bool:
+    """`config` is the built-in target's, in any dtype (the built-in head was trained for it)."""
+    import json
+    from dsd_jax.models import ModelConfig
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    if not isinstance(config, ModelConfig):
+        return False
+    builtin = ModelConfig.from_dict(json.loads((BUILTIN_DIR / "target" / "config.json").read_text()))
+    return config.replace(dtype=builtin.dtype) == builtin
+
+
 def _gather_rows(x, rows, positions):
     """x [N, S, F], rows [B] (None: 0..B-1), positions [B, T] -> [B, T, F] (clamped)."""
     pos = jnp.clip(positions, 0, x.shape[1] - 1)
@@ -68,10 +81,17 @@ class Eagle3(Drafter):
         return cls(graph=graph, config=config, mode=mode, backend=backend)
 
     @staticmethod
-    def load_model(spec, dtype: str = "float32"):
-        """The head `spec.model` names ("builtin" when unset), for callers that load models
-        from a `SpecConfig` (pass it to `SpecEngine` as `draft=`)."""
+    def load_model(spec, target_config=None, dtype: str | None = None):
+        """The head `spec.model` names, for `SpecEngine` given no `draft=`, in the target's
+        dtype (`target_config`; float32 without one). Unset: the built-in head, which was
+        trained for the built-in target, so only for a target of its configuration; for
+        another target, an error asking for `model=` or `draft=`."""
         from dsd_jax.models.eagle3 import load_eagle3
+        dtype = dtype or getattr(target_config, "dtype", "float32")
+        if spec.model is None and not _is_builtin_target(target_config):
+            raise ValueError("method 'eagle3' needs an EAGLE-3 head trained for this target: pass "
+                             "SpecConfig(model=<head directory>) or draft=dsd_jax.models.load_eagle3(<dir>) "
+                             "(the built-in head, the default, fits only the built-in target)")
         return load_eagle3(spec.model or "builtin", dtype=dtype)
 
     @property

@@ -233,6 +233,7 @@ class SpecEngine:
         fallback = backend == "auto" and kernels.default_platform() in ("gpu", "tpu")
         self.drafter = drafter_cls.build(
             spec, None if draft is None else (draft_graph, draft.config), backends)
+        self.drafter.feature_layers(target.config)  # a head for another target fails now, not in generate
         self.state = self._allocate_state()
         opts = StepOptions(acceptance=spec.acceptance, backend=backends)
         # Admission prefills the new requests together in the smallest batch bucket that

@@ -490,6 +490,20 @@ def test_engine_loads_the_head_its_spec_names(builtin_head, target):
         SpecEngine(target, None, SpecConfig(method="eagle3"), max_batch_size=1, max_seq_len=64)
 
 
+def test_engine_refuses_a_head_for_another_target(target, head):
+    """Checked when the engine is built, not at the first generate (the feature layers
+    are only read while tracing)."""
+    from dsd_jax.models.eagle3 import init_eagle3
+    narrow = init_eagle3(Eagle3Config(**{**tiny_config(num_layers=1, hidden_size=16, num_heads=2,
+                                                       num_kv_heads=1).__dict__},
+                                      draft_vocab_size=48, aux_layers=AUX))
+    with pytest.raises(ValueError, match="head hidden_size 16 != target hidden_size 32"):
+        make_engine(target, narrow, method="eagle3")
+    deep = init_eagle3(head.config.replace(aux_layers=(0, 1, 9)))
+    with pytest.raises(ValueError, match=r"feature layers \(0, 1, 9\) are not layers of a 4-layer target"):
+        make_engine(target, deep, method="eagle3")
+
+
 def test_memory_report_sizes_the_head(engine, head):
     """The head's own params (not a Transformer's: fc, a layer over [embedding, hidden], the
     draft-vocabulary LM head), its one-layer cache and the feature buffer, as allocated."""

@@ -33,17 +33,19 @@ by more than ``margin``, so the hold could move), the probe runs that K, and onl
 every few intervals where it is dear for what it could win (`_acceptance_probe`:
 its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
 acceptance came back; under the makespan objective, the time the slowest live row
-would save, each row accepting at the profile's rates). Where not even the profile's
+would save, each row accepting at the profile's rates); one whose step beats K = 0,
+accepting more than the estimate predicted and at least the profile's AL(K), is followed
+by up to ``FOLLOW_UPS`` more, a choice apart, so a return of acceptance moves the hold
+at one go, not a probe an interval. Where not even the profile's
 acceptance would move the hold but perfect acceptance would (a profile can be far more
 pessimistic than the live drafts), an optimistic probe runs the cheapest K that would
 win were every draft accepted, once so many K = 0 rounds have passed that its extra
 time, the draft's catch-up included, stays under ``OPTIMISTIC_SHARE`` (1%) of theirs
 (`_optimistic_probe`); one whose step beats K = 0, accepting more than the estimate
-predicted, is followed by up to ``OPTIMISTIC_FOLLOW_UPS`` more, a choice apart, so live
-counts replace a pessimistic prior at one go. None runs where K = 0 wins even at perfect acceptance. Before that (with latency
+predicted, is followed up likewise, so live counts replace a pessimistic prior at one go.
+None runs where K = 0 wins even at perfect acceptance. Before that (with latency
 learning on and ``dynamic.explore_gap`` > 0; off by default), a probe runs the least
-observed K whose
-predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
+observed K whose predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
 latency at this batch bucket is not learnt yet, so close contenders get measured
 a few times, not only the winner. A probe is observed like any step; the held K
 changes only through the argmax.
@@ -104,10 +106,11 @@ PROBE_SHARE = 0.25
 # optimistic probe asks whether live acceptance is far above the profile's: its extra time
 # (its step and the draft's catch-up) is at most this share of the K = 0 rounds between two.
 OPTIMISTIC_SHARE = 0.01
-# An optimistic probe whose own step beat K = 0, accepting more than the estimate said, is
-# followed by another at the next choice, up to this many in a row: enough steps to end the
-# default warm-up (16) at one go.
-OPTIMISTIC_FOLLOW_UPS = 15
+# A probe at a held K = 0 whose own step beat K = 0, accepting more than the estimate said
+# (an acceptance probe: and at least the profile's AL(K)), is followed by another at the next
+# choice, up to this many in a row: enough steps to end the default warm-up (16) at one go,
+# and to move a forgetting-0.05 estimate most of the way to a returned acceptance.
+FOLLOW_UPS = 15
 
 
 def _index(name: str, v: Any) -> int:
@@ -224,9 +227,11 @@ class Controller:
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
         self._since_probe = 0  # choices since the last probe
-        self._follow_up = False  # an optimistic probe's step beat K = 0: probe again next choice
-        self._chain = 0  # follow-ups run since the optimistic probe that started them
-        self._optimistic_out = False  # the last probe was optimistic and is not observed yet
+        self._follow_up = False  # a probe's step at a held K = 0 beat K = 0: probe again next choice
+        self._chain = 0  # follow-ups run since the probe that started them
+        # the last probe at a held K = 0 is not observed yet: the AL its step must reach to be
+        # followed up (besides beating K = 0 and the estimate), else None
+        self._probe_out: float | None = None
         self._k0_rounds = 0  # K = 0 rounds observed since the last K > 0 round
         self._cur = 0  # the K the hysteresis holds
         self._last_k = 0  # the K of the last observed round (the draft starts behind)
@@ -378,7 +383,7 @@ class Controller:
         price of asking where acceptance is in fact low. Rounds, not choices: the bound is
         one of time, whatever the dispatches' lengths. A probe whose step beats K = 0 and
         accepts more than the estimate predicted is followed by others
-        (`OPTIMISTIC_FOLLOW_UPS`), so live counts replace a pessimistic prior at once (a
+        (`FOLLOW_UPS`), so live counts replace a pessimistic prior at once (a
         mixed batch under the makespan objective beat K = 0 on its mean row, as the estimate
         knew, and ran chains of 15 where the slowest row made K = 0 the choice)."""
         beats = g_opt[..., 1:] > g_opt[..., :1] * self._one_plus_margin
@@ -391,12 +396,16 @@ class Controller:
         return k, np.where(k > 0, np.maximum(every, self._probe_interval), 0).astype(int)
 
     def _probe(self, cur: int, b: int, g, k_prior: int, every: int, optimistic: bool = False) -> int:
-        """The K for a step at held K `cur` once `probe_interval` choices have passed (or an
-        optimistic probe asked for a follow-up): a close contender whose latency is still
+        """The K for a step at held K `cur` once `probe_interval` choices have passed (or a
+        probe's step asked for a follow-up): a close contender whose latency is still
         being learnt, else (holding K = 0) `k_prior` once `every` choices have passed
         (`_acceptance_probe`; K = 0 rounds for an `_optimistic_probe`) or as a follow-up,
-        else `cur`."""
-        follow = self._follow_up and cur == 0 and optimistic and k_prior > 0
+        else `cur`. A probe of `k_prior` is followed up (`observe`) when its step beats
+        K = 0, accepting more than the estimate predicted and, for an acceptance probe, at
+        least the profile's AL(K): its question is whether the profile's acceptance is back,
+        and where it is, a probe an interval lifted the estimate over the hold in ~24 probes
+        (B = 16: ~340 choices; with the chain ~90)."""
+        follow = self._follow_up and cur == 0 and k_prior > 0
         self._follow_up = False
         if not follow and self._since_probe < self._probe_interval:
             return cur  # a follow-up was asked for, but the hold or the probe has changed
@@ -410,7 +419,11 @@ class Controller:
             k = k_prior
         self._since_probe = 0
         self._chain = self._chain + 1 if follow else 0
-        self._optimistic_out = optimistic and cur == 0 and k == k_prior > 0
+        self._probe_out = None
+        if cur == 0 and k == k_prior > 0:
+            # an acceptance probe asks whether the profile's acceptance is back: at B = 1 a
+            # step beats K = 0 with one draft of three accepted, 30% of the time at 0.3
+            self._probe_out = 0.0 if optimistic else float(self._prior_al[min(k, self._kc)])
         if k != cur:
             self._probes += 1
         return k
@@ -596,7 +609,7 @@ class Controller:
         # An optimistic probe is rare and due after so many K = 0 rounds, so longer
         # dispatches make it no dearer: settled unless it may come at the next choice, or
         # one is in flight (its result may call for a follow-up).
-        return not tab[2][b] or not (self._follow_up or self._optimistic_out or (
+        return not tab[2][b] or not (self._follow_up or self._probe_out is not None or (
             self._since_probe + 1 >= self._probe_interval and self._k0_rounds + 1 >= tab[3][b]))
 
     # ------------------------------------------------------------------ per-request state
@@ -660,12 +673,13 @@ class Controller:
             self._k0_rounds += 1
             return
         self._k0_rounds = 0
-        if self._optimistic_out:
-            self._optimistic_out = False
+        if self._probe_out is not None:
+            bar, self._probe_out = self._probe_out, None
             # a step that beat K = 0, and the estimate did not see it coming: ask again
-            self._follow_up = (self._cur == 0 and self._chain < OPTIMISTIC_FOLLOW_UPS
+            al = 1.0 + float(acc.mean())
+            self._follow_up = (self._cur == 0 and self._chain < FOLLOW_UPS and al >= bar
                                and self._beat_k0(k, acc, timed_b, context_len)
-                               and 1.0 + float(acc.mean()) > pred_al * self._one_plus_margin)
+                               and al > pred_al * self._one_plus_margin)
         self._acc.observe(k, acc)
         if rows is not None:
             self._requests.observe(rows, acc, k)

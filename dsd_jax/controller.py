@@ -16,7 +16,8 @@ live counts with forgetting; per request, shrunk toward the global estimate) in
 `dsd_jax.acceptance`, ``ITL(B, K)`` (the profile at the batch and context bucket,
 times a factor learnt per (batch bucket, K) from measured step times when
 ``dynamic.latency_forgetting`` > 0, as by default; not from the first K > 0 round
-after K = 0 rounds, which also runs the draft's catch-up) in `dsd_jax.latency`. How well both predicted
+after K = 0 rounds, which also runs the draft's catch-up: what that costs beyond its
+step is learnt apart, for the probes' spacing) in `dsd_jax.latency`. How well both predicted
 each observed step (`calibration_log()`, the MAPEs in `stats()`) is kept by
 `dsd_jax.calibration`.
 
@@ -33,7 +34,9 @@ by more than ``margin``, so the hold could move), the probe runs that K, and onl
 every few intervals where it is dear for what it could win (`_acceptance_probe`:
 its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
 acceptance came back; under the makespan objective, the time the slowest live row
-would save, each row accepting at the profile's rates); one whose step beats K = 0,
+would save, each row accepting at the profile's rates; with what such a round is
+measured to cost beyond its step, the draft's catch-up, counted in K = 0 rounds, and at
+most ``PROBE_COST_CAP`` times further apart); one whose step beats K = 0,
 accepting more than the estimate predicted and at least the profile's AL(K), is followed
 by up to ``FOLLOW_UPS`` more, a choice apart, so a return of acceptance moves the hold
 at one go, not a probe an interval. Where not even the profile's
@@ -102,6 +105,12 @@ DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is
 # its extra step time over K = 0, spread over the dispatches between two probes, against
 # the time per step the profile's acceptance says its K would save (`_acceptance_probe`).
 PROBE_SHARE = 0.25
+# What a probe really costs (its step, and the draft's catch-up on the tokens it skipped,
+# measured: `LatencyModel.probe_excess`) spaces acceptance probes further apart where it is
+# dear, counted in K = 0 rounds, but at most this many times the spacing the profile's ITL
+# gives: they never stop (a held K = 0 is only revised by them), and a return of acceptance
+# is seen at most this many times later.
+PROBE_COST_CAP = 4
 # Where not even the profile's acceptance would speculate, but perfect acceptance would, an
 # optimistic probe asks whether live acceptance is far above the profile's: its extra time
 # (its step and the draft's catch-up) is at most this share of the K = 0 rounds between two.
@@ -212,7 +221,8 @@ class Controller:
         self._init_acceptance(spec.dynamic, profile)
         self._init_stats(history)
         # Precomputed tables per context bucket, per batch size: best K, goodput row, probe K,
-        # probe interval, whether the probe is optimistic (`_build_table`).
+        # probe interval, whether the probe is optimistic, the K = 0 rounds an acceptance probe
+        # also waits for (`_build_table`).
         self._ktab: list[int] = []
         self._gtabs: dict[int, tuple[list, ...]] = {}
         if self.mode != "goodput":
@@ -305,7 +315,7 @@ class Controller:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval or self._follow_up:
                     cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size],
-                                      tab[3][batch_size], tab[4][batch_size])
+                                      tab[3][batch_size], tab[4][batch_size], tab[5][batch_size])
             self._k_counts[cur] += 1
             return cur
         b = _index("batch_size", batch_size)
@@ -323,18 +333,19 @@ class Controller:
         if self._probe_interval:
             self._since_probe += 1
             if self._since_probe >= self._probe_interval or self._follow_up:
-                k_prior, every, optimistic = 0, self._probe_interval, False
+                k_prior, every, rounds, optimistic = 0, self._probe_interval, 0, False
                 if cur == 0:
                     itl = self._latency.itl(b, key)
                     g_prior = self._goodput_row(b, key, self._prior_al if al_at is None else al_at(self._prior_a))
-                    k_prior, every = (int(x) for x in self._acceptance_probe(g_prior, itl))
+                    k_prior, every, rounds = (int(x) for x in self._acceptance_probe(
+                        g_prior, itl, self._latency.probe_excess(b)))
                     if k_prior == 0:
                         ones = np.ones(self._kc)
                         g_opt = self._goodput_row(b, key, self._perfect_al if al_at is None else al_at(ones))
                         k_opt, every_opt = self._optimistic_probe(g_opt, itl, self._latency.catchup_ms(b, key))
                         if k_opt:
-                            k_prior, every, optimistic = int(k_opt), int(every_opt), True
-                cur = self._probe(cur, b, g, k_prior, every, optimistic)
+                            k_prior, every, rounds, optimistic = int(k_opt), int(every_opt), 0, True
+                cur = self._probe(cur, b, g, k_prior, every, optimistic, rounds)
         self._k_counts[cur] += 1
         return cur
 
@@ -343,9 +354,11 @@ class Controller:
         when it is ahead by more than the margin."""
         return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
 
-    def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray, excess=0.0):
         """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
-        probes), per goodput row under the profile's acceptance `g_prior` and its ITL ([..., K]).
+        probes, the K = 0 rounds it also waits for), per goodput row under the profile's
+        acceptance `g_prior`, its ITL ([..., K]) and the measured probe excess (K = 0 steps,
+        [...]: `LatencyModel.probe_excess`).
 
         The K is the best one there, or 0 (no probe) where it does not beat K = 0 by the
         hysteresis margin: there even live acceptance back at the profile's could not move
@@ -357,15 +370,29 @@ class Controller:
         gain = G(K) / G(0) - 1 per step. At B = 1-4 that is the plain interval; at
         B = 16 and 64, where a K = 2 or 1 step costs 2.2x or 1.75x a K = 0 step for a 10%
         or 4% gain (`bench_full_s8`), 3x and 5x longer: there probes had cost dynamic
-        3-6% of its time."""
+        3-6% of its time.
+
+        What a probe really costs is more: its round also runs the draft's catch-up on every
+        token committed since the draft last ran (one 32-token round of it is 0.15x a K = 0
+        step at B = 1, 0.76x at B = 64). That excess is measured (`probe_excess`: what such
+        rounds took beyond their K's step, in K = 0 steps), and the same rule counted in
+        K = 0 rounds (time) gives the rounds a probe also waits for: extra + excess at most
+        PROBE_SHARE of the gain over them, at most PROBE_COST_CAP times `every` (0 where
+        that is no more than `every`: a dispatch holds a round or more). The catch-up grows
+        with the rounds skipped, so the spacing settles where the share is met, or at the
+        cap where even the catch-up alone exceeds it (probes never stop). The excess enters
+        only here: not the goodput rows, nor whether a probe runs (learnt into the K's
+        latency factor it priced the probes out, and K = 0 was held for good)."""
         best = np.argmax(g_prior, axis=-1)
         g_best = np.take_along_axis(g_prior, best[..., None], axis=-1)[..., 0]
         gain = g_best / g_prior[..., 0] - 1.0
         probe = gain > self._one_plus_margin - 1.0
         extra = np.take_along_axis(itl, best[..., None], axis=-1)[..., 0] / itl[..., 0] - 1.0
         safe_gain = np.where(probe, gain, 1.0)  # rows without a probe: any positive number
-        every = np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0)
-        return np.where(probe, best, 0), np.maximum(every, self._probe_interval).astype(int)
+        every = np.maximum(np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0), self._probe_interval)
+        rounds = np.minimum(np.ceil((extra + excess) / (PROBE_SHARE * safe_gain)), PROBE_COST_CAP * every)
+        rounds = np.where(probe & (rounds > every), rounds, 0)
+        return np.where(probe, best, 0), every.astype(int), rounds.astype(int)
 
     def _optimistic_probe(self, g_opt: np.ndarray, itl: np.ndarray, catchup_ms) -> tuple[np.ndarray, np.ndarray]:
         """(the K an optimistic probe runs at a held K = 0, the K = 0 rounds before it), per
@@ -395,12 +422,13 @@ class Controller:
         every = np.maximum(np.ceil(extra / OPTIMISTIC_SHARE), np.ceil(extra / (PROBE_SHARE * safe_gain)))
         return k, np.where(k > 0, np.maximum(every, self._probe_interval), 0).astype(int)
 
-    def _probe(self, cur: int, b: int, g, k_prior: int, every: int, optimistic: bool = False) -> int:
+    def _probe(self, cur: int, b: int, g, k_prior: int, every: int, optimistic: bool = False,
+               rounds: int = 0) -> int:
         """The K for a step at held K `cur` once `probe_interval` choices have passed (or a
         probe's step asked for a follow-up): a close contender whose latency is still
-        being learnt, else (holding K = 0) `k_prior` once `every` choices have passed
-        (`_acceptance_probe`; K = 0 rounds for an `_optimistic_probe`) or as a follow-up,
-        else `cur`. A probe of `k_prior` is followed up (`observe`) when its step beats
+        being learnt, else (holding K = 0) `k_prior` once `every` choices and `rounds` K = 0
+        rounds have passed (`_acceptance_probe`; `every` K = 0 rounds for an
+        `_optimistic_probe`) or as a follow-up, else `cur`. A probe of `k_prior` is followed up (`observe`) when its step beats
         K = 0, accepting more than the estimate predicted and, for an acceptance probe, at
         least the profile's AL(K): its question is whether the profile's acceptance is back,
         and where it is, a probe an interval lifted the estimate over the hold in ~24 probes
@@ -412,7 +440,9 @@ class Controller:
         k = cur if follow else self._contender(cur, b, g)
         if k == cur and cur == 0:
             # an optimistic probe's interval counts rounds (its cost bound is in time)
-            if not follow and (self._k0_rounds if optimistic else self._since_probe) < every:
+            # (the round in flight is not observed yet: counted as one)
+            if not follow and ((self._k0_rounds if optimistic else self._since_probe) < every
+                               or self._k0_rounds + 1 < rounds):
                 if optimistic:
                     self._since_probe = 0  # asked again `probe_interval` choices on
                 return cur  # no acceptance probe due yet at this batch size
@@ -530,12 +560,15 @@ class Controller:
             g_prior[self._disable :, 1:] = 0.0
             g_opt[self._disable :, 1:] = 0.0
         # (best K, goodput row, the probe K at a held K = 0, the dispatches between such
-        # probes, whether that probe is an optimistic one)
-        probe_k, every = self._acceptance_probe(g_prior, itl)
+        # probes, whether that probe is an optimistic one, the K = 0 rounds an acceptance
+        # probe also waits for at its measured cost)
+        probe_k, every, rounds = self._acceptance_probe(g_prior, itl, self._latency.probe_excess_rows())
         opt_k, opt_every = self._optimistic_probe(g_opt, itl, self._latency.catchup_rows(key))
         optimistic = (probe_k == 0) & (opt_k > 0)
         probe_k, every = np.where(optimistic, opt_k, probe_k), np.where(optimistic, opt_every, every)
-        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist(), optimistic.tolist())
+        rounds = np.where(optimistic, 0, rounds)
+        tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist(), optimistic.tolist(),
+               rounds.tolist())
         self._gtabs[key] = tab
         return tab
 
@@ -668,6 +701,8 @@ class Controller:
         pred_al = None if k == 0 else self._step_al(k, acc, rows)
         timed_b = b if batch_size is None else _index("batch_size", batch_size)
         itl_ms = None if meas_ms is None else self._step_itl(k, timed_b, meas_ms, context_len, not catching_up)
+        if catching_up and itl_ms is not None and self._latency.learn_probe(timed_b, k, meas_ms, context_len):
+            self._stale_tables()  # the acceptance probes' spacing moved
         self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
         if k == 0:
             self._k0_rounds += 1
@@ -749,8 +784,10 @@ class Controller:
         """mode, steps_observed, acceptance, itl_mape / al_mape (percent, None without
         data; ITL predictions include the learnt latency factors), k_choices (choose_k
         results) and k_steps (observed ks) histograms, probes (steps run at another K
-        than the held one), and latency_factors ({batch bucket: factor per K} for the
-        buckets with measured steps)."""
+        than the held one), latency_factors ({batch bucket: factor per K} for the
+        buckets with measured steps) and probe_excess ({batch bucket: what a first K > 0
+        round after K = 0 rounds took beyond its step, in K = 0 steps}; it spaces the
+        acceptance probes)."""
         return {
             "mode": self.mode,
             "steps_observed": self._steps,
@@ -764,4 +801,5 @@ class Controller:
             "table_refreshes": self._refreshes,
             "probes": self._probes,
             "latency_factors": self._latency.observed() if self._latency is not None else {},
+            "probe_excess": self._latency.observed_probe_excess() if self._latency is not None else {},
         }

@@ -21,6 +21,14 @@ its evidence outweighs the prior.
 batch bucket a live batch runs in and at a context bucket (context lengths are
 rounded to `context_subdivisions` points per profiled interval, so the tables
 built per bucket stay few), times the `LatencyCorrection` when one is learnt.
+
+The first K > 0 round after K = 0 rounds also runs the draft's catch-up on every
+token committed since the draft last ran: a one-off the correction must not learn
+as what each round of that K costs (it priced the probes at a held K = 0 out for
+good). With the correction on, `LatencyModel.learn_probe` keeps it apart: what
+such a round took beyond the predicted ITL(bucket, K), in predicted K = 0 steps,
+averaged per batch bucket (`probe_excess`). The controller spaces its acceptance
+probes by it and reads it nowhere else.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ PRIOR_STEPS = 16.0  # observations the bucket mean weighs as the prior of a cell
 MAX_LOG_RATIO = math.log(1.5)  # one step counts as at most 1.5x off: a stall is not a trend
 LEARNT_WEIGHT = 16.0  # (discounted) observations after which a cell is not explored any more
 REFRESH_TOL = 0.01  # rebuild the ITL rows when a log factor moved by more than this (~1%)
+# A probe's excess (the catch-up round beyond its K's step, in K = 0 steps): probes are rare
+# (one every 16+ dispatches) and their lag varies, so a short discounted mean; one round
+# counts as at most 64 K = 0 steps (a stall is not a catch-up), and a faster one as -4.
+PROBE_EXCESS_WEIGHT = 0.25
+PROBE_EXCESS_CLIP = (-4.0, 64.0)
+PROBE_EXCESS_TOL = 0.02  # K = 0 steps the mean must move by before the controller's tables are rebuilt
 _CTX_CACHE_LIMIT = 1 << 16  # context lengths remembered with their bucket
 
 
@@ -136,6 +150,11 @@ class LatencyModel:
         self._rows_cache: dict[int, np.ndarray] = {}
         self._catchup_cache: dict[int, np.ndarray] = {}
         self._key_cache: dict[Any, int] = {}
+        # probe excess per batch bucket: discounted sums and weights (`learn_probe`)
+        self._px_sum: dict[int, float] = {}
+        self._px_w: dict[int, float] = {}
+        self._px_built: dict[int, float] = {}  # the excess the last rows were built with
+        self._px_rows = None
 
     # ---------------------------------------------------------------- buckets
 
@@ -248,6 +267,45 @@ class LatencyModel:
         self._log_factors = f
         self._rows_cache.clear()
         return True
+
+    def learn_probe(self, b: int, k: int, measured_ms: float, context_len) -> bool:
+        """Feeds the measured time of a first K > 0 round after K = 0 rounds (a probe at a
+        held K = 0, or the first round of a move off it): what it took beyond the predicted
+        ITL(bucket, K), in predicted K = 0 steps, enters its batch bucket's discounted mean
+        (`probe_excess`). Nothing without a correction (`latency_forgetting` 0 trusts the
+        profile). True when a bucket's mean moved by more than PROBE_EXCESS_TOL since the
+        rows `probe_excess_rows` returns were built."""
+        if self.correction is None or not measured_ms > 0:
+            return False
+        pk, p0 = self.predict_ms(b, k, context_len), self.predict_ms(b, 0, context_len)
+        if pk is None or not p0[1] > 0:
+            return False
+        x = min(max((measured_ms - pk[1]) / p0[1], PROBE_EXCESS_CLIP[0]), PROBE_EXCESS_CLIP[1])
+        bk, keep = self.bucket(b), 1.0 - PROBE_EXCESS_WEIGHT
+        self._px_sum[bk] = keep * self._px_sum.get(bk, 0.0) + x
+        self._px_w[bk] = keep * self._px_w.get(bk, 0.0) + 1.0
+        if abs(self.probe_excess(b) - self._px_built.get(bk, 0.0)) <= PROBE_EXCESS_TOL:
+            return False
+        self._px_rows = None
+        return True
+
+    def probe_excess(self, b: int) -> float:
+        """What a first K > 0 round after K = 0 rounds took beyond its K's step at b's batch
+        bucket, in K = 0 steps (`learn_probe`; at least 0, and 0 where none was measured)."""
+        bk = self.bucket(b)
+        w = self._px_w.get(bk, 0.0)
+        return max(0.0, self._px_sum[bk] / w) if w > 0 else 0.0
+
+    def probe_excess_rows(self) -> np.ndarray:
+        """`probe_excess` for live batch sizes 0..max_batch_size (row 0 copies row 1); cached."""
+        if self._px_rows is None:
+            self._px_rows = np.array([self.probe_excess(max(b, 1)) for b in range(self._max_b + 1)])
+            self._px_built = {bk: self.probe_excess(bk) for bk in self._px_w}
+        return self._px_rows
+
+    def observed_probe_excess(self) -> dict[int, float]:
+        """{bucket: `probe_excess`} for the buckets where such a round was measured."""
+        return {bk: round(self.probe_excess(bk), 4) for bk in sorted(self._px_w)}
 
     # ---------------------------------------------------------------- learning state
 

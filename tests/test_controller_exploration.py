@@ -85,6 +85,83 @@ def test_the_catch_up_in_a_probe_does_not_price_later_probes_out():
     assert np.ptp(c.stats()["latency_factors"][b]) < 0.01  # no K looks dearer than another
 
 
+def test_what_a_probe_costs_beyond_its_step_is_learnt_apart_from_the_latency_factors():
+    """`LatencyModel.learn_probe`: what a first K > 0 round after K = 0 rounds took beyond the
+    predicted ITL(bucket, K), in predicted K = 0 steps, a discounted mean per batch bucket
+    (weight 0.25 for the newest); the latency factors do not see it; nothing is learnt
+    without a correction (latency_forgetting 0 trusts the profile)."""
+    from dsd_jax.latency import PROBE_EXCESS_CLIP, LatencyModel
+    lm = LatencyModel(PROF, 16, 4, [1, 4, 16], 1, forgetting=0.05)
+    k0, k1 = PROF.itl_ms(16, 0), PROF.itl_ms(16, 1)
+    assert lm.learn_probe(10, 1, k1 + 2.0 * k0, None)  # b = 10 runs the bucket of 16
+    assert lm.probe_excess(16) == pytest.approx(2.0) and lm.probe_excess(4) == 0.0
+    assert lm.observed() == {} and lm.probe_excess_rows()[9:].tolist() == pytest.approx([2.0] * 8)
+    assert lm.learn_probe(16, 1, k1, None)  # no excess this time: (0.75 * 2 + 0) / 1.75
+    assert lm.probe_excess(16) == pytest.approx(1.5 / 1.75)
+    lm.probe_excess_rows()  # the controller's tables, rebuilt
+    assert not lm.learn_probe(16, 1, k1 + 0.87 * k0, None)  # moved < PROBE_EXCESS_TOL: they stand
+    lm.learn_probe(4, 2, 1e6, None)  # a stall counts as at most PROBE_EXCESS_CLIP[1] steps
+    assert lm.probe_excess(4) == PROBE_EXCESS_CLIP[1]
+    lm.learn_probe(1, 1, 1e-3, None)  # faster than predicted: never below 0
+    assert lm.probe_excess(1) == 0.0
+    off = LatencyModel(PROF, 16, 4, [1, 4, 16], 1)
+    assert not off.learn_probe(16, 1, k1 + 2.0 * k0, None) and off.probe_excess(16) == 0.0
+
+
+def test_acceptance_probes_at_their_measured_cost_stay_within_their_share():
+    """Drafts accepted 0.05, one round a choice, the draft's catch-up of the rounds it
+    skipped charged to the first K > 0 round (one 32-token round: 0.56x a K = 0 step at
+    B = 16). At the profile's ITL a probe's K = 1 step costs 0.57 K = 0 steps for a gain of
+    14.7%, so one every 16 choices met the rule (PROBE_SHARE of the gain, 3.69%); with its
+    catch-up it costs 1.13 and they took 6.9% of the time. Measured (`probe_excess`), that
+    spaces them 31 rounds apart: 3.65-3.69% (129 probes in 4000 steps, 249 before), within
+    the rule up to the drafts the probes accept. At B = 1 and 4 the rule's rounds stay under
+    the plain interval (catch-up 0.15x and 0.35x a K = 0 step): nothing changes there."""
+    from dsd_jax.controller import PROBE_SHARE
+    prof = _catchup_profile(PROF.acceptance)
+    for b in (1, 4, 16):
+        al = 1.0 + np.concatenate([[0.0], np.cumsum(prof.acceptance)])
+        g = al / np.array([prof.itl_ms(b, k) for k in range(7)])
+        bound = PROBE_SHARE * (g.max() / g[0] - 1.0)
+        for seed in range(2):
+            share, probes = _probe_share(prof, b, 0.05, catchup=True, seed=seed)
+            assert share <= 1.02 * bound, (b, seed, share, bound)
+            assert probes == (129 if b == 16 else 249), (b, probes)
+
+
+def test_acceptance_back_is_seen_with_probes_spaced_at_their_measured_cost():
+    """As above, then acceptance back at 0.9 (`_return`): probes 31 rounds apart, not 16,
+    and K > 0 is held again within 150 steps at B = 16 (63-131 over ten seeds; one probe
+    every 16 choices and no follow-ups took 273-337)."""
+    prof = _catchup_profile(PROF.acceptance)
+    for seed in range(3):
+        held, ks = _return(16, prof=prof, seed=seed, catchup=True)
+        assert np.mean(ks[450:750] == 0) > 0.9
+        assert held is not None and held <= 150, (seed, held)
+
+
+def test_probes_never_stop_however_dear_their_catch_up():
+    """A probe round that costs 50 K = 0 steps beyond its step at B = 16 (where no spacing
+    meets the rule: 0.25 x 14.7% of 16 choices is 0.6 steps): the spacing stops at
+    PROBE_COST_CAP (4) times the plain one, 64 rounds, so probes go on and a return of
+    acceptance is still seen (here within 400 steps)."""
+    from dsd_jax.controller import PROBE_COST_CAP
+    b, rng = 16, np.random.default_rng(0)
+    c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
+    ks, prev = [], 0
+    for s in range(1500):
+        k = c.choose_k(b)
+        ms = PROF.itl_ms(b, k) + (50.0 * PROF.itl_ms(b, 0) if k and not prev else 0.0)
+        c.observe(k, _rows(rng, k, 0.05 if 150 <= s < 1000 else 0.9, b), ms / 1e3)
+        ks.append(prev := k)
+    ks = np.array(ks)
+    gaps = np.diff(np.flatnonzero(ks[500:1000]))
+    assert len(gaps) >= 5 and set(gaps.tolist()) == {PROBE_COST_CAP * 16}, gaps
+    assert np.ptp(c.stats()["latency_factors"][b]) < 0.01
+    assert c.stats()["probe_excess"] == {b: pytest.approx(50.0, abs=0.01)}
+    assert (ks[1400:] > 0).all()
+
+
 # ---------------------------------------------------------------- the makespan's spread
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import dataclasses
-import hashlib
 import itertools
 import os
 import threading
@@ -35,6 +34,7 @@ from dsd_jax.controller import Controller
 from dsd_jax.drafters.base import AdmissionRequest
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, ProfileMismatchWarning
+from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed, remember
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.sharding import DATA, Placement, memory_report
@@ -59,48 +59,6 @@ class _Dispatch(NamedTuple):
     after_prefill: bool  # a prefill ran just before it: its interval includes the prefill
 
 
-@dataclasses.dataclass
-class RequestOutput:
-    """One finished completion (vLLM/Tunix conventions: unpadded tokens, same-length logprobs).
-
-    With `SamplingParams(n=G)` a prompt has G outputs, adjacent, `index` 0..G-1."""
-
-    request_id: int
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    finish_reason: str  # "stop" | "length"
-    logprobs: list[float] | None = None  # of each token under the target's sampling distribution
-    raw_logprobs: list[float] | None = None  # log_softmax of the raw target logits
-    text: str | None = None
-    prompt_index: int = 0  # which prompt of the `generate` call
-    index: int = 0  # which of its n completions
-    # the seed its noise was drawn from: the request's, mixed with its references' under
-    # rejection acceptance when the drafter reads them (`_references_seed`); an output given
-    # back as a reference (or kept by a RolloutMemory) carries it, so the next draw's noise
-    # is kept apart from the noise that drew the reference
-    noise_seed: int | None = None
-
-
-@dataclasses.dataclass
-class _Request:
-    request_id: int
-    prompt: list[int]
-    params: SamplingParams
-    seed: int
-    prompt_index: int = 0
-    index: int = 0  # completion index within its prompt's group (SamplingParams.n)
-    group: int = -1  # request id of the group's first completion (siblings share the prefill)
-    references: list = dataclasses.field(default_factory=list)  # earlier continuations of the prompt
-    tokens: list = dataclasses.field(default_factory=list)
-    logprobs: list = dataclasses.field(default_factory=list)
-    raw_logprobs: list = dataclasses.field(default_factory=list)
-    shard: int = 0  # data shard holding the request
-    slot: int = -1  # slot within its shard
-    finish_reason: str | None = None
-    first_token_time: float | None = None
-    finish_time: float | None = None
-
-
 def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     placement = Placement(mesh, target.config.num_kv_heads,
                           None if draft is None else draft.config.num_kv_heads)
@@ -109,39 +67,6 @@ def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
         raise ValueError(f"max_batch_size {max_batch_size} must be a multiple of the mesh's 'data' "
                          f"axis ({data}): each data shard holds the same number of slots")
     return placement
-
-
-def _remember(memory, requests) -> None:
-    """Stores finished requests' completions in a `RolloutMemory` (None: nothing)."""
-    if memory is not None:
-        for r in requests:
-            memory.add(r.prompt, r.tokens, noise_seed=r.seed)
-
-
-def _references_seed(seed: int, references: list[tuple[list[int], int | None]], call: int) -> int:
-    """A request's noise seed when its drafter copies from references under rejection
-    acceptance. Rejection sampling is exact only for drafts independent of the noise that
-    judges them, and a reference drawn with the same seed came from that very noise (a
-    fixed seed per prompt each epoch, its last rollout as reference: P(token) fell from
-    2.7% to 0.07%). So the seed is mixed with each reference's tokens and the seed its own
-    noise came from (`RequestOutput.noise_seed`): the result differs from every seed the
-    references, and the references they were drafted from, were drawn with (a hash never
-    equals one of its inputs), whatever tokens repeat. A reference of unknown origin (bare
-    tokens) mixes in the engine's call number instead: fresh for each call of this engine.
-    Same seed and same references (with their noise seeds) give the same output."""
-    digest = hashlib.blake2b(digest_size=8)
-    for ids, noise_seed in references:
-        origin = f"seed {noise_seed}" if noise_seed is not None else f"call {call}"
-        digest.update(np.asarray(ids, np.int64).tobytes() + origin.encode() + b"|")
-    mix = int.from_bytes(digest.digest(), "little")
-    return int(np.random.SeedSequence([seed, mix]).generate_state(1)[0])
-
-
-def _engine_seed(engine_seed: int, request_id: int) -> int:
-    """The seed of a request that names none: a hash of (engine seed, request id), so it is
-    reproducible for a given engine seed but does not fall on the small integers users pick
-    (seed*C + id did: an unseeded request drew the same tokens as one with seed=1)."""
-    return int(np.random.SeedSequence([engine_seed % 2 ** 32, request_id]).generate_state(1)[0])
 
 
 class SpecEngine:
@@ -273,7 +198,7 @@ class SpecEngine:
         self._seed = seed
         self._warned: set[str] = set()  # `_warn_once` keys
         self._request_ids = itertools.count()
-        self._calls = itertools.count()  # accepted generate/stream calls (`_references_seed`)
+        self._calls = itertools.count()  # accepted generate/stream calls (`request.references_seed`)
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
         # threads calling one engine cannot both get in
         self._run_lock = threading.Lock()
@@ -331,7 +256,7 @@ class SpecEngine:
             "close it (its .close(); breaking out of a `for` loop over engine.stream(...) "
             "closes it) before starting another run, or use a second engine")
 
-    def _numbered(self, checked: list[tuple]) -> list[_Request]:
+    def _numbered(self, checked: list[tuple]) -> list[Request]:
         """`_make_requests`, refused first when a run is under way (a refused call takes
         no request ids)."""
         if self._run_lock.locked():
@@ -502,7 +427,7 @@ class SpecEngine:
             self._warned.add(key)
             warnings.warn(message + " (warned once per engine)", UserWarning, stacklevel=4)
 
-    def _make_requests(self, checked: list[tuple]) -> list[_Request]:
+    def _make_requests(self, checked: list[tuple]) -> list[Request]:
         """The requests of a checked call, numbered (an unseeded request's seed hashes its id)."""
         mix_references = self.drafter.reads_references and self.spec.acceptance == "rejection"
         call = next(self._calls)
@@ -513,10 +438,10 @@ class SpecEngine:
             for g in range(sp.n):
                 rid = next(self._request_ids)
                 group = rid if g == 0 else group
-                seed = _engine_seed(self._seed, rid) if sp.seed is None else sp.seed + g
+                seed = engine_seed(self._seed, rid) if sp.seed is None else sp.seed + g
                 if refs and mix_references:
-                    seed = _references_seed(seed, refs, call)
-                requests.append(_Request(rid, prompt, sp, seed, i, g, group, tokens))
+                    seed = references_seed(seed, refs, call)
+                requests.append(Request(rid, prompt, sp, seed, i, g, group, tokens))
         return requests
 
     def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -542,7 +467,7 @@ class SpecEngine:
                     done += 1
                     if progress:
                         progress(done)
-        _remember(memory, requests)
+        remember(memory, requests)
         return [self._output(r, return_logprobs) for r in requests]
 
     def stream(self, prompts, sampling=None, references=None,
@@ -570,9 +495,9 @@ class SpecEngine:
             for req, new in run:
                 if new:
                     yield index[req.request_id], new
-        _remember(memory, requests)
+        remember(memory, requests)
 
-    def _output(self, r: _Request, return_logprobs: bool) -> RequestOutput:
+    def _output(self, r: Request, return_logprobs: bool) -> RequestOutput:
         text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
         # the n completions of a prompt share one prompt list: each output gets its own copy
         return RequestOutput(r.request_id, list(r.prompt), list(r.tokens), r.finish_reason,
@@ -581,12 +506,12 @@ class SpecEngine:
                              r.prompt_index, r.index, r.seed)
 
     # ---- the loop -----------------------------------------------------------------------
-    def _budget(self, r: _Request) -> int:
+    def _budget(self, r: Request) -> int:
         """Most tokens request r may produce: its max_tokens, capped by the slot's length
         (`_warn_capped` says so when a call's max_tokens does not fit)."""
         return min(r.params.max_tokens, self.max_seq_len - len(r.prompt))
 
-    def _place(self, new: list[_Request], shards: list[list[_Request]]) -> None:
+    def _place(self, new: list[Request], shards: list[list[Request]]) -> None:
         """Each new request goes to the least loaded data shard (the step's time follows the
         fullest one), at the end of its packed slots."""
         for r in new:
@@ -605,7 +530,7 @@ class SpecEngine:
                 out[s, :len(items)] = items
         return out
 
-    def _draft_now(self, batch: int, live: list[_Request], refilled: bool) -> bool:
+    def _draft_now(self, batch: int, live: list[Request], refilled: bool) -> bool:
         """Whether admission prefills the drafter with the prompts (else its first round
         with K > 0 catches up): always for drafters that cannot leave a prompt to
         `catch_up`, else when the controller would speculate at `batch` live rows (the K
@@ -623,7 +548,7 @@ class SpecEngine:
             return ctl.spec.schedule_k(batch) > 0
         return True
 
-    def _admit(self, new: list[_Request], batch: int, live: list[_Request], refilled: bool) -> None:
+    def _admit(self, new: list[Request], batch: int, live: list[Request], refilled: bool) -> None:
         """Prefills target (and draft, when `_draft_now`) for new requests in chunks, then
         marks them live; `batch` is the fullest shard's live count after admission, `live`
         every live request (the new ones included), `refilled` whether requests are queued.
@@ -632,7 +557,7 @@ class SpecEngine:
         first is prefilled and its slot copied into its siblings' slots."""
         leaders, copies = [[] for _ in range(self.data)], [[] for _ in range(self.data)]
         for s in range(self.data):
-            first: dict[int, _Request] = {}
+            first: dict[int, Request] = {}
             for r in new:
                 if r.shard != s:
                     continue
@@ -693,7 +618,7 @@ class SpecEngine:
                         field(lambda r: len(r.prompt) if draft_now else 1), extra)
         self.state = self.programs.admit(n)(self.state, init)
 
-    def _remove(self, shards: list[list[_Request]], finished: list[_Request]) -> None:
+    def _remove(self, shards: list[list[Request]], finished: list[Request]) -> None:
         """Keeps each shard's live requests packed: its last live slot moves into each freed
         slot (one move per shard per program call)."""
         pending = [[r for r in finished if r.shard == s] for s in range(self.data)]
@@ -781,13 +706,13 @@ class SpecEngine:
                 events.append((r, r.tokens[before:]))
         return events, finished
 
-    def _run(self, requests: list[_Request]):
+    def _run(self, requests: list[Request]):
         # Every run packs its requests from slot 0 of the one device state: a second run
         # while a stream is suspended would overwrite the first's slots and lose its tokens.
         if not self._run_lock.acquire(blocking=False):
             raise self._running_error()
         queue = collections.deque(requests)
-        shards: list[list[_Request]] = [[] for _ in range(self.data)]  # live, in slot order
+        shards: list[list[Request]] = [[] for _ in range(self.data)]  # live, in slot order
         inflight = None
         finished_normally = False
         try:  # released in the finally: also when a stream is closed or dropped
@@ -832,7 +757,7 @@ class SpecEngine:
             finally:  # the last thing: the next run finds the slots freed
                 self._run_lock.release()
 
-    def _finish_in_flight(self, live: list[_Request], inflight) -> bool:
+    def _finish_in_flight(self, live: list[Request], inflight) -> bool:
         """Whether every live row is in the dispatch in flight and reaches its length limit
         within it (each of its rounds emits at least one token a live row): a dispatch
         behind it would run no round."""
@@ -853,7 +778,7 @@ class SpecEngine:
         settled = getattr(self.controller, "settled", None)
         return settled is not None and bool(settled(batch, k, context))
 
-    def _rounds(self, live: list[_Request], k: int, queued: bool, inflight, batch: int,
+    def _rounds(self, live: list[Request], k: int, queued: bool, inflight, batch: int,
                 context: int) -> int:
         """Rounds of K the next dispatch runs. One right after a prefill (the dispatch's
         wall time includes the prefill, so none of its rounds times a step for the
@@ -886,7 +811,7 @@ class SpecEngine:
         room = min(self._budget(r) - len(r.tokens) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, most))
 
-    def _choose_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
+    def _choose_k(self, live: list[Request], batch: int, context: int, refilled: bool) -> int:
         """K for the next dispatch; `batch` is the fullest data shard's live count (the
         whole batch without data parallelism), whose rows set the step's time."""
         if self.max_k == 0:
@@ -895,7 +820,7 @@ class SpecEngine:
             return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
         return self._controller_k(live, batch, context, refilled)
 
-    def _makespan_args(self, live: list[_Request], refilled: bool) -> dict:
+    def _makespan_args(self, live: list[Request], refilled: bool) -> dict:
         """The live requests' ids and remaining budgets for a makespan-objective controller
         when nothing will take a finished row's slot (it aims at the last row); else none."""
         if refilled or getattr(self.controller, "objective", None) != "makespan":
@@ -903,7 +828,7 @@ class SpecEngine:
         return {"request_ids": [r.request_id for r in live],
                 "remaining": [self._budget(r) - len(r.tokens) for r in live]}
 
-    def _controller_k(self, live: list[_Request], batch: int, context: int, refilled: bool) -> int:
+    def _controller_k(self, live: list[Request], batch: int, context: int, refilled: bool) -> int:
         args = self._makespan_args(live, refilled) or {"request_ids": [r.request_id for r in live]}
         k = int(self.controller.choose_k(batch, context_len=context, **args))
         if not 0 <= k <= self.max_k:

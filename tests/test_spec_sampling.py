@@ -323,8 +323,8 @@ def test_a_fixed_seed_rl_loop_drafting_from_its_own_rollouts_stays_exact(small_v
     assert [o.token_ids for o in again] == [o.token_ids for o in as_outputs[4][:64]]
     # power: mixing the tokens alone (the noise seeds left out) repeats an epoch's noise
     # whenever its output equals its reference, and the law drifts within five epochs
-    mix = engine_module._references_seed
-    monkeypatch.setattr(engine_module, "_references_seed",
+    mix = engine_module.references_seed
+    monkeypatch.setattr(engine_module, "references_seed",
                         lambda seed, refs, call: mix(seed, [(ids, 0) for ids, _ in refs], 0))
     drifting = epochs(lambda prev: engine.generate(
         [prompt] * n, params, references=None if prev is None else [[o] for o in prev]))

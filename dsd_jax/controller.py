@@ -38,8 +38,8 @@ would save, each row accepting at the profile's rates; with what such a round is
 measured to cost beyond its step, the draft's catch-up, counted in K = 0 rounds, and at
 most ``PROBE_COST_CAP`` times further apart); one whose step beats K = 0,
 accepting more than the estimate predicted and at least the profile's AL(K), is followed
-by up to ``FOLLOW_UPS`` more, a choice apart, so a return of acceptance moves the hold
-at one go, not a probe an interval. Where not even the profile's
+by up to ``FOLLOW_UPS`` more, a choice apart, each while its step beats K = 0 and the
+estimate, so a return of acceptance moves the hold in a chain, not a probe an interval. Where not even the profile's
 acceptance would move the hold but perfect acceptance would (a profile can be far more
 pessimistic than the live drafts), an optimistic probe runs the cheapest K that would
 win were every draft accepted, once so many K = 0 rounds have passed that its extra
@@ -116,9 +116,10 @@ PROBE_COST_CAP = 4
 # (its step and the draft's catch-up) is at most this share of the K = 0 rounds between two.
 OPTIMISTIC_SHARE = 0.01
 # A probe at a held K = 0 whose own step beat K = 0, accepting more than the estimate said
-# (an acceptance probe: and at least the profile's AL(K)), is followed by another at the next
-# choice, up to this many in a row: enough steps to end the default warm-up (16) at one go,
-# and to move a forgetting-0.05 estimate most of the way to a returned acceptance.
+# (an acceptance probe starting a chain: and at least the profile's AL(K)), is followed by
+# another at the next choice, up to this many in a row: enough steps to end the default
+# warm-up (16) at one go, and to move a forgetting-0.05 estimate most of the way to a
+# returned acceptance.
 FOLLOW_UPS = 15
 
 
@@ -428,11 +429,12 @@ class Controller:
         probe's step asked for a follow-up): a close contender whose latency is still
         being learnt, else (holding K = 0) `k_prior` once `every` choices and `rounds` K = 0
         rounds have passed (`_acceptance_probe`; `every` K = 0 rounds for an
-        `_optimistic_probe`) or as a follow-up, else `cur`. A probe of `k_prior` is followed up (`observe`) when its step beats
-        K = 0, accepting more than the estimate predicted and, for an acceptance probe, at
-        least the profile's AL(K): its question is whether the profile's acceptance is back,
-        and where it is, a probe an interval lifted the estimate over the hold in ~24 probes
-        (B = 16: ~340 choices; with the chain ~90)."""
+        `_optimistic_probe`) or as a follow-up, else `cur`. A probe of `k_prior` is
+        followed up (`observe`) when its step beats K = 0, accepting more than the estimate
+        predicted and, for an acceptance probe that starts a chain, at least the profile's
+        AL(K): its question is whether the profile's acceptance is back, and where it is, a
+        probe an interval lifted the estimate over the hold in ~24 probes (B = 16: ~300
+        choices; chained ~50)."""
         follow = self._follow_up and cur == 0 and k_prior > 0
         self._follow_up = False
         if not follow and self._since_probe < self._probe_interval:
@@ -452,8 +454,10 @@ class Controller:
         self._probe_out = None
         if cur == 0 and k == k_prior > 0:
             # an acceptance probe asks whether the profile's acceptance is back: at B = 1 a
-            # step beats K = 0 with one draft of three accepted, 30% of the time at 0.3
-            self._probe_out = 0.0 if optimistic else float(self._prior_al[min(k, self._kc)])
+            # step beats K = 0 with one draft of three accepted, 30% of the time at 0.3, so
+            # a chain starts only where the profile's AL(K) is, and goes on while its steps
+            # beat K = 0 (a return to 0.7 where the profile says 0.8 chains too)
+            self._probe_out = 0.0 if optimistic or follow else float(self._prior_al[min(k, self._kc)])
         if k != cur:
             self._probes += 1
         return k

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import scaled
-from dsd_jax import bench
+from dsd_jax import bench, stats
 
 
 def _prompts(n, vocab=64, seed=0):
@@ -82,6 +82,43 @@ def test_every_configuration_runs_every_unit_first_equally_often(configs, units)
         assert len(set(rounds)) == configs
 
 
+@pytest.mark.parametrize("configs,repeats,units", [(7, 3, [8, 4, 2, 1, 1, 1, 1, 1]), (7, 6, [8, 4, 2, 1, 1, 1, 1, 1]),
+                                                   (6, 2, [4, 1, 1, 1, 1]), (4, 2, [4, 1, 1, 1, 1])])
+def test_every_configuration_leads_a_point_equally_often(configs, repeats, units):
+    """Over a point's repeats x units every configuration runs first, and at every position,
+    as often as any other to within one, whatever the repeats (rep + unit index, the earlier
+    turn, led 3, 3, 2, 2, 1, 1, 0 times with 7 configurations, 3 repeats and 4 groups: the
+    full bench's B=2 under its old defaults), and a unit's order still moves each repeat."""
+    from collections import Counter
+
+    from dsd_jax.bench.runner import run_interleaved
+    from dsd_jax.bench.workloads import Point
+
+    names = [f"c{i}" for i in range(configs)]
+    points = [Point("sweep", b, [[[b, u]] for u in range(n)], names) for b, n in enumerate(units)]
+    runs: dict[tuple, list[str]] = {}
+
+    def run(config, point, unit):
+        runs.setdefault((point.batch_size, unit[0][1]), []).append(config)
+        return 1.0, [[1]], None
+
+    run_interleaved(points, run, repeats=repeats)
+    missing = set()
+    for b, n in enumerate(units):
+        orders = [tuple(ran[i:i + configs]) for u in range(n) for ran in [runs[(b, u)]]
+                  for i in range(0, len(ran), configs)]
+        for pos in range(configs):
+            at = Counter(o[pos] for o in orders)
+            counts = [at.get(c, 0) for c in names]
+            assert max(counts) - min(counts) <= 1, (b, pos, counts)
+        if n * repeats < configs:
+            missing.add(frozenset(set(names) - {o[0] for o in orders}))
+        for u in range(n):  # a unit's order changes from repeat to repeat
+            ran = runs[(b, u)]
+            assert all(ran[i:i + configs] != ran[i + configs:i + 2 * configs] for i in range(0, len(ran) - configs, configs))
+    assert len(missing) != 1  # points too small for everyone to lead leave out different ones
+
+
 def test_rows_schema_and_lossless(bench_rows):
     rows = bench_rows
     meta = [r for r in rows if r["workload"] == "meta"]
@@ -108,15 +145,20 @@ def test_rows_schema_and_lossless(bench_rows):
             assert set(hist) <= {0, 1, 2} and "itl_mape" in r["controller"]
     roll = [r for r in rows if r["workload"] == "rollout"]
     assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
-    # one paired sample per (repeat, prompt group): B=1 runs 2 groups, B=4 and the rollout 1
+    # one paired sample per (repeat, prompt group): B=1 runs 2 groups, B=4 and the rollout 1;
+    # the intervals rest on the groups: a t interval on 2, none on 1
     for r in sweep + roll:
-        n = 4 if r.get("batch_size") == 1 else 2
-        assert len(r["tokens_per_s_pairs"]) == n and all(x > 0 for x in r["tokens_per_s_pairs"])
+        groups = 2 if r.get("batch_size") == 1 else 1
+        assert len(r["tokens_per_s_pairs"]) == 2 * groups and all(x > 0 for x in r["tokens_per_s_pairs"])
         for key in ("vs_vanilla", "vs_best_static"):
             ci = r[key]
-            assert ci["n"] == n and ci["lo"] <= ci["ratio"] <= ci["hi"], (key, ci)
+            assert ci["n"] == groups and ci["pairs"] == 2 * groups, (key, ci)
+            if groups == 1:
+                assert ci["lo"] is None and ci["method"] is None, (key, ci)
+            else:
+                assert ci["method"] == "t" and ci["lo"] <= ci["ratio"] <= ci["hi"], (key, ci)
         assert r["best_static"] == "static-2"
-        if r["config"] == "vanilla":
+        if r["config"] == "vanilla" and groups > 1:
             assert r["vs_vanilla"]["lo"] == pytest.approx(1.0) == r["vs_vanilla"]["hi"]
         if r["config"] == "static-2":
             assert r["vs_best_static"]["ratio"] == pytest.approx(1.0)
@@ -138,8 +180,10 @@ def test_json_plot_and_table(bench_rows, tmp_path):
     assert s["lossless"] is True and [e["batch_size"] for e in s["sweep"]] == [1, 4]
     assert "dynamic_vs_best_other" in s["sweep"][0] and "dynamic_vs_best_other" in s["rollout"]
     ci = s["sweep"][0]["dynamic_vs_best_other_ci"]
-    assert ci["n"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]
-    assert s["rollout"]["dynamic_vs_best_other_ci"]["n"] == 2
+    assert ci["n"] == 2 and ci["pairs"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]
+    assert s["rollout"]["dynamic_vs_best_other_ci"]["n"] == 1  # one prompt group: no interval
+    assert s["rollout"]["dynamic_configs"]["dynamic"]["verdict"] == "unresolved"
+    assert s["sweep"][1]["resolves_5pct"] is False
     # every configuration against vanilla and the best static K, with a verdict
     diffs = {(d["workload"], d["batch_size"], d["config"], d["baseline"]) for d in s["differences"]}
     assert diffs == {(w, b, c, base) for w, b in (("sweep", 1), ("sweep", 4), ("rollout", None))
@@ -153,7 +197,10 @@ def test_json_plot_and_table(bench_rows, tmp_path):
     assert "static-2" in table and "lossless" in table and "K histogram" in table
     assert "best static K" in table and "differences the data resolve" in table
     vanilla_1 = next(r for r in bench_rows if r.get("batch_size") == 1 and r["config"] == "vanilla")
-    assert f"{vanilla_1['tokens_per_s']:.1f} 1.00x [1.00, 1.00]" in table
+    assert f"{vanilla_1['tokens_per_s']:.1f} (baseline)" in table
+    b4 = next(line for line in table.splitlines() if line.startswith("    4 |"))
+    assert "[n=1: no interval]" in b4 and "no interval (1 prompt group): cannot resolve 5%" in b4
+    assert "its points cannot resolve 5%" in table  # the quick run says it is a smoke run
 
 
 def _row(b, c, tps, workload="sweep"):
@@ -164,6 +211,27 @@ def _row(b, c, tps, workload="sweep"):
     else:
         r["makespan_s"] = 100.0 / tps
     return r
+
+
+def test_plot_draws_the_paired_estimate_inside_its_bar():
+    """The speedup plot's point is the paired ratio its interval bar is about (the ratio of
+    medians, 104/60 here, lies below the bar)."""
+    from matplotlib.figure import Figure
+
+    from dsd_jax.bench.report import _plot_speedup, config_colors
+    rows = []
+    for c, xs in {"vanilla": [60] * 7, "dynamic": [104] * 4 + [124] * 3}.items():
+        r = _row(4, c, float(statistics.median(xs)))
+        r["tokens_per_s_pairs"], r["speedup_vs_vanilla"] = xs, float(statistics.median(xs)) / 60
+        rows.append(r)
+    bench.add_intervals(rows)
+    ci = rows[1]["vs_vanilla"]
+    assert not ci["lo"] <= rows[1]["speedup_vs_vanilla"] <= ci["hi"]  # what the plot used to draw
+    ax = Figure().subplots()
+    _plot_speedup(ax, rows, ["vanilla", "dynamic"], config_colors(["vanilla", "dynamic"]))
+    drawn = ax.lines[1].get_ydata()[0]
+    (_, lo), (_, hi) = ax.collections[0].get_segments()[0]
+    assert drawn == pytest.approx(ci["ratio"]) and lo <= drawn <= hi
 
 
 def test_summary_on_hand_made_rows():
@@ -178,7 +246,9 @@ def test_summary_on_hand_made_rows():
     assert by_b[1]["best_other"] == "static-4" and by_b[1]["dynamic_vs_best_other"] == pytest.approx(26 / 25)
     assert by_b[64]["best_other"] == "vanilla" and by_b[64]["dynamic_vs_best_other"] == pytest.approx(0.995)
     assert by_b[1]["best_speedup_vs_vanilla"] == pytest.approx(2.6)
-    assert s["speculation_stops_paying_at"] == 16
+    # no paired samples, no intervals: where speculation stops paying is unresolved
+    assert s["speculation_stops_paying_at"] is None
+    assert s["speculation_pays"]["draft_model (best static K)"] == [[b, "unresolved"] for b in (1, 4, 16, 64)]
     assert s["rollout"]["best_other"] == "static-2"
     assert s["rollout"]["dynamic_vs_best_other"] == pytest.approx(12 / 15)
     assert s["lossless"] is True
@@ -249,24 +319,79 @@ def test_summary_point_estimate_is_the_paired_ratio_its_interval_is_around():
     assert roll["dynamic_vs_best_other"] == pytest.approx(1 / sweep["dynamic_vs_best_other"])
 
 
-def test_eagle3_configurations_in_the_summary():
-    """The head's configurations beside the draft model's: each dynamic one compared with the
-    best other, where each method stops paying, eagle3 only at the batch sizes it ran."""
+def _paired(rows, noise, groups=6, repeats=2, seed=0):
+    """Gives hand-made rows the bench's paired samples: `groups` prompt groups x `repeats`,
+    laid out pairs[rep * G + g], each group's speed shared by every configuration at the point
+    (it cancels in the ratios) and each run's own noise (log sd `noise`)."""
+    rng = np.random.default_rng(seed)
+    for key in dict.fromkeys((r["workload"], r.get("batch_size")) for r in rows):
+        group = np.tile(rng.lognormal(0.0, 0.3, groups), repeats)
+        for r in rows:
+            if (r["workload"], r.get("batch_size")) == key:
+                r["tokens_per_s_pairs"] = (r["tokens_per_s"] * group * rng.lognormal(0.0, noise, group.size)).tolist()
+                r["repeats"] = repeats
+    bench.add_intervals(rows)
+    return rows
+
+
+def _eagle3_rows(noise):
     rows = []
     for b, tps in {1: (10, 20, 22, 15, 16), 4: (30, 40, 40, 29, 31), 16: (80, 70, 80, None, None)}.items():
         rows += [_row(b, c, v) for c, v in zip(("vanilla", "static-2", "dynamic", "eagle3-static-1",
                                                 "eagle3-dynamic"), tps) if v is not None]
-    s = bench.summarize(rows)
+    return _paired(rows, noise)
+
+
+def test_eagle3_configurations_in_the_summary():
+    """The head's configurations beside the draft model's: each dynamic one compared with the
+    best other, where each method pays and from where on it is slower than vanilla, eagle3 only
+    at the batch sizes it ran. A verdict needs an interval that excludes 1: dynamic equal to
+    vanilla at B=16 is unresolved, not "stopped paying"."""
+    s = bench.summarize(_eagle3_rows(noise=0.002))
     by_b = {e["batch_size"]: e for e in s["sweep"]}
     assert by_b[1]["best_other"] == "static-2"
-    assert by_b[1]["dynamic_configs"]["eagle3-dynamic"]["vs_best_other"] == pytest.approx(0.8)
-    assert by_b[1]["dynamic_vs_best_other"] == pytest.approx(1.1)
+    assert by_b[1]["dynamic_configs"]["eagle3-dynamic"]["vs_best_other"] == pytest.approx(0.8, rel=0.01)
+    assert by_b[1]["dynamic_configs"]["eagle3-dynamic"]["verdict"] == "lower"
+    assert by_b[1]["dynamic_vs_best_other"] == pytest.approx(1.1, rel=0.01)
     assert "eagle3-dynamic" not in by_b[16]["dynamic_configs"]
     assert s["stops_paying_at"] == {"draft_model (best static K)": 16, "eagle3 (best static K)": 4,
-                                    "dynamic": 16, "eagle3-dynamic": None}
-    table = bench.format_table(rows)
-    assert "eagle3 (best static K) at B=4" in table and "eagle3-dynamic still pays at the largest batch size it ran" in table
-    assert "B=  1: eagle3-dynamic = 0.80 x best other (static-2)" in table
+                                    "dynamic": None, "eagle3-dynamic": None}
+    assert s["speculation_pays"]["dynamic"] == [[1, "pays"], [4, "pays"], [16, "unresolved"]]
+    assert s["speculation_stops_paying_at"] == 16
+    table = bench.format_table(_eagle3_rows(noise=0.002))
+    assert "eagle3 (best static K): B=1 pays, B=4 slower -> slower than vanilla from B=4 on" in table
+    assert "eagle3-dynamic: B=1 pays, B=4 pays -> still pays at the largest batch size it ran" in table
+    assert "dynamic: B=1 pays, B=4 pays, B=16 ? -> where it stops paying is unresolved" in table
+    assert "B=  1: eagle3-dynamic = 0.80 x best other (static-2), paired 0.80x [" in table
+    # the same means under 20% run-to-run noise: the 3-13% losses are not resolved, so no verdict
+    noisy = bench.summarize(_eagle3_rows(noise=0.2))
+    assert noisy["stops_paying_at"] == {name: None for name in s["stops_paying_at"]}
+    assert noisy["speculation_pays"]["eagle3 (best static K)"] == [[1, "pays"], [4, "unresolved"]]
+    assert noisy["speculation_pays"]["draft_model (best static K)"][-1] == [16, "unresolved"]
+
+
+def test_table_marks_points_that_cannot_resolve_five_percent():
+    """Each comparison prints its half-width; a point is marked where one of them is over 5%
+    or has no interval (one prompt group)."""
+    rows = []
+    for b in (1, 2, 8):
+        rows += [_row(b, "vanilla", 100.0), _row(b, "static-2", 110.0)]
+    _paired(rows[:2], noise=0.005)  # B=1: 6 groups, tight
+    _paired(rows[2:4], noise=0.2)  # B=2: 6 groups, noisy
+    _paired(rows[4:], noise=0.005, groups=1, repeats=6)  # B=8: one group of 8 prompts
+    bench.add_intervals(rows)
+    s = bench.summarize(rows)
+    assert [e["resolves_5pct"] for e in s["sweep"]] == [True, False, False]
+    lines = {}  # the sweep table's row of each batch size (the first line starting with it)
+    for line in bench.format_table(rows).splitlines():
+        if line[:5].strip().isdigit():
+            lines.setdefault(line[:5].strip(), line)
+    ci = {r["batch_size"]: r["vs_vanilla"] for r in rows if r["config"] == "static-2"}
+    for b in (1, 2):
+        assert f"+-{100 * stats.resolution(ci[b]):.1f}%" in lines[str(b)]
+    assert "cannot resolve 5%" not in lines["1"] and lines["2"].endswith(": cannot resolve 5%")
+    assert lines["8"].endswith("no interval (1 prompt group): cannot resolve 5%")
+    assert "smoke" not in bench.format_table(rows)  # not a quick run: no smoke-run line
 
 
 def test_config_parsing_and_lengths():

@@ -1,7 +1,7 @@
 """The side-by-side workload (`dsd_jax.bench.side_by_side`, run by `benchmarks/side_by_side.py`)
 end to end on tiny random models: every configuration is measured, every ratio carries a
-paired interval, the engine configurations are lossless, and results.json / results.png
-are written. No timing assertions (2 shared CPU cores)."""
+paired interval over the prompt groups (none where there is one group), the engine
+configurations are lossless, and results.json / results.png are written. No timing assertions (2 shared CPU cores)."""
 
 from __future__ import annotations
 
@@ -55,11 +55,16 @@ def test_every_configuration_with_intervals(doc):
         if p["batch_size"] > 1:
             assert "hf-assisted" in p["skipped"]
         n_pairs = 2 * p["groups"]  # repeats x prompt groups
+        assert p["groups"] == (2 if p["batch_size"] == 1 else 1)
         for c, e in p["configs"].items():
             assert e["tokens_per_s"] > 0 and len(e["tokens_per_s_pairs"]) == n_pairs
             for base in ("vs_vanilla", "vs_floor"):
-                ci = e[base]
-                assert ci["n"] == n_pairs and ci["lo"] <= ci["ratio"] <= ci["hi"], (c, base, ci)
+                ci = e[base]  # the intervals rest on the prompt groups: none on one
+                assert ci["n"] == p["groups"] and ci["pairs"] == n_pairs, (c, base, ci)
+                if p["groups"] > 1:
+                    assert ci["method"] == "t" and ci["lo"] <= ci["ratio"] <= ci["hi"], (c, base, ci)
+                else:
+                    assert ci["lo"] is None, (c, base, ci)
             assert e["all_max_tokens"] and e["tokens"] == 8 * p["batch_size"] * p["groups"]
             if sbs.is_engine(c):
                 assert e["lossless"] is True and e["mismatched_requests_vs_vanilla"] == 0
@@ -102,6 +107,8 @@ def test_summary_files_and_table(doc):
     for c in CONFIGS:
         assert f"  {c} " in table
     assert "lossless" in table and "real differences from vanilla" in table and "[" in table
+    assert "max_seq_len 32, B=2 (1 prompt group(s) of 2 per repeat): cannot resolve 5%" in table
+    assert "[n=1: no interval]" in table
 
 
 def test_floor_matches_plain_decoding(tiny_pair):

@@ -16,11 +16,14 @@ Method: every engine is warmed up (`engine.warmup()` compiles every program), th
 each configuration does one untimed run whose live batch shrinks through every
 bucket. Timed runs are interleaved (`runner`): each repeat, each point of the
 workloads (`workloads`: the sweep over batch sizes and the rollout) and each of its
-prompt groups, the configurations run in an order rotated by one from the group before
-and from the same group's previous repeat. Reported numbers are medians over repeats;
-each pair unit (prompt group, repeat) gives paired ratios with bootstrap 95% intervals
-(`pairs`, `dsd_jax.stats`); a difference is called real only when its interval excludes
-1 (``summarize()["differences"]``). tokens/s =
+prompt groups, the configurations run back to back in an order rotated by one from the
+same group's previous repeat, every configuration running first equally often over a
+point's groups and repeats (to within one, `runner.turns`). Reported numbers are
+medians over repeats; each pair unit (prompt group, repeat) gives paired ratios, whose
+95% intervals resample prompt groups with their repeats (`pairs`, `dsd_jax.stats`: a
+t interval for 2-4 groups, none for one); a difference is called real only when its
+interval excludes 1 (``summarize()["differences"]``), and the table marks each point
+that cannot resolve 5%. tokens/s =
 generated tokens / wall time of `generate` (prefill included);
 ``decode_tokens_per_s`` leaves out the prefill and the first step; the rollout's
 makespan is the wall time of its single `generate`.

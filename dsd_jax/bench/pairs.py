@@ -3,8 +3,11 @@
 Every (prompt group, repeat) of the sweep and every repeat of the rollout is a *pair
 unit*: all configurations ran it back to back, so their tokens/s are compared pair by
 pair (``tokens_per_s_pairs``), and each configuration's ratio to vanilla and to the
-best static K carries a paired bootstrap 95% interval. A difference is called real only
-when its interval excludes 1.
+best static K carries a paired 95% interval. The repeats of one prompt group share its
+prompts' acceptance, so the interval resamples prompt groups, not pairs
+(`pair_groups`, ``clusters=`` of `dsd_jax.stats.paired_ratio`): ``n`` is the number of
+groups, and a point with one group (the sweep at B >= rows_per_point, the rollout) has
+no interval. A difference is called real only when its interval excludes 1.
 """
 
 from __future__ import annotations
@@ -38,15 +41,31 @@ def best_static(pts: dict[str, dict]) -> str | None:
     return max(statics, key=statics.get) if statics else None
 
 
+def pair_groups(r: dict) -> list[int] | None:
+    """The prompt group of each of a row's paired samples: they are laid out repeat after
+    repeat (``pairs[rep * G + g]``, `dsd_jax.bench.runner.run_interleaved`), so G is the
+    number of pairs over the repeats. None where the row does not say how many repeats
+    (hand-made rows): each pair is then its own unit."""
+    pairs = r.get("tokens_per_s_pairs") or []
+    reps = r.get("repeats") or len(r.get("tokens_per_s_repeats") or [])
+    if not pairs or not reps or len(pairs) % reps:
+        return None
+    groups = len(pairs) // reps
+    return [i % groups for i in range(len(pairs))]
+
+
 def pair_ratios(pts: dict[str, dict], baseline: str | None) -> dict[str, dict | None]:
-    """Each configuration's paired interval against `baseline` at one point (None without pairs)."""
+    """Each configuration's paired interval against `baseline` at one point, prompt groups
+    resampled whole (None without pairs)."""
+    if not baseline or baseline not in pts:
+        return {c: None for c in pts}
     samples = {c: r.get("tokens_per_s_pairs") for c, r in pts.items()}
-    return stats.ratios_to(samples, baseline) if baseline else {c: None for c in pts}
+    return stats.ratios_to(samples, baseline, clusters=pair_groups(pts[baseline]))
 
 
 def add_intervals(rows: list[dict]) -> list[dict]:
-    """Sets ``vs_vanilla``, ``best_static`` and ``vs_best_static`` (paired bootstrap ratios of
-    tokens/s, `dsd_jax.stats.paired_ratio`) on every sweep and rollout row, in place."""
+    """Sets ``vs_vanilla``, ``best_static`` and ``vs_best_static`` (paired ratios of tokens/s
+    over prompt groups, `dsd_jax.stats.paired_ratio`) on every sweep and rollout row, in place."""
     for pts in points(rows).values():
         best = best_static(pts)
         vs_v, vs_s = pair_ratios(pts, "vanilla"), pair_ratios(pts, best)

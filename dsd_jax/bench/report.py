@@ -35,7 +35,8 @@ def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
              "best_speedup_vs_vanilla": max(pts.values()) / pts["vanilla"]}
     ratios = pair_ratios(rows_b, best_c)
     entry["dynamic_configs"] = {d: {"vs_best_other": _paired_or(ratios[d], score[d] / others[best_c]),
-                                    "ci": ratios[d]} for d in _dynamic_names(pts)}
+                                    "ci": ratios[d], "verdict": stats.verdict(ratios[d])}
+                                for d in _dynamic_names(pts)}
     if "dynamic" in pts:  # the draft model's, under the keys the summary always had
         entry["dynamic_vs_best_other"] = entry["dynamic_configs"]["dynamic"]["vs_best_other"]
         entry["dynamic_vs_best_other_ci"] = entry["dynamic_configs"]["dynamic"]["ci"]
@@ -44,10 +45,12 @@ def _sweep_entry(b: int, rows_b: dict[str, dict]) -> dict:
     spreads = [(max(r) - min(r)) / statistics.median(r) for r in
                (x.get("tokens_per_s_repeats") or [] for x in rows_b.values()) if len(r) > 1]
     entry["repeat_spread"] = statistics.median(spreads) if spreads else None
-    # what the paired intervals resolve here: the median half-width against vanilla
-    widths = [w for w in (stats.resolution(x) for c, x in pair_ratios(rows_b, "vanilla").items()
-                          if c != "vanilla") if w is not None]
+    # what the paired intervals resolve here: the median half-width against vanilla, and
+    # whether every comparison with vanilla can tell 5% (False also where one has no interval)
+    vs_v = [x for c, x in pair_ratios(rows_b, "vanilla").items() if c != "vanilla" and x]
+    widths = [w for w in map(stats.resolution, vs_v) if w is not None]
     entry["resolution"] = statistics.median(widths) if widths else None
+    entry["resolves_5pct"] = bool(vs_v) and all(map(stats.resolves, vs_v))
     return entry
 
 
@@ -56,35 +59,36 @@ def _paired_or(ci: dict | None, fallback: float) -> float:
     return ci["ratio"] if ci and ci.get("ratio") is not None else fallback
 
 
-def _gain(r: dict, vanilla: dict) -> float:
-    """A row's throughput over vanilla's: the paired ratio (geometric mean over pair units, as
-    robust to drift as the intervals) when there are pairs, else the ratio of medians."""
-    return _paired_or(r.get("vs_vanilla"), r["tokens_per_s"] / vanilla["tokens_per_s"])
-
-
-def _stops_paying_at(by_point: dict, sizes: list[int], chosen=None) -> int | None:
-    """Smallest batch size from which on none of the `chosen(config)` configurations (default:
-    every static K) beats vanilla any more (at the batch sizes where they ran)."""
-    chosen = chosen or (lambda c: parse_config(c)[0] == "static")
-    gains = []
+def _paying(by_point: dict, sizes: list[int], chosen) -> list[list]:
+    """[batch size, verdict] wherever a `chosen(config)` configuration ran beside vanilla:
+    "pays" where one of them is resolvably faster than vanilla (paired interval above 1),
+    "slower" where every one is resolvably slower (intervals below 1), else "unresolved"
+    (an interval contains 1, or there is none)."""
+    out = []
     for b in sizes:
         pts = by_point[("sweep", b)]
-        picked = [_gain(r, pts["vanilla"]) for c, r in pts.items() if chosen(c)] if "vanilla" in pts else []
-        if picked:
-            gains.append((b, max(picked)))
-    return next((b for i, (b, _) in enumerate(gains) if all(g <= 1.0 for _, g in gains[i:])), None)
+        vs_v = pair_ratios(pts, "vanilla")  # from the pairs, as in `_sweep_entry`
+        verdicts = [stats.verdict(x) for c, x in vs_v.items() if chosen(c)] if "vanilla" in pts else []
+        if verdicts:
+            out.append([b, "pays" if "higher" in verdicts else
+                        "slower" if all(v == "lower" for v in verdicts) else "unresolved"])
+    return out
 
 
-def _stops_paying_by(by_point: dict, sizes: list[int]) -> dict[str, int | None]:
-    """Where speculation stops paying, per method (its best static K) and per dynamic
-    configuration: `_stops_paying_at` of each (None: it pays up to the largest batch)."""
+def _stops_at(paying: list[list]) -> int | None:
+    """The smallest batch size from which on every verdict is "slower" (None: there is none)."""
+    return next((b for i, (b, _) in enumerate(paying) if all(v == "slower" for _, v in paying[i:])), None)
+
+
+def _static(m: str | None = None):
+    return lambda c: parse_config(c)[0] == "static" and m in (None, method_of(c))
+
+
+def _paying_by(by_point: dict, sizes: list[int]) -> dict[str, list[list]]:
+    """`_paying` per method (its static Ks) and per dynamic configuration."""
     configs = list(dict.fromkeys(c for b in sizes for c in by_point[("sweep", b)]))
-    out = {}
-    for m in methods_of(configs):
-        out[f"{m} (best static K)"] = _stops_paying_at(
-            by_point, sizes, lambda c, m=m: parse_config(c)[0] == "static" and method_of(c) == m)
-    for d in _dynamic_names(configs):
-        out[d] = _stops_paying_at(by_point, sizes, lambda c, d=d: c == d)
+    out = {f"{m} (best static K)": _paying(by_point, sizes, _static(m)) for m in methods_of(configs)}
+    out.update({d: _paying(by_point, sizes, lambda c, d=d: c == d) for d in _dynamic_names(configs)})
     return out
 
 
@@ -99,7 +103,7 @@ def _rollout_entry(rows_r: dict[str, dict]) -> dict:
     out["dynamic_configs"] = {}
     for d in _dynamic_names(roll):
         ci = stats.reciprocal(ratios[d])
-        out["dynamic_configs"][d] = {"makespan_s": roll[d], "ci": ci,
+        out["dynamic_configs"][d] = {"makespan_s": roll[d], "ci": ci, "verdict": stats.verdict(ci),
                                      "vs_best_other": _paired_or(ci, others[best_c] / score[d])}
     if "dynamic" in roll:
         out["dynamic_makespan_s"] = roll["dynamic"]
@@ -110,14 +114,16 @@ def _rollout_entry(rows_r: dict[str, dict]) -> dict:
 
 def summarize(rows: list[dict]) -> dict:
     """Each dynamic configuration vs the best other configuration per sweep batch size and for
-    the rollout, where speculation stops paying, and which differences between configurations
-    the paired intervals resolve."""
+    the rollout, where speculation pays and from where on it is slower than vanilla (as the
+    paired intervals resolve it), and which differences between configurations they resolve."""
     by_point = points(rows)
     sizes = sorted(b for w, b in by_point if w == "sweep")
     out: dict[str, Any] = {"sweep": [_sweep_entry(b, by_point[("sweep", b)]) for b in sizes], "rollout": None,
                            "lossless": all(r["lossless"] for pts in by_point.values() for r in pts.values())}
-    out["speculation_stops_paying_at"] = _stops_paying_at(by_point, sizes)
-    out["stops_paying_at"] = _stops_paying_by(by_point, sizes)
+    # verdicts only where the paired intervals exclude 1 (`_paying`)
+    out["speculation_stops_paying_at"] = _stops_at(_paying(by_point, sizes, _static()))
+    out["speculation_pays"] = _paying_by(by_point, sizes)
+    out["stops_paying_at"] = {name: _stops_at(v) for name, v in out["speculation_pays"].items()}
     if ("rollout", None) in by_point:
         out["rollout"] = _rollout_entry(by_point[("rollout", None)])
     out["differences"] = differences(by_point)
@@ -132,20 +138,38 @@ def format_hist(h: dict) -> str:
 
 
 def _speedup_cell(r: dict) -> str:
-    """``1.23x [1.18, 1.29]*`` (paired 95% interval; * = real) or ``(1.23x)`` without pairs."""
+    """``1.23x [1.18, 1.29]* +-4.5%`` (paired 95% interval; * = real; its half-width),
+    ``(1.23x)`` without pairs; nothing for vanilla (the baseline)."""
+    if r["config"] == "vanilla":
+        return "(baseline)"
     return stats.format_ratio(r["vs_vanilla"]) if r.get("vs_vanilla") else f"({r['speedup_vs_vanilla']:.2f}x)"
+
+
+def _resolution_cell(rows: list[dict]) -> str:
+    """Whether a point's comparisons with vanilla tell a 5% difference: their widest
+    half-width, "cannot resolve 5%" past it or without an interval."""
+    cis = [r.get("vs_vanilla") for r in rows if r["config"] != "vanilla"]
+    if not any(cis):
+        return "no pairs"
+    if any(not x or x.get("lo") is None for x in cis):
+        n = min(x["n"] for x in cis if x)
+        return f"no interval ({n} prompt group{'s' if n != 1 else ''}): cannot resolve 5%"
+    widest = max(stats.resolution(x) for x in cis)
+    return f"+-{100 * widest:.1f}%" + (": cannot resolve 5%" if widest > stats.TARGET else "")
 
 
 def _sweep_lines(sweep, configs, meta) -> list[str]:
     cells_of = {(r["batch_size"], r["config"]): f"{r['tokens_per_s']:.1f} {_speedup_cell(r)}" for r in sweep}
     w = max([len(c) for c in configs] + [len(x) for x in cells_of.values()])
     dynamic = _dynamic_names(configs)
-    lines = ["sweep: tokens/s and speedup over vanilla [paired 95% interval; * = real], greedy, "
-             f"{meta.get('max_tokens', '?')} tokens per request",
-             f"{'batch':>5} | " + " | ".join(f"{c:>{w}}" for c in configs)
+    lines = ["sweep: tokens/s and speedup over vanilla [paired 95% interval over prompt groups; * = real] "
+             f"+-half-width, greedy, {meta.get('max_tokens', '?')} tokens per request; last column: the "
+             "widest half-width, and whether the point can tell a 5% difference",
+             f"{'batch':>5} | " + " | ".join(f"{c:>{w}}" for c in configs) + " | resolution"
              + (f" | {', '.join(dynamic)} K histogram" if dynamic else "")]
     for b in sorted({r["batch_size"] for r in sweep}):
         line = f"{b:>5} | " + " | ".join(f"{cells_of.get((b, c), '-'):>{w}}" for c in configs)
+        line += " | " + _resolution_cell([r for r in sweep if r["batch_size"] == b])
         hists = [(d, r["k_hist"]) for d in dynamic for r in sweep if r["batch_size"] == b and r["config"] == d]
         if hists:
             line += " | " + "; ".join(format_hist(h) if len(dynamic) == 1 else f"{d} {format_hist(h)}"
@@ -228,6 +252,20 @@ def _learnt_lines(rows) -> list[str]:
     return lines
 
 
+PAYING_WORDS = {"pays": "pays", "slower": "slower", "unresolved": "?"}
+
+
+def _paying_text(name: str, paying: list[list], stops: int | None) -> str:
+    per_b = ", ".join(f"B={b} {PAYING_WORDS[v]}" for b, v in paying)
+    if stops is not None:
+        end = f"slower than vanilla from B={stops} on"
+    elif paying and paying[-1][1] == "pays":
+        end = "still pays at the largest batch size it ran"
+    else:
+        end = "where it stops paying is unresolved"
+    return f"  {name}: {per_b} -> {end}"
+
+
 def _summary_lines(s: dict) -> list[str]:
     lines = []
     for e in s["sweep"]:
@@ -235,16 +273,27 @@ def _summary_lines(s: dict) -> list[str]:
             spread, ci = e.get("repeat_spread"), x.get("ci")
             lines.append(f"  B={e['batch_size']:>3}: {d} = {x['vs_best_other']:.2f} x best other "
                          f"({e['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else "")
+                         + f": {stats.verdict(ci)}"
                          + (f"; repeats spread {100 * spread:.0f}%" if spread else ""))
     for d, x in ((s["rollout"] or {}).get("dynamic_configs") or {}).items():
         ci = x.get("ci")
         lines.append(f"  rollout: {d} makespan = {x['vs_best_other']:.2f} x best other "
-                     f"({s['rollout']['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else ""))
-    stops = s.get("stops_paying_at") or {}
-    if stops:
-        lines.append("speculation stops paying (no gain over vanilla, paired ratio, from this batch size on): " + "; ".join(
-            f"{name} at B={b}" if b is not None else f"{name} still pays at the largest batch size it ran" for name, b in stops.items()))
+                     f"({s['rollout']['best_other']})" + (f", paired {stats.format_ratio(ci)}" if ci else "")
+                     + f": {stats.verdict(ci)}")
+    pays = s.get("speculation_pays") or {}
+    if pays:
+        lines.append("speculation vs vanilla by batch size (paired 95% intervals: pays = one configuration's "
+                     "interval above 1, slower = every one's below 1, ? = unresolved):")
+        lines += [_paying_text(name, v, (s.get("stops_paying_at") or {}).get(name)) for name, v in pays.items()]
     return lines
+
+
+def _quick_lines(meta: dict) -> list[str]:
+    """A quick run is a smoke run: say so once rather than let its numbers pass for results."""
+    if not meta.get("quick"):
+        return []
+    return [f"quick run ({meta.get('repeats', '?')} repeats, {meta.get('rows_per_point', '?')} prompt(s) per point): "
+            "a smoke test of the pipeline; its points cannot resolve 5% (run without --quick for results)"]
 
 
 def _differences_lines(s: dict) -> list[str]:
@@ -271,13 +320,15 @@ def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict], dict, list[str
 
 
 def format_table(rows: list[dict]) -> str:
-    """Batch size x config (tokens/s and speedup over vanilla with its paired 95% interval),
-    dynamic's K histogram, ratios to the best static K, rollout, and which differences are real."""
+    """Batch size x config (tokens/s and speedup over vanilla with its paired 95% interval and
+    half-width; each point marked where it cannot resolve 5%), dynamic's K histogram, ratios to
+    the best static K, rollout, where speculation pays, which differences are real, and one line
+    saying a quick run is a smoke run."""
     sweep, roll, meta, configs = split_rows(rows)
     s = summarize(rows)
     lines = ((_sweep_lines(sweep, configs, meta) if sweep else []) + _best_static_lines(sweep)
              + _decode_lines(sweep, configs) + _calibration_lines(sweep, configs) + _rollout_lines(roll, meta)
-             + _learnt_lines(sweep + roll) + _summary_lines(s) + _differences_lines(s))
+             + _learnt_lines(sweep + roll) + _summary_lines(s) + _differences_lines(s) + _quick_lines(meta))
     lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO"))
     return "\n".join(lines)
 
@@ -325,7 +376,10 @@ def _plot_throughput(ax, sweep, configs, colors) -> None:
 
 def _plot_speedup(ax, sweep, configs, colors) -> None:
     for c in configs:
-        pts = sorted((r["batch_size"], r["speedup_vs_vanilla"]) for r in sweep if r["config"] == c)
+        # the paired ratio (geometric mean over pairs), the centre of the bar drawn with it; the
+        # ratio of medians can lie outside its own bar
+        pts = sorted((r["batch_size"], _paired_or(r.get("vs_vanilla"), r["speedup_vs_vanilla"]))
+                     for r in sweep if r["config"] == c)
         if pts:
             ax.plot(*zip(*pts), label=c, **_line_style(c, colors))
         cis = [(r["batch_size"], r["vs_vanilla"]) for r in sweep if r["config"] == c and c != "vanilla"

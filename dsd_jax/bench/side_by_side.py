@@ -25,8 +25,9 @@ Method: every engine compiles all its programs (`warmup`) and runs every configu
 once untimed; the floor and hf-assisted are called once untimed per shape. Timed runs
 are the bench's interleaved repeats (`dsd_jax.bench.runner.run_interleaved`):
 ``rows_per_point`` prompts per point in groups of B, every (repeat, group) a pair
-unit; each configuration's ratio to vanilla and to the floor carries a paired bootstrap
-95% interval. tokens/s = generated tokens / wall time of the call (prefill included).
+unit; each configuration's ratio to vanilla and to the floor carries a paired 95%
+interval over the prompt groups (`dsd_jax.bench.pairs`; none where B >= rows_per_point
+leaves one group). tokens/s = generated tokens / wall time of the call (prefill included).
 Lossless, the prediction and the report: `dsd_jax.bench.side_by_side_report`.
 """
 

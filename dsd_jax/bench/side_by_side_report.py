@@ -22,7 +22,7 @@ import numpy as np
 
 from dsd_jax import stats
 from dsd_jax.acceptance import al_curve
-from dsd_jax.bench.pairs import verdict_entry
+from dsd_jax.bench.pairs import pair_groups, verdict_entry
 from dsd_jax.bench.report import batch_axis, config_colors, format_hist, save_figure
 from dsd_jax.bench.runner import median, mismatches
 
@@ -87,7 +87,11 @@ def _entry(c: str, cell, ref, floor_out, max_tokens: int) -> dict:
 def analyse_point(cells: dict, b: int, max_tokens: int, max_k: int) -> dict:
     """One (max_seq_len, B): per configuration tokens/s, paired intervals, lossless, prediction."""
     samples = {c: cell.pairs for c, cell in cells.items()}
-    vs_vanilla, vs_floor = stats.ratios_to(samples, "vanilla"), stats.ratios_to(samples, "floor")
+    # the repeats of one prompt group are one unit of the intervals (`dsd_jax.bench.pairs`)
+    ref = cells["vanilla"]
+    groups = pair_groups({"tokens_per_s_pairs": ref.pairs, "repeats": len(ref.walls)})
+    vs_vanilla = stats.ratios_to(samples, "vanilla", clusters=groups)
+    vs_floor = stats.ratios_to(samples, "floor", clusters=groups)
     pred = goodput_prediction(cells, b, max_k)
     out = {}
     for c, cell in cells.items():
@@ -125,23 +129,29 @@ def _config_line(c: str, e: dict) -> str:
     if c == "floor" and e["mismatched_requests_vs_vanilla"] == 0:
         lossless = "same"
     pred, mop = e.get("predicted_speedup"), e.get("measured_over_predicted")
-    return (f"  {c:<12} {e['tokens_per_s']:>9.1f}  {stats.format_ratio(e['vs_vanilla']):<22} "
-            f"{stats.format_ratio(e['vs_floor']):<22} {lossless:>8}  "
+    return (f"  {c:<12} {e['tokens_per_s']:>9.1f}  {stats.format_ratio(e['vs_vanilla']):<30} "
+            f"{stats.format_ratio(e['vs_floor']):<30} {lossless:>8}  "
             f"{f'{pred:.2f}x' if pred else '-':>9} {f'{mop:.2f}' if mop else '-':>9}  "
             + (format_hist(e["k_hist"]) if e.get("k_hist") and c == "dynamic" else "")
             + (" (B prompts one after another)" if e.get("sequential") else ""))
 
 
+def _resolution_note(p: dict) -> str:
+    """": cannot resolve 5%" where a comparison with vanilla has no interval or a half-width over 5%."""
+    cis = [e["vs_vanilla"] for c, e in p["configs"].items() if c != "vanilla" and e["vs_vanilla"]]
+    return "" if cis and all(map(stats.resolves, cis)) else ": cannot resolve 5%"
+
+
 def format_table(doc: dict) -> str:
     s = doc["settings"]
     lines = [f"side by side: built-in pair, greedy, {s['max_tokens']} tokens per request, prompts <= "
-             f"{s['prompt_len']} tokens, {s['repeats']} repeats; ratios are paired 95% intervals, * = real "
-             "(interval excludes 1)"]
-    head = (f"  {'config':<12} {'tok/s':>9}  {'vs vanilla':<22} {'vs floor':<22} {'lossless':>8}  "
+             f"{s['prompt_len']} tokens, {s['repeats']} repeats; ratios are paired 95% intervals over "
+             "prompt groups (none with one group), * = real (interval excludes 1), +- their half-width"]
+    head = (f"  {'config':<12} {'tok/s':>9}  {'vs vanilla':<30} {'vs floor':<30} {'lossless':>8}  "
             f"{'predicted':>9} {'meas/pred':>9}  K histogram")
     for p in doc["points"]:
         lines.append(f"max_seq_len {p['max_seq_len']}, B={p['batch_size']} ({p['groups']} prompt group(s) of "
-                     f"{p['batch_size']} per repeat)")
+                     f"{p['batch_size']} per repeat)" + _resolution_note(p))
         lines.append(head)
         lines += [_config_line(c, e) for c, e in p["configs"].items()]
         if p.get("acceptance"):

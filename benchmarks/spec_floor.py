@@ -14,7 +14,6 @@ prompts (each prompt's repeats averaged first: repeats of one prompt are correla
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import statistics
 import time

@@ -649,6 +649,14 @@ class Controller:
         return not tab[2][b] or not (self._follow_up or self._probe_out is not None or (
             self._since_probe + 1 >= self._probe_interval and self._k0_rounds + 1 >= tab[3][b]))
 
+    def end_run(self) -> None:
+        """Called by the engine when a run ends: a probe chosen but never observed (the
+        engine drops the dispatch launched behind the batch's last rows, and an abandoned
+        stream's) is no longer outstanding, so `settled` does not wait for it and the next
+        run's first K > 0 round is not judged as its follow-up."""
+        self._probe_out = None
+        self._follow_up = False
+
     # ------------------------------------------------------------------ per-request state
 
     def forget_request(self, rid: Hashable) -> None:

@@ -80,7 +80,8 @@ class SpecEngine:
     `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`, and
     optionally `settled(batch_size, k, context_len)` (sure to choose k again until the
-    batch changes: dispatches may then run up to 32 rounds, not 8); by default built from
+    batch changes: dispatches may then run up to 32 rounds, not 8) and `end_run()` (a run
+    ended: the choice for a dispatch it dropped is never observed); by default built from
     `spec` and `profile` (a `Profile` or a profile JSON path; default the spec's
     `dynamic.profile`). `seed` (an integer in [0, 2**32)) seeds requests given none.
     A controller whose `objective` is
@@ -750,6 +751,9 @@ class SpecEngine:
         finally:
             try:
                 self.stats.end_run(requests)
+                end = getattr(self.controller, "end_run", None)  # its dispatch left unobserved
+                if end is not None:
+                    end()
                 if not finished_normally:
                     # an error or an abandoned stream: free every slot so no stale request
                     # keeps decoding in the next run

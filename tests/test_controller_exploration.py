@@ -313,6 +313,13 @@ def test_settled_holds_through_a_rare_optimistic_probes_wait():
     assert c.choose_k(1) == 0 and not c.settled(1, 0)
     c.observe(1, [0])
     assert c.settled(1, 0)  # the probe's step did not beat K = 0: no follow-up
+    # a probe the engine never runs (the dispatch behind a batch's last rows is dropped)
+    # is not outstanding once the run ends: it left the hold unsettled until the next probe
+    while not c.choose_k(1):
+        c.observe(0, [0])
+    assert not c.settled(1, 0)
+    c.end_run()
+    assert c.settled(1, 0)
     c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
     for _ in range(50):
         k = c.choose_k(1)

@@ -885,3 +885,21 @@ def test_a_callers_x64_mode_changes_nothing(pair):
         engine = make_engine(*pair, method="draft_model", num_speculative_tokens=3)
         assert [o.token_ids for o in engine.generate(prompts, params)] == want
         assert [t for _, new in engine.stream(prompts[:1], params[0]) for t in new] == want[0]
+
+
+def test_the_controller_hears_when_a_run_ends(engine):
+    """The dispatch launched behind a batch's last rows (or an abandoned stream's) is
+    dropped unobserved: `end_run` tells the controller its choice for it will never come
+    back (a goodput controller otherwise kept waiting for a probe's result)."""
+    class Recorder(FixedK):
+        ended = 0
+
+        def end_run(self):
+            self.ended += 1
+
+    engine.controller = rec = Recorder([2])
+    engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=3))
+    stream = engine.stream([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=8))
+    next(stream)
+    stream.close()
+    assert rec.ended == 2

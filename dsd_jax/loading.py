@@ -300,6 +300,9 @@ def eos_token_ids(tokenizer, hf_checkpoint: str | None = None, vocab_size: int |
         if tid is not None and tid not in out:
             out.append(int(tid))
     if hf_checkpoint:
+        if vocab_size is None:
+            raise ValueError("eos_token_ids: a checkpoint's ids are checked against the vocabulary: "
+                             "give vocab_size with hf_checkpoint")
         from dsd_jax.models.hf import checkpoint_eos_ids
         try:
             own = checkpoint_eos_ids(hf_checkpoint, vocab_size)

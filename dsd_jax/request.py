@@ -83,8 +83,8 @@ def references_seed(seed: int, references: list[tuple[list[int], int | None]], c
     return int(np.random.SeedSequence([seed, mix]).generate_state(1)[0])
 
 
-def engine_seed(engine_seed: int, request_id: int) -> int:
-    """The seed of a request that names none: a hash of (engine seed, request id), so it is
-    reproducible for a given engine seed but does not fall on the small integers users pick
-    (seed*C + id did: an unseeded request drew the same tokens as one with seed=1)."""
-    return int(np.random.SeedSequence([engine_seed % 2 ** 32, request_id]).generate_state(1)[0])
+def engine_seed(base_seed: int, request_id: int) -> int:
+    """The seed of a request that names none: a hash of (the engine's seed, request id), so
+    it is reproducible for a given engine seed but does not fall on the small integers users
+    pick (seed*C + id did: an unseeded request drew the same tokens as one with seed=1)."""
+    return int(np.random.SeedSequence([base_seed, request_id]).generate_state(1)[0])

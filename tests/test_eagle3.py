@@ -485,9 +485,11 @@ def test_engine_loads_the_head_its_spec_names(builtin_head, target):
             engine = SpecEngine(builtin_target, None, spec, max_batch_size=1, max_seq_len=64)
             assert engine.draft_config == builtin_head.config.replace(dtype=dtype)
             assert engine.state.drafter.features.dtype == jnp.dtype(dtype)
-    with pytest.raises(ValueError, match=r"'eagle3' needs an EAGLE-3 head trained for this target: "
-                                         r"pass SpecConfig\(model=<head directory>\) or draft="):
-        SpecEngine(target, None, SpecConfig(method="eagle3"), max_batch_size=1, max_seq_len=64)
+    for model in (None, "builtin"):  # named or by default, the built-in head fits its target only
+        with pytest.raises(ValueError, match=r"'eagle3' needs an EAGLE-3 head trained for this target: "
+                                             r"pass SpecConfig\(model=<head directory>\) or draft="):
+            SpecEngine(target, None, SpecConfig(method="eagle3", model=model), max_batch_size=1,
+                       max_seq_len=64)
 
 
 def test_engine_refuses_a_head_for_another_target(target, head):

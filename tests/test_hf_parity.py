@@ -340,6 +340,8 @@ def test_stop_ids_include_the_checkpoints_eos_token_ids(exported, tmp_path):
     assert stop_ids() == [1, 3, 2, 96]
     assert stop_ids(tokenizer=str(d / "tokenizer.json")) == [1, 3, 2, 96]  # --tokenizer FILE too
     assert loading.eos_token_ids(None, str(d), 97) == [1, 2, 3, 96]  # no tokenizer: the checkpoint's own
+    with pytest.raises(ValueError, match="give vocab_size with hf_checkpoint"):
+        loading.eos_token_ids(None, str(d))
     for text, match in [("{", r"generation_config\.json' is not valid JSON"),
                         ("[2]", r"generation_config\.json' must hold a JSON object"),
                         ('{"eos_token_id": 97}', r"generation_config\.json': eos_token_id must be a token id "

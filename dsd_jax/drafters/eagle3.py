@@ -22,6 +22,7 @@ pre-norm output back at positions L-1, L, ... in a `scan`. Drafts map to target 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -41,15 +42,18 @@ class Eagle3State(NamedTuple):
     length: jax.Array  # [num_slots] int32: head entries 0..length-1 are true
 
 
+@functools.lru_cache(maxsize=1)
+def _builtin_target_config():
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    from dsd_jax.models.checkpoint import load_config
+    return load_config(BUILTIN_DIR / "target")
+
+
 def _is_builtin_target(config) -> bool:
     """`config` is the built-in target's, in any dtype (the built-in head was trained for it)."""
-    import json
     from dsd_jax.models import ModelConfig
-    from dsd_jax.models.builtin import BUILTIN_DIR
-    if not isinstance(config, ModelConfig):
-        return False
-    builtin = ModelConfig.from_dict(json.loads((BUILTIN_DIR / "target" / "config.json").read_text()))
-    return config.replace(dtype=builtin.dtype) == builtin
+    builtin = _builtin_target_config()
+    return isinstance(config, ModelConfig) and config.replace(dtype=builtin.dtype) == builtin
 
 
 def _gather_rows(x, rows, positions):
@@ -83,12 +87,14 @@ class Eagle3(Drafter):
     @staticmethod
     def load_model(spec, target_config=None, dtype: str | None = None):
         """The head `spec.model` names, for `SpecEngine` given no `draft=`, in the target's
-        dtype (`target_config`; float32 without one). Unset: the built-in head, which was
-        trained for the built-in target, so only for a target of its configuration; for
-        another target, an error asking for `model=` or `draft=`."""
+        dtype (`target_config`; float32 without one). Unset or "builtin": the built-in head,
+        which was trained for the built-in target, so only for a target of its configuration
+        (or none given); for another target, an error asking for `model=` or `draft=` (a
+        target of the same hidden size would run it, accepting next to nothing)."""
         from dsd_jax.models.eagle3 import load_eagle3
         dtype = dtype or getattr(target_config, "dtype", "float32")
-        if spec.model is None and not _is_builtin_target(target_config):
+        builtin = spec.model in (None, "builtin")
+        if builtin and target_config is not None and not _is_builtin_target(target_config):
             raise ValueError("method 'eagle3' needs an EAGLE-3 head trained for this target: pass "
                              "SpecConfig(model=<head directory>) or draft=dsd_jax.models.load_eagle3(<dir>) "
                              "(the built-in head, the default, fits only the built-in target)")

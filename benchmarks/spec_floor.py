@@ -7,14 +7,13 @@ must give plain greedy decoding's tokens.
 
     python benchmarks/spec_floor.py [--k 4] [--repeats 6] [--prompts 6] [--max-tokens 128]
 
-Prints medians and the engine's speed over the floor's with a 95% t interval over the
-prompts (each prompt's repeats averaged first: repeats of one prompt are correlated).
+Prints medians and the engine's speed over the floor's with a 95% interval over the
+prompts (`dsd_jax.stats.paired_ratio`, a prompt's repeats one unit: they are correlated).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
@@ -24,8 +23,9 @@ import numpy as np
 from flax import nnx
 
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
+from dsd_jax.bench.runner import rotated
 from dsd_jax.bench.side_by_side import builtin_prompts
-from dsd_jax.stats import t_quantile
+from dsd_jax.stats import paired_ratio
 
 WINDOW = 2  # tokens the draft re-reads a round, as `dsd_jax.drafters.draft_model`
 
@@ -85,32 +85,29 @@ def make_spec_floor(target, draft, K: int, pad_to: int, max_tokens: int):
 
 
 def interleave(fns: dict, inputs: list, reps: int) -> dict:
-    """{name: [[seconds per repeat] per input]}; the order rotates with (repeat + input),
-    one untimed pass first; every configuration's output must agree."""
+    """{name: [seconds per (repeat, input)]}, one untimed pass first; each input's order
+    moves by one each repeat and consecutive (input, repeat) turns rotate on, so every
+    configuration runs first equally often to within one; every output must agree."""
     for x in inputs:
         for f in fns.values():
             f(x)
-    names = list(fns)
-    t = {k: [[] for _ in inputs] for k in names}
+    names, t = list(fns), {k: [] for k in fns}
     for rep in range(reps):
         for i, x in enumerate(inputs):
-            shift = (rep + i) % len(names)
             outs = []
-            for k in names[shift:] + names[:shift]:
+            for k in rotated(names, i * reps + rep):
                 t0 = time.perf_counter()
                 outs.append(fns[k](x))
-                t[k][i].append(time.perf_counter() - t0)
+                t[k].append(time.perf_counter() - t0)
             assert all(o == outs[0] for o in outs), "configurations disagree on an output"
     return t
 
 
-def speed_ratio(base, other) -> tuple[float, list[float]]:
-    """other's speed over base's: exp of the mean per-prompt log ratio (each prompt's repeats
-    averaged), with a 95% t interval over the prompts."""
-    logs = np.array([math.log(np.mean(b) / np.mean(o)) for b, o in zip(base, other)])
-    half = t_quantile(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
-    return round(math.exp(logs.mean()), 4), [round(math.exp(logs.mean() - half), 4),
-                                             round(math.exp(logs.mean() + half), 4)]
+def speed_ratio(base, other, prompts: int) -> tuple[float, list[float]]:
+    """other's speed over base's, its 95% interval over prompts (a prompt's repeats are one
+    unit: they are correlated), `dsd_jax.stats.paired_ratio`."""
+    r = paired_ratio(base, other, clusters=[i % prompts for i in range(len(base))])
+    return round(r["ratio"], 4), [round(r["lo"], 4), round(r["hi"], 4)]
 
 
 def main(argv=None) -> None:
@@ -132,12 +129,12 @@ def main(argv=None) -> None:
     plain.warmup()
     t = interleave({"floor": floor, "engine": lambda p: engine.generate([p], sp)[0].token_ids,
                     "plain": lambda p: plain.generate([p], sp)[0].token_ids}, prompts, args.repeats)
-    med = {k: round(statistics.median(x for row in v for x in row) * 1e3, 1) for k, v in t.items()}
+    med = {k: round(statistics.median(v) * 1e3, 1) for k, v in t.items()}
     print(f"B=1, K={args.k}, {args.max_tokens} tokens, {len(prompts)} prompts x {args.repeats} repeats; "
           f"median ms per call {med}; jax {jax.__version__}, {jax.devices()[0].device_kind}")
-    print("engine (static K) speed / spec floor", speed_ratio(t["floor"], t["engine"]))
-    print("spec floor speed / engine plain decoding", speed_ratio(t["plain"], t["floor"]))
-    print("engine (static K) speed / engine plain decoding", speed_ratio(t["plain"], t["engine"]))
+    print("engine (static K) speed / spec floor", speed_ratio(t["floor"], t["engine"], len(prompts)))
+    print("spec floor speed / engine plain decoding", speed_ratio(t["plain"], t["floor"], len(prompts)))
+    print("engine (static K) speed / engine plain decoding", speed_ratio(t["plain"], t["engine"], len(prompts)))
 
 
 if __name__ == "__main__":

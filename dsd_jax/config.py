@@ -195,8 +195,12 @@ class DynamicConfig:
         its K would save if the profile's acceptance came back (on the CPU bench's
         profile: every 16 choices at B <= 4, 35-85 at B = 8-64). Where only perfect
         acceptance would speculate, a rarer optimistic probe asks whether live acceptance
-        is far above the profile's (at most 1% of the time where it is not). With latency
-        learning on, a probe may also time a close contender (`explore_gap`). 0
+        is far above the profile's (at most 1% of the time where it is not). A probe whose
+        step beat K = 0 and accepted more than the estimate expected is followed by another
+        at the next choice, up to 15 in a row, so one chain lifts the estimate. With latency
+        learning on, probes are also spaced by what they really cost (the draft's catch-up
+        in the first K > 0 round after K = 0 rounds, measured per batch bucket; at most 4x
+        the interval), and a probe may time a close contender (`explore_gap`). 0
         disables probing.
     latency_forgetting: weight of the newest observation in the per-(batch bucket,
         K) average of live step time over profiled step time; the controller's ITL

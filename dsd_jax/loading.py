@@ -13,7 +13,9 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any, Callable
+from typing import Any
+
+from dsd_jax.models.layout import atomic_write  # re-exported: it lives below the model layer
 
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
            "atomic_write", "writing", "model_inputs",
@@ -66,20 +68,6 @@ def output_file(flag: str, path: str) -> str:
         raise ArgumentError(flag, f"cannot write a file in the directory of {path!r} ({parent!r}): "
                             f"{e.strerror or e}") from e
     return path
-
-
-def atomic_write(path: str | os.PathLike, write: Callable, mode: str = "w") -> None:
-    """Calls ``write(f)`` on a temporary file beside `path`, then renames it over `path`: a
-    failed write (a full disk) leaves an earlier file there whole, and no half-written one."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ were recorded (no checksums.json) restores unchecked.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -28,12 +27,9 @@ import numpy as np
 from flax import nnx
 
 from .config import ModelConfig
-from .hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE
+from .layout import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, checkpoint_kind
 from .transformer import Transformer, init_model
 
-CONFIG_FILE = "config.json"
-PARAMS_DIR = "params"
-CHECKSUMS_FILE = "checksums.json"
 CHECKSUM_ALGORITHM = "sha256"
 # What Orbax's metadata read needs in params/: without one of these it returns no tree.
 _ORBAX_ENTRIES = ("_METADATA", "manifest.ocdbt", "d/")
@@ -54,23 +50,6 @@ def _flatten(tree, prefix=()) -> dict:
     else:
         out["/".join(prefix)] = tree
     return out
-
-
-def _foreign_checkpoint(path: Path) -> str | None:
-    """What in the directory `path` belongs to a checkpoint of another format (`save_hf`,
-    `save_eagle3`, a downloaded model), or None. `save` writes its own config.json there,
-    so even with overwrite=True it must not: the other checkpoint would stop loading."""
-    found = [name for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE) if (path / name).exists()]
-    cfg_file = path / CONFIG_FILE
-    if cfg_file.exists():
-        try:
-            d = json.loads(cfg_file.read_text())
-            ours = isinstance(d, dict) and set(d) <= {f.name for f in dataclasses.fields(ModelConfig)}
-        except (OSError, ValueError):  # unreadable: not known to be ours
-            ours = False
-        if not ours:
-            found.insert(0, f"a {CONFIG_FILE} that is not a dsd_jax model config")
-    return ", ".join(found) or None
 
 
 def _metadata_problem(params_dir: Path) -> str:
@@ -138,8 +117,8 @@ def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = Non
     dtype: optionally cast the parameters first ("float32" or "bfloat16"); the saved
     config records the dtype the parameters are stored in.
     overwrite: replace an existing checkpoint at `path` (otherwise a non-empty directory is an
-    error). A checkpoint of another format there (a Hugging Face one: model.safetensors or a
-    config.json that is not ours) is refused even so: use another directory.
+    error). A checkpoint of another kind there (a Hugging Face model, an EAGLE-3 head, files of
+    no known format: `layout.checkpoint_kind`) is refused even so: use another directory.
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"save expects a dsd_jax.models.Transformer, got {type(model).__name__}")
@@ -149,16 +128,16 @@ def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = Non
     if dtype is not None:
         cfg = cfg.replace(dtype=dtype)  # validates the name
         params = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), params)
-    if path.exists():
-        if not path.is_dir():
-            raise FileExistsError(f"checkpoint path {path} exists and is not a directory")
-        foreign = _foreign_checkpoint(path)
-        if foreign:
-            raise FileExistsError(f"{path} holds a checkpoint of another format ({foreign}); save writes "
-                                  f"its own {CONFIG_FILE} and would make it unloadable: save into another "
-                                  "directory")
-        if any(path.iterdir()) and not overwrite:
-            raise FileExistsError(f"checkpoint directory {path} is not empty (pass overwrite=True)")
+    found = checkpoint_kind(path)
+    if found.kind == "file":
+        raise FileExistsError(f"checkpoint path {path} exists and is not a directory")
+    if found.kind not in ("empty", "other", "dsd", "dsd-partial"):
+        # even with overwrite: our config.json would replace its own and it would stop loading
+        raise FileExistsError(f"{path} holds {found.what}, not a models.save checkpoint; save writes "
+                              f"its own {CONFIG_FILE} and would make it unloadable: save into another "
+                              "directory")
+    if found.kind != "empty" and not overwrite:
+        raise FileExistsError(f"checkpoint directory {path} is not empty (pass overwrite=True)")
     path.mkdir(parents=True, exist_ok=True)
     ckptr = _checkpointer()
     try:

@@ -33,13 +33,12 @@ from flax import nnx
 from jax import lax
 
 from dsd_jax import kernels
-from dsd_jax.loading import atomic_write
 from .config import ModelConfig, _is_int, hf_field
-from .hf import (CONFIG_FILE, WEIGHTS_FILE, _TensorReader, _weight_files, check_out_dir, read_hf_config,
-                 read_tensor)
+from .hf import _TensorReader, _weight_files, check_out_dir, read_hf_config, read_tensor
+from .layout import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, atomic_write
 from .transformer import KVCache, _normal, apply_rope, rms_norm, rope_cos_sin
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
+ARCHITECTURE = EAGLE3_ARCHITECTURE  # what `layout.checkpoint_kind` calls a head
 
 
 def default_aux_layers(num_target_layers: int) -> tuple[int, int, int]:
@@ -352,12 +351,14 @@ def save_eagle3(head: Eagle3Head, directory, dtype: str | None = None, *, overwr
     """Writes `head` in the published layout (`config.json`, `model.safetensors` with
     `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` int64, `t2d` bool).
     dtype: optionally cast the weights ("float32" or "bfloat16").
-    overwrite: replace the checkpoint already in `directory` (otherwise an error, as `save_hf`)."""
+    overwrite: replace the EAGLE-3 head already in `directory` (otherwise an error, as `save_hf`);
+    any other checkpoint there (a target's Hugging Face one, a `models.save` one) is refused even
+    so: this writes config.json and model.safetensors over its own."""
     from safetensors.numpy import save
 
     cfg = head.config if dtype is None else head.config.replace(dtype=dtype)
     np_dtype = np.dtype(cfg.jnp_dtype)
-    directory = check_out_dir(directory, overwrite, "save_eagle3")
+    directory = check_out_dir(directory, overwrite, "save_eagle3", own="eagle3")
     tensors = {}
     for (name,), var in nnx.to_flat_state(nnx.state(head)):
         arr = np.asarray(jax.device_get(var.get_value()))

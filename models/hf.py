@@ -29,13 +29,10 @@ import numpy as np
 from flax import nnx
 
 from .config import ModelConfig, _is_int
+from .layout import (CONFIG_FILE, GENERATION_CONFIG_FILE, KIND_NAMES, TOKENIZER_FILE, WEIGHTS_FILE,
+                     WEIGHTS_INDEX_FILE, checkpoint_kind)
 from .transformer import Transformer
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-TOKENIZER_FILE = "tokenizer.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
 # Files whose presence means a directory already holds a checkpoint (save_hf, save_eagle3).
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TOKENIZER_FILE)
 # Parameter dtypes a checkpoint may store; anything else (int8 codes, bool) cast to float
@@ -344,21 +341,21 @@ def hf_config(cfg: ModelConfig) -> dict:
     return out
 
 
-def check_out_dir(directory, overwrite: bool, who: str = "save_hf") -> str:
-    """`directory`, created if needed, for writing a checkpoint: refuses a file, and a
-    directory already holding a checkpoint unless `overwrite` (as `models.save`). A
-    `models.save` checkpoint there is refused even with `overwrite`: our config.json
-    would replace its own and it would no longer restore."""
-    from .checkpoint import CHECKSUMS_FILE, PARAMS_DIR  # (checkpoint imports this module)
-
+def check_out_dir(directory, overwrite: bool, who: str = "save_hf", own: str = "hf") -> str:
+    """`directory`, created if needed, for writing a checkpoint of the kind `own` ("hf" or
+    "eagle3", see `layout.checkpoint_kind`): refuses a file, and a directory already holding a
+    checkpoint unless `overwrite` (as `models.save`). A checkpoint of any other kind there (a
+    `models.save` one, a target's for an EAGLE-3 head, a head for a target, files of no known
+    format) is refused even with `overwrite`: our config.json and model.safetensors would
+    replace its own and it would no longer load."""
     directory = os.fspath(directory)
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    found = checkpoint_kind(directory)
+    if found.kind == "file":
         raise ValueError(f"{who}: {directory!r} is an existing file, not a directory")
-    orbax = [f for f in (PARAMS_DIR + "/", CHECKSUMS_FILE) if os.path.exists(os.path.join(directory, f))]
-    if orbax:
-        raise ValueError(f"{who}: {directory!r} holds a dsd_jax checkpoint of models.save "
-                         f"({', '.join(orbax)}); writing {CONFIG_FILE} there would make it unrestorable: "
-                         "use another directory")
+    if found.kind not in ("empty", "other", own):
+        raise ValueError(f"{who}: {directory!r} holds {found.what}, not {KIND_NAMES[own]}; writing "
+                         f"{CONFIG_FILE} and {WEIGHTS_FILE} there would make it unloadable: use another "
+                         "directory")
     if os.path.isfile(os.path.join(directory, WEIGHTS_INDEX_FILE)):
         # even with overwrite: its shards would stay behind beside the new weights
         raise ValueError(f"{who}: {directory!r} holds a sharded checkpoint ({WEIGHTS_INDEX_FILE}); "
@@ -385,8 +382,8 @@ def save_hf(model: Transformer, directory, tokenizer=None, *, overwrite: bool = 
 
     overwrite: replace the checkpoint already in `directory` (otherwise a directory holding
     config.json, model.safetensors or tokenizer.json is an error); a tokenizer.json there
-    is kept unless `tokenizer` is given. A sharded checkpoint, or one of `models.save`
-    (params/, checksums.json), is never overwritten.
+    is kept unless `tokenizer` is given. A sharded checkpoint, or one of another kind (of
+    `models.save`, an EAGLE-3 head: see `check_out_dir`), is never overwritten.
     """
     from safetensors.numpy import save_file
 

@@ -45,7 +45,8 @@ from flax import nnx
 
 from . import corpus
 from .argtypes import float_in, nonneg_float, nonneg_int, positive_float, positive_int
-from .checkpoint import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, save
+from .checkpoint import save
+from .layout import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, checkpoint_kind
 from .config import ModelConfig
 from .transformer import init_kv_cache, init_model, rope_cos_sin
 
@@ -217,9 +218,9 @@ _CKPT_ENTRIES = {CONFIG_FILE, PARAMS_DIR, CHECKSUMS_FILE}  # what `models.save` 
 
 
 def _is_checkpoint(path: Path) -> bool:
-    """A `models.save` directory: `config.json` and `params/` (not a link)."""
-    return (path.is_dir() and not path.is_symlink() and (path / CONFIG_FILE).is_file()
-            and (path / PARAMS_DIR).is_dir())
+    """A `models.save` directory (`layout.checkpoint_kind` "dsd": its config.json and params/),
+    not a link (what it points to is not ours to remove)."""
+    return not path.is_symlink() and checkpoint_kind(path).kind == "dsd"
 
 
 def _is_partial_save(path: Path) -> bool:

@@ -58,12 +58,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dsd_jax.loading import atomic_write
 from . import corpus
 from .builtin import builtin
 from .eagle3 import (ARCHITECTURE, Eagle3Config, Eagle3Head, default_aux_layers, load_eagle3,
                      save_eagle3)
-from .hf import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
+from .layout import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, atomic_write, checkpoint_kind
 from .argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from .train import NonFiniteError, encode_corpus
 from .transformer import rope_cos_sin
@@ -252,23 +251,13 @@ def load_train_state(out: Path, h_params, opt_state):
 def _not_a_head(out: Path) -> str | None:
     """What in `out` this script must not replace, described (None: nothing, or an EAGLE-3
     head with its training state and log): --overwrite and checkpoints replace only those."""
-    from .checkpoint import CHECKSUMS_FILE, PARAMS_DIR
-    if not out.is_dir():
+    found = checkpoint_kind(out)
+    if found.kind in ("empty", "file", "eagle3"):  # a file: main refuses it on its own
         return None
-    orbax = [n for n in (PARAMS_DIR, CHECKSUMS_FILE) if (out / n).exists() or (out / n).is_symlink()]
-    if orbax:
-        return f"a models.save checkpoint ({', '.join(orbax)})"
-    weights = [n for n in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE) if (out / n).exists()]
-    if (out / CONFIG_FILE).exists() or weights:
-        if not (out / CONFIG_FILE).is_file():
-            return f"{', '.join(weights)} with no {CONFIG_FILE}"
-        try:
-            archs = json.loads((out / CONFIG_FILE).read_text()).get("architectures")
-        except (OSError, ValueError, AttributeError) as e:
-            return f"a {CONFIG_FILE} that is not a readable JSON object ({e})"
-        if not isinstance(archs, list) or ARCHITECTURE not in archs:
-            return f"a checkpoint whose {CONFIG_FILE} names architectures {archs!r}"
-    elif (out / LOG_FILE).exists() and not (out / STATE_DIR).exists():
+    if found.kind != "other":
+        return found.what
+    if (out / LOG_FILE).exists() and not (out / STATE_DIR).exists():
+        # no checkpoint, but a log this script would write over
         return f"a {LOG_FILE} with no EAGLE-3 head beside it (another script's?)"
     return None
 

@@ -63,27 +63,95 @@ def _files(path):
     return {f.relative_to(path): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
 
 
-def test_save_and_save_hf_never_replace_each_others_checkpoint(tmp_path):
-    """Both write config.json: with overwrite=True either would make the other format's
-    checkpoint unloadable, so a foreign one is refused without suggesting overwrite."""
-    from dsd_jax.models import load_hf, save_hf
-    model = init_model(CFG)
-    hf_dir, orbax_dir = save_hf(model, tmp_path / "hf"), save(model, tmp_path / "orbax")
-    hf_before, orbax_before = _files(tmp_path / "hf"), _files(orbax_dir)
-    for overwrite in (False, True):
-        with pytest.raises(FileExistsError, match=r"holds a checkpoint of another format \(a config\.json "
-                                                  r"that is not a dsd_jax model config, model\.safetensors\)"
-                           ) as e:
-            save(model, hf_dir, overwrite=overwrite)
-        assert "overwrite" not in str(e.value)
-        with pytest.raises(ValueError, match=r"save_hf: .* holds a dsd_jax checkpoint of models\.save "
-                                             r"\(params/, checksums\.json\)") as e:
-            save_hf(model, orbax_dir, overwrite=overwrite)
-        assert "overwrite" not in str(e.value)
-    assert _files(tmp_path / "hf") == hf_before and _files(orbax_dir) == orbax_before
-    load_hf(hf_dir), restore(orbax_dir)
-    save(model, orbax_dir, overwrite=True)  # each still replaces its own
-    save_hf(model, hf_dir, overwrite=True)
+def _head():
+    from dsd_jax.models.eagle3 import Eagle3Config, init_eagle3
+    return init_eagle3(Eagle3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1,
+                                    num_heads=4, num_kv_heads=2, head_dim=8, draft_vocab_size=32))
+
+
+def test_savers_replace_only_their_own_kind(tmp_path):
+    """All three write config.json: with overwrite=True any of them would make another
+    kind's checkpoint unloadable (a target's replaced by a head, a head by a target), so
+    each refuses the others, naming what is there and never suggesting overwrite."""
+    from dsd_jax.models import load_eagle3, load_hf, save_eagle3, save_hf
+    from dsd_jax.models.layout import checkpoint_kind
+    model, head = init_model(CFG), _head()
+    savers = {"dsd": (lambda d, **kw: save(model, d, **kw), FileExistsError),
+              "hf": (lambda d, **kw: save_hf(model, d, **kw), ValueError),
+              "eagle3": (lambda d, **kw: save_eagle3(head, d, **kw), ValueError)}
+    dirs = {kind: tmp_path / kind for kind in savers}
+    for kind, (saver, _) in savers.items():
+        saver(dirs[kind])
+        assert checkpoint_kind(dirs[kind]).kind == kind
+    what = {"dsd": r"a models\.save checkpoint \(params/, checksums\.json, config\.json\)",
+            "hf": r"a Hugging Face checkpoint \(model\.safetensors\) whose config\.json names "
+                  r"architectures \['LlamaForCausalLM'\]",
+            "eagle3": r"an EAGLE-3 head \(config\.json, model\.safetensors\)"}
+    before = {kind: _files(d) for kind, d in dirs.items()}
+    for kind, (saver, error) in savers.items():
+        for other, d in dirs.items():
+            if other == kind:
+                continue
+            for overwrite in (False, True):
+                with pytest.raises(error, match=rf"holds {what[other]}, not ") as e:
+                    saver(d, overwrite=overwrite)
+                assert "overwrite" not in str(e.value)
+    assert {kind: _files(d) for kind, d in dirs.items()} == before
+    restore(dirs["dsd"]), load_hf(dirs["hf"]), load_eagle3(dirs["eagle3"])
+    for kind, (saver, _) in savers.items():  # each still replaces its own
+        saver(dirs[kind], overwrite=True)
+        assert checkpoint_kind(dirs[kind]).kind == kind
+
+
+def test_checkpoint_kind_table(tmp_path):
+    """Directory contents -> kind: the one rule every saver and trainer asks."""
+    from dsd_jax.models.hf import hf_config
+    from dsd_jax.models.layout import KINDS, checkpoint_kind
+    dsd_cfg = json.dumps(CFG.to_dict())
+    hf_cfg = json.dumps(hf_config(CFG))
+    e3_cfg = json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"})
+    cases = [  # (entries: name -> text, or None for a directory; kind; part of the description)
+        ({}, "empty", "empty directory"),
+        ({"notes.txt": "x"}, "other", "notes.txt"),
+        ({"tokenizer.json": "{}"}, "other", "tokenizer.json"),  # no model reads a tokenizer alone
+        ({"train_log.json": "{}", "train_state": None}, "other", "train_log.json"),
+        ({"config.json": dsd_cfg, "params": None, "checksums.json": "{}"}, "dsd",
+         "a models.save checkpoint (params/, checksums.json, config.json)"),
+        ({"config.json": dsd_cfg, "params": None, "tokenizer.json": "{}"}, "dsd", "models.save"),
+        ({"params": None, "checksums.json": "{}"}, "dsd-partial", "params/, checksums.json with no"),
+        ({"config.json": dsd_cfg}, "dsd-partial", "no params/ directory"),
+        ({"config.json": hf_cfg, "model.safetensors": ""}, "hf",
+         "a Hugging Face checkpoint (model.safetensors) whose config.json names architectures"),
+        ({"config.json": hf_cfg, "model.safetensors.index.json": "{}"}, "hf", "index"),
+        ({"config.json": hf_cfg, "model.safetensors": "", "tokenizer.json": "{}"}, "hf", "tokenizer.json"),
+        ({"config.json": json.dumps({"model_type": "llama"})}, "hf", "names model_type 'llama'"),
+        ({"config.json": e3_cfg, "model.safetensors": ""}, "eagle3", "an EAGLE-3 head"),
+        ({"config.json": e3_cfg, "model.safetensors": "", "train_state": None, "train_log.json": "{}",
+          "EVAL.json": "{}"}, "eagle3", "an EAGLE-3 head"),
+        ({"model.safetensors": ""}, "unknown", "model.safetensors with no config.json"),
+        ({"config.json": "{not json"}, "unknown", "not a readable JSON object"),
+        ({"config.json": "[1]"}, "unknown", "not a readable JSON object (a JSON list)"),
+        ({"config.json": "{}"}, "unknown", "no known checkpoint format"),
+        ({"config.json": dsd_cfg, "params": None, "model.safetensors": ""}, "unknown", "two checkpoint formats"),
+        ({"config.json": hf_cfg, "model.safetensors": "", "checksums.json": "{}"}, "unknown",
+         "two checkpoint formats"),
+        ({"params": None, "model.safetensors": ""}, "unknown", "two checkpoint formats"),
+    ]
+    for i, (entries, kind, part) in enumerate(cases):
+        d = tmp_path / str(i)
+        d.mkdir()
+        for name, text in entries.items():
+            (d / name).mkdir() if text is None else (d / name).write_text(text)
+        found = checkpoint_kind(d)
+        assert (found.kind, part in found.what) == (kind, True), (entries, found)
+        assert found.kind in KINDS
+    assert checkpoint_kind(tmp_path / "missing").kind == "empty"
+    (tmp_path / "file").write_text("x")
+    assert checkpoint_kind(tmp_path / "file").kind == "file"
+    link = tmp_path / "link"  # a dangling link is still something a save would replace
+    link.mkdir()
+    (link / "params").symlink_to(tmp_path / "nowhere")
+    assert checkpoint_kind(link).kind == "dsd-partial"
 
 
 def test_missing_dir(tmp_path):

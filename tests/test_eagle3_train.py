@@ -54,6 +54,7 @@ def test_checkpoints_replace_files_whole(tmp_path, tiny_e3, monkeypatch):  # noq
     ("orbax", r"a models\.save checkpoint \(params"),
     ("no_config", "holds model.safetensors with no config.json"),
     ("lone_log", "a train_log.json with no EAGLE-3 head beside it"),
+    ("bad_config", r"a config\.json that is not a readable JSON object"),
 ])
 def test_overwrite_replaces_only_a_head(tmp_path, capsys, tiny_e3, case, match):  # noqa: F811
     """--overwrite (or --resume, or nothing) never trains into another model's checkpoint;
@@ -65,6 +66,9 @@ def test_overwrite_replaces_only_a_head(tmp_path, capsys, tiny_e3, case, match):
     elif case == "lone_log":
         out.mkdir()
         (out / "train_log.json").write_text("{}")
+    elif case == "bad_config":
+        out.mkdir()
+        (out / "config.json").write_text("{")
     else:
         models.save_hf(model, out)
         if case == "no_config":

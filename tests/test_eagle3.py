@@ -14,6 +14,7 @@ from dsd_jax import SamplingParams, SpecConfig, models, sampling
 from dsd_jax.compilation import compilation_count
 from dsd_jax.drafters.base import DraftContext
 from dsd_jax.drafters.eagle3 import Eagle3
+from dsd_jax.models import eagle3 as e3
 from dsd_jax.models.eagle3 import Eagle3Config, load_eagle3, save_eagle3
 from conftest import FixedK, greedy_reference, make_engine, scaled, tiny_config
 from test_spec_sampling import (N_SAMPLES, PROMPT, SAMPLING, VOCAB, empirical_joint, exact_joint,
@@ -212,19 +213,12 @@ def test_save_refuses_an_existing_head(tmp_path, head):
         save_eagle3(head, tmp_path / "file")
 
 
-def test_save_replaces_each_file_whole(tmp_path, head, monkeypatch):
-    """An overwrite writes new files renamed over the old ones, never into them: a save
-    killed midway (a trainer checkpoint) leaves the head that was there loadable."""
-    import dsd_jax.models.eagle3 as e3
-    out = tmp_path / "h"
-    save_eagle3(head, out)
-    names = ("model.safetensors", "config.json")
-    old = {n: (out / n).read_bytes() for n in names}
-    for n in names:  # a second name for each file: an in-place write would change it too
-        (tmp_path / n).hardlink_to(out / n)
+def die_mid_weights(monkeypatch):
+    """From now on a weights file written through `models.eagle3.atomic_write` gets a third
+    of its bytes, then the process dies (KeyboardInterrupt). Returns the real atomic_write."""
     real = e3.atomic_write
 
-    class Cut:  # a third of the weights reach the file, then the process dies
+    class Cut:
         def __init__(self, f):
             self.f = f
 
@@ -236,6 +230,19 @@ def test_save_replaces_each_file_whole(tmp_path, head, monkeypatch):
         real(path, (lambda f: write(Cut(f))) if path.endswith(".safetensors") else write, mode)
 
     monkeypatch.setattr(e3, "atomic_write", killed)
+    return real
+
+
+def test_save_replaces_each_file_whole(tmp_path, head, monkeypatch):
+    """An overwrite writes new files renamed over the old ones, never into them: a save
+    killed midway (a trainer checkpoint) leaves the head that was there loadable."""
+    out = tmp_path / "h"
+    save_eagle3(head, out)
+    names = ("model.safetensors", "config.json")
+    old = {n: (out / n).read_bytes() for n in names}
+    for n in names:  # a second name for each file: an in-place write would change it too
+        (tmp_path / n).hardlink_to(out / n)
+    real = die_mid_weights(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         save_eagle3(head, out, dtype="bfloat16", overwrite=True)
     assert {n: (out / n).read_bytes() for n in names} == old

@@ -10,6 +10,7 @@ import pytest
 from dsd_jax import models
 from dsd_jax.models import eagle3 as e3
 from dsd_jax.models import train_eagle3 as te
+from test_eagle3 import die_mid_weights
 from test_train_cli import E3, TINY, _digest, _usage_error, tiny_e3  # noqa: F401  (a fixture)
 
 FILES = ("model.safetensors", "config.json", "train_log.json")
@@ -23,22 +24,9 @@ def test_checkpoints_replace_files_whole(tmp_path, tiny_e3, monkeypatch):  # noq
     old = {n: (out / n).read_bytes() for n in FILES}
     for n in FILES:  # a second name for each file: an in-place write would change it too
         (tmp_path / n).hardlink_to(out / n)
-    real = e3.atomic_write
-
-    class Cut:  # a third of the weights reach the file, then the job is killed
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, data):
-            self.f.write(data[:len(data) // 3])
-            raise KeyboardInterrupt
-
-    def killed(path, write, mode="w"):
-        real(path, (lambda f: write(Cut(f))) if path.endswith(".safetensors") else write, mode)
-
     resume = ["--out", str(out), "--resume", "--steps", "2", "--minutes", "0", "--batch", "1",
               "--seq-len", "8", "--ttt-steps", "2", "--log-every", "1"]
-    monkeypatch.setattr(e3, "atomic_write", killed)
+    real = die_mid_weights(monkeypatch)  # the job is killed while it writes the weights
     with pytest.raises(KeyboardInterrupt):
         te.main(resume)
     assert {n: (out / n).read_bytes() for n in FILES} == old

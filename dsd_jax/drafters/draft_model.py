@@ -27,8 +27,8 @@ from jax import lax
 
 from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens, sample_proposal
 from dsd_jax.models import KVCache, forward, init_kv_cache
-from dsd_jax.models.transformer import embedding_of
 from dsd_jax.models.eagle3 import Eagle3Config
+from dsd_jax.models.transformer import embedding_of
 
 WINDOW = 2  # tokens the draft re-reads each round: after an all-accepted round it lags by 2
 

@@ -336,16 +336,12 @@ class Controller:
             if self._since_probe >= self._probe_interval or self._follow_up:
                 k_prior, every, rounds, optimistic = 0, self._probe_interval, 0, False
                 if cur == 0:
-                    itl = self._latency.itl(b, key)
                     g_prior = self._goodput_row(b, key, self._prior_al if al_at is None else al_at(self._prior_a))
-                    k_prior, every, rounds = (int(x) for x in self._acceptance_probe(
-                        g_prior, itl, self._latency.probe_excess(b)))
-                    if k_prior == 0:
-                        ones = np.ones(self._kc)
-                        g_opt = self._goodput_row(b, key, self._perfect_al if al_at is None else al_at(ones))
-                        k_opt, every_opt = self._optimistic_probe(g_opt, itl, self._latency.catchup_ms(b, key))
-                        if k_opt:
-                            k_prior, every, rounds, optimistic = int(k_opt), int(every_opt), 0, True
+                    g_opt = self._goodput_row(b, key, self._perfect_al if al_at is None
+                                              else al_at(np.ones(self._kc)))
+                    k_prior, every, rounds, optimistic = (x.item() for x in self._probe_plan(
+                        g_prior, g_opt, self._latency.itl(b, key), self._latency.probe_excess(b),
+                        self._latency.catchup_ms(b, key)))
                 cur = self._probe(cur, b, g, k_prior, every, optimistic, rounds)
         self._k_counts[cur] += 1
         return cur
@@ -354,6 +350,17 @@ class Controller:
         """The hysteresis: move from the held K `cur` to the goodput row `g`'s `best` only
         when it is ahead by more than the margin."""
         return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
+
+    def _probe_plan(self, g_prior, g_opt, itl, excess, catchup_ms):
+        """(K, choices apart, K = 0 rounds apart, whether optimistic) of the probe at a held
+        K = 0, per goodput row (one row, or the tables' rows): the acceptance probe
+        (`_acceptance_probe`), else, where only perfect acceptance would move the hold, the
+        optimistic one (`_optimistic_probe`)."""
+        probe_k, every, rounds = self._acceptance_probe(g_prior, itl, excess)
+        opt_k, opt_every = self._optimistic_probe(g_opt, itl, catchup_ms)
+        optimistic = (probe_k == 0) & (opt_k > 0)
+        return (np.where(optimistic, opt_k, probe_k), np.where(optimistic, opt_every, every),
+                np.where(optimistic, 0, rounds), optimistic)
 
     def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray, excess=0.0):
         """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
@@ -566,11 +573,8 @@ class Controller:
         # (best K, goodput row, the probe K at a held K = 0, the dispatches between such
         # probes, whether that probe is an optimistic one, the K = 0 rounds an acceptance
         # probe also waits for at its measured cost)
-        probe_k, every, rounds = self._acceptance_probe(g_prior, itl, self._latency.probe_excess_rows())
-        opt_k, opt_every = self._optimistic_probe(g_opt, itl, self._latency.catchup_rows(key))
-        optimistic = (probe_k == 0) & (opt_k > 0)
-        probe_k, every = np.where(optimistic, opt_k, probe_k), np.where(optimistic, opt_every, every)
-        rounds = np.where(optimistic, 0, rounds)
+        probe_k, every, rounds, optimistic = self._probe_plan(
+            g_prior, g_opt, itl, self._latency.probe_excess_rows(), self._latency.catchup_rows(key))
         tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist(), optimistic.tolist(),
                rounds.tolist())
         self._gtabs[key] = tab

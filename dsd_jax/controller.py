@@ -25,33 +25,14 @@ Hysteresis: the controller starts at K = 0 and moves from its current K to the
 best K only when the best K's predicted goodput is more than ``margin`` (relative)
 above the current K's at this batch size.
 
-Probes: every ``dynamic.probe_interval``-th choice (dispatch) may run another K than
-the held one.
-K = 0 steps measure no acceptance, so a K = 0 decision taken on a bad stretch of
-live acceptance could never be revised: while the controller holds K = 0 at a
-batch size where the profile's acceptance would speculate (its best K beats K = 0
-by more than ``margin``, so the hold could move), the probe runs that K, and only
-every few intervals where it is dear for what it could win (`_acceptance_probe`:
-its extra time at most ``PROBE_SHARE`` of the time saved if the profile's
-acceptance came back; under the makespan objective, the time the slowest live row
-would save, each row accepting at the profile's rates; with what such a round is
-measured to cost beyond its step, the draft's catch-up, counted in K = 0 rounds, and at
-most ``PROBE_COST_CAP`` times further apart); one whose step beats K = 0,
-accepting more than the estimate predicted and at least the profile's AL(K), is followed
-by up to ``FOLLOW_UPS`` more, a choice apart, each while its step beats K = 0 and the
-estimate, so a return of acceptance moves the hold in a chain, not a probe an interval. Where not even the profile's
-acceptance would move the hold but perfect acceptance would (a profile can be far more
-pessimistic than the live drafts), an optimistic probe runs the cheapest K that would
-win were every draft accepted, once so many K = 0 rounds have passed that its extra
-time, the draft's catch-up included, stays under ``OPTIMISTIC_SHARE`` (1%) of theirs
-(`_optimistic_probe`); one whose step beats K = 0, accepting more than the estimate
-predicted, is followed up likewise, so live counts replace a pessimistic prior at one go.
-None runs where K = 0 wins even at perfect acceptance. Before that (with latency
-learning on and ``dynamic.explore_gap`` > 0; off by default), a probe runs the least
-observed K whose predicted goodput is within ``dynamic.explore_gap`` of the held K's and whose
-latency at this batch bucket is not learnt yet, so close contenders get measured
-a few times, not only the winner. A probe is observed like any step; the held K
-changes only through the argmax.
+Probes (`dsd_jax.probes`): K = 0 steps measure no acceptance, so while the controller
+holds K = 0 every ``dynamic.probe_interval``-th choice (dispatch) may run another K: an
+acceptance probe where the profile's acceptance would move the hold, spaced by what it
+costs for what it could win; an optimistic one where only perfect acceptance would; none
+where K = 0 wins even then. A probe whose step beats K = 0 is followed up, a choice apart.
+Before those, with latency learning and ``dynamic.explore_gap`` > 0 (off by default), a
+close contender whose latency is not learnt yet (`_contender`). A probe is observed like
+any step; the held K changes only through the argmax.
 
 Speed: the best K and the goodput row for every batch size 1..max_batch_size are
 precomputed per context bucket, and rebuilt only when the acceptance estimate has
@@ -96,31 +77,12 @@ from .acceptance import GlobalAcceptance, RequestAcceptance, al_curve, check_num
 from .calibration import Calibration, step_ms
 from .config import SpecConfig
 from .latency import LatencyModel
+from .probes import Prober
 from .profile import Profile, ProfileMismatchWarning
 
 __all__ = ["Controller"]
 
 DEFAULT_FORGETTING = 0.05  # live-acceptance forgetting when no DynamicConfig is given
-# An acceptance probe at a held K = 0 may cost at most this share of what it could win:
-# its extra step time over K = 0, spread over the dispatches between two probes, against
-# the time per step the profile's acceptance says its K would save (`_acceptance_probe`).
-PROBE_SHARE = 0.25
-# What a probe really costs (its step, and the draft's catch-up on the tokens it skipped,
-# measured: `LatencyModel.probe_excess`) spaces acceptance probes further apart where it is
-# dear, counted in K = 0 rounds, but at most this many times the spacing the profile's ITL
-# gives: they never stop (a held K = 0 is only revised by them), and a return of acceptance
-# is seen at most this many times later.
-PROBE_COST_CAP = 4
-# Where not even the profile's acceptance would speculate, but perfect acceptance would, an
-# optimistic probe asks whether live acceptance is far above the profile's: its extra time
-# (its step and the draft's catch-up) is at most this share of the K = 0 rounds between two.
-OPTIMISTIC_SHARE = 0.01
-# A probe at a held K = 0 whose own step beat K = 0, accepting more than the estimate said
-# (an acceptance probe starting a chain: and at least the profile's AL(K)), is followed by
-# another at the next choice, up to this many in a row: enough steps to end the default
-# warm-up (16) at one go, and to move a forgetting-0.05 estimate most of the way to a
-# returned acceptance.
-FOLLOW_UPS = 15
 
 
 def _index(name: str, v: Any) -> int:
@@ -237,15 +199,8 @@ class Controller:
         self._track_rows = self._per_request or self._objective == "makespan"
         self._one_plus_margin = 1.0 + (dyn.margin if dyn is not None else 0.0)
         self._probe_interval = dyn.probe_interval if goodput else 0
-        self._since_probe = 0  # choices since the last probe
-        self._follow_up = False  # a probe's step at a held K = 0 beat K = 0: probe again next choice
-        self._chain = 0  # follow-ups run since the probe that started them
-        # the last probe at a held K = 0 is not observed yet: the AL its step must reach to be
-        # followed up (besides beating K = 0 and the estimate), else None
-        self._probe_out: float | None = None
-        self._k0_rounds = 0  # K = 0 rounds observed since the last K > 0 round
-        self._cur = 0  # the K the hysteresis holds
         self._last_k = 0  # the K of the last observed round (the draft starts behind)
+        self._cur = 0  # the K the hysteresis holds
 
     def _init_acceptance(self, dyn, profile: Profile | None) -> None:
         forgetting = dyn.forgetting if dyn is not None else DEFAULT_FORGETTING
@@ -256,6 +211,7 @@ class Controller:
         self._est_tables = self._acc.estimate.copy()  # the estimate the tables were built with
         self._prior_a = np.nan_to_num(prior)[: self._kc]  # for the probe K at a held K = 0
         self._prior_al = al_curve(self._prior_a, self._kc)
+        self._prober = Prober(self._probe_interval, self._one_plus_margin, self._prior_al)
         self._perfect_al = np.arange(self._kc + 1, dtype=float) + 1.0  # every draft accepted
 
     def _init_stats(self, history: int) -> None:
@@ -270,7 +226,7 @@ class Controller:
         self._k_counts = [0] * (self.max_k + 1)
         self._k_steps = [0] * (self.max_k + 1)
         self._refreshes = 0
-        self._probes = 0
+        self._prober.count = 0
         self._calibration = Calibration(self._history)
 
     # ------------------------------------------------------------------ choose
@@ -312,11 +268,10 @@ class Controller:
         if type(batch_size) is int and 0 < batch_size <= self.max_batch_size:
             # the hot path: hysteresis and probe on the precomputed rows
             self._cur = cur = self._hold(tab[0][batch_size], tab[1][batch_size], self._cur)
-            if self._probe_interval:
-                self._since_probe += 1
-                if self._since_probe >= self._probe_interval or self._follow_up:
-                    cur = self._probe(cur, batch_size, tab[1][batch_size], tab[2][batch_size],
-                                      tab[3][batch_size], tab[4][batch_size], tab[5][batch_size])
+            if self._prober.due():
+                g = tab[1][batch_size]
+                cur = self._prober.choose(cur, lambda: self._contender(cur, batch_size, g), tab[2][batch_size],
+                                          tab[3][batch_size], tab[4][batch_size], tab[5][batch_size])
             self._k_counts[cur] += 1
             return cur
         b = _index("batch_size", batch_size)
@@ -331,18 +286,15 @@ class Controller:
         probes at a held K = 0: under the profile's acceptance, else every draft accepted."""
         g = self._goodput_row(b, key, al)
         self._cur = cur = self._hold(int(np.argmax(g)), g, self._cur)
-        if self._probe_interval:
-            self._since_probe += 1
-            if self._since_probe >= self._probe_interval or self._follow_up:
-                k_prior, every, rounds, optimistic = 0, self._probe_interval, 0, False
-                if cur == 0:
-                    g_prior = self._goodput_row(b, key, self._prior_al if al_at is None else al_at(self._prior_a))
-                    g_opt = self._goodput_row(b, key, self._perfect_al if al_at is None
-                                              else al_at(np.ones(self._kc)))
-                    k_prior, every, rounds, optimistic = (x.item() for x in self._probe_plan(
-                        g_prior, g_opt, self._latency.itl(b, key), self._latency.probe_excess(b),
-                        self._latency.catchup_ms(b, key)))
-                cur = self._probe(cur, b, g, k_prior, every, optimistic, rounds)
+        if self._prober.due():
+            k_prior, every, rounds, optimistic = 0, self._probe_interval, 0, False
+            if cur == 0:
+                g_prior = self._goodput_row(b, key, self._prior_al if al_at is None else al_at(self._prior_a))
+                g_opt = self._goodput_row(b, key, self._perfect_al if al_at is None else al_at(np.ones(self._kc)))
+                k_prior, every, rounds, optimistic = (x.item() for x in self._prober.plan(
+                    g_prior, g_opt, self._latency.itl(b, key), self._latency.probe_excess(b),
+                    self._latency.catchup_ms(b, key)))
+            cur = self._prober.choose(cur, lambda: self._contender(cur, b, g), k_prior, every, optimistic, rounds)
         self._k_counts[cur] += 1
         return cur
 
@@ -350,124 +302,6 @@ class Controller:
         """The hysteresis: move from the held K `cur` to the goodput row `g`'s `best` only
         when it is ahead by more than the margin."""
         return best if best != cur and g[best] > g[cur] * self._one_plus_margin else cur
-
-    def _probe_plan(self, g_prior, g_opt, itl, excess, catchup_ms):
-        """(K, choices apart, K = 0 rounds apart, whether optimistic) of the probe at a held
-        K = 0, per goodput row (one row, or the tables' rows): the acceptance probe
-        (`_acceptance_probe`), else, where only perfect acceptance would move the hold, the
-        optimistic one (`_optimistic_probe`)."""
-        probe_k, every, rounds = self._acceptance_probe(g_prior, itl, excess)
-        opt_k, opt_every = self._optimistic_probe(g_opt, itl, catchup_ms)
-        optimistic = (probe_k == 0) & (opt_k > 0)
-        return (np.where(optimistic, opt_k, probe_k), np.where(optimistic, opt_every, every),
-                np.where(optimistic, 0, rounds), optimistic)
-
-    def _acceptance_probe(self, g_prior: np.ndarray, itl: np.ndarray, excess=0.0):
-        """(the K an acceptance probe runs at a held K = 0, the dispatches between two such
-        probes, the K = 0 rounds it also waits for), per goodput row under the profile's
-        acceptance `g_prior`, its ITL ([..., K]) and the measured probe excess (K = 0 steps,
-        [...]: `LatencyModel.probe_excess`).
-
-        The K is the best one there, or 0 (no probe) where it does not beat K = 0 by the
-        hysteresis margin: there even live acceptance back at the profile's could not move
-        the hold, so a probe would only cost (`bench_full_s7`: at B = 64 K = 1 was 2%
-        ahead on the profile, and dynamic ran it in 2% of its steps). The interval is
-        `probe_interval`, or longer where a probe is dear for what it could win: a probe's
-        extra time, ITL(B, K) / ITL(B, 0) - 1 K = 0 steps, is at most PROBE_SHARE of the
-        time its K would save over the interval if the profile's acceptance came back,
-        gain = G(K) / G(0) - 1 per step. At B = 1-4 that is the plain interval; at
-        B = 16 and 64, where a K = 2 or 1 step costs 2.2x or 1.75x a K = 0 step for a 10%
-        or 4% gain (`bench_full_s8`), 3x and 5x longer: there probes had cost dynamic
-        3-6% of its time.
-
-        What a probe really costs is more: its round also runs the draft's catch-up on every
-        token committed since the draft last ran (one 32-token round of it is 0.15x a K = 0
-        step at B = 1, 0.76x at B = 64). That excess is measured (`probe_excess`: what such
-        rounds took beyond their K's step, in K = 0 steps), and the same rule counted in
-        K = 0 rounds (time) gives the rounds a probe also waits for: extra + excess at most
-        PROBE_SHARE of the gain over them, at most PROBE_COST_CAP times `every` (0 where
-        that is no more than `every`: a dispatch holds a round or more). The catch-up grows
-        with the rounds skipped, so the spacing settles where the share is met, or at the
-        cap where even the catch-up alone exceeds it (probes never stop). The excess enters
-        only here: not the goodput rows, nor whether a probe runs (learnt into the K's
-        latency factor it priced the probes out, and K = 0 was held for good)."""
-        best = np.argmax(g_prior, axis=-1)
-        g_best = np.take_along_axis(g_prior, best[..., None], axis=-1)[..., 0]
-        gain = g_best / g_prior[..., 0] - 1.0
-        probe = gain > self._one_plus_margin - 1.0
-        extra = np.take_along_axis(itl, best[..., None], axis=-1)[..., 0] / itl[..., 0] - 1.0
-        safe_gain = np.where(probe, gain, 1.0)  # rows without a probe: any positive number
-        every = np.maximum(np.where(probe, np.ceil(extra / (PROBE_SHARE * safe_gain)), 0), self._probe_interval)
-        rounds = np.minimum(np.ceil((extra + excess) / (PROBE_SHARE * safe_gain)), PROBE_COST_CAP * every)
-        rounds = np.where(probe & (rounds > every), rounds, 0)
-        return np.where(probe, best, 0), every.astype(int), rounds.astype(int)
-
-    def _optimistic_probe(self, g_opt: np.ndarray, itl: np.ndarray, catchup_ms) -> tuple[np.ndarray, np.ndarray]:
-        """(the K an optimistic probe runs at a held K = 0, the K = 0 rounds before it), per
-        goodput row were every draft accepted `g_opt`, its ITL and the draft's catch-up on a
-        row's context (ms; [..., K] and [...]).
-
-        The probes at a held K = 0 only run where the profile's acceptance would move the
-        hold, so a profile more pessimistic than the live drafts (a published curve, other
-        prompts, a distilled draft) meant speculation was never tried: at B = 1, live
-        acceptance 0.95 where K = 6 is 2.2x K = 0 ran K = 0 for good. This probe runs the
-        cheapest K that beats K = 0 by the margin were every draft accepted (none where no
-        K could: B = 64 on a typical profile), once so many K = 0 rounds have passed (and
-        `probe_interval` choices) that its extra time over K = 0, the catch-up included, is
-        at most `OPTIMISTIC_SHARE` of theirs (and PROBE_SHARE of what it could win): the
-        price of asking where acceptance is in fact low. Rounds, not choices: the bound is
-        one of time, whatever the dispatches' lengths. A probe whose step beats K = 0 and
-        accepts more than the estimate predicted is followed by others
-        (`FOLLOW_UPS`), so live counts replace a pessimistic prior at once (a
-        mixed batch under the makespan objective beat K = 0 on its mean row, as the estimate
-        knew, and ran chains of 15 where the slowest row made K = 0 the choice)."""
-        beats = g_opt[..., 1:] > g_opt[..., :1] * self._one_plus_margin
-        k = np.where(beats.any(axis=-1), beats.argmax(axis=-1) + 1, 0)
-        kk = np.maximum(k, 1)[..., None]
-        extra = (np.take_along_axis(itl, kk, axis=-1)[..., 0] + catchup_ms) / itl[..., 0] - 1.0
-        gain = np.take_along_axis(g_opt, kk, axis=-1)[..., 0] / g_opt[..., 0] - 1.0
-        safe_gain = np.where(k > 0, gain, 1.0)
-        every = np.maximum(np.ceil(extra / OPTIMISTIC_SHARE), np.ceil(extra / (PROBE_SHARE * safe_gain)))
-        return k, np.where(k > 0, np.maximum(every, self._probe_interval), 0).astype(int)
-
-    def _probe(self, cur: int, b: int, g, k_prior: int, every: int, optimistic: bool = False,
-               rounds: int = 0) -> int:
-        """The K for a step at held K `cur` once `probe_interval` choices have passed (or a
-        probe's step asked for a follow-up): a close contender whose latency is still
-        being learnt, else (holding K = 0) `k_prior` once `every` choices and `rounds` K = 0
-        rounds have passed (`_acceptance_probe`; `every` K = 0 rounds for an
-        `_optimistic_probe`) or as a follow-up, else `cur`. A probe of `k_prior` is
-        followed up (`observe`) when its step beats K = 0, accepting more than the estimate
-        predicted and, for an acceptance probe that starts a chain, at least the profile's
-        AL(K): its question is whether the profile's acceptance is back, and where it is, a
-        probe an interval lifted the estimate over the hold in ~24 probes (B = 16: ~300
-        choices; chained ~50)."""
-        follow = self._follow_up and cur == 0 and k_prior > 0
-        self._follow_up = False
-        if not follow and self._since_probe < self._probe_interval:
-            return cur  # a follow-up was asked for, but the hold or the probe has changed
-        k = cur if follow else self._contender(cur, b, g)
-        if k == cur and cur == 0:
-            # an optimistic probe's interval counts rounds (its cost bound is in time)
-            # (the round in flight is not observed yet: counted as one)
-            if not follow and ((self._k0_rounds if optimistic else self._since_probe) < every
-                               or self._k0_rounds + 1 < rounds):
-                if optimistic:
-                    self._since_probe = 0  # asked again `probe_interval` choices on
-                return cur  # no acceptance probe due yet at this batch size
-            k = k_prior
-        self._since_probe = 0
-        self._chain = self._chain + 1 if follow else 0
-        self._probe_out = None
-        if cur == 0 and k == k_prior > 0:
-            # an acceptance probe asks whether the profile's acceptance is back: at B = 1 a
-            # step beats K = 0 with one draft of three accepted, 30% of the time at 0.3, so
-            # a chain starts only where the profile's AL(K) is, and goes on while its steps
-            # beat K = 0 (a return to 0.7 where the profile says 0.8 chains too)
-            self._probe_out = 0.0 if optimistic or follow else float(self._prior_al[min(k, self._kc)])
-        if k != cur:
-            self._probes += 1
-        return k
 
     def _contender(self, cur: int, b: int, g) -> int:
         """The least observed K != cur with goodput g[K] >= (1 - explore_gap) g[cur]
@@ -573,7 +407,7 @@ class Controller:
         # (best K, goodput row, the probe K at a held K = 0, the dispatches between such
         # probes, whether that probe is an optimistic one, the K = 0 rounds an acceptance
         # probe also waits for at its measured cost)
-        probe_k, every, rounds, optimistic = self._probe_plan(
+        probe_k, every, rounds, optimistic = self._prober.plan(
             g_prior, g_opt, itl, self._latency.probe_excess_rows(), self._latency.catchup_rows(key))
         tab = (np.argmax(g, axis=1).tolist(), g.tolist(), probe_k.tolist(), every.tolist(), optimistic.tolist(),
                rounds.tolist())
@@ -650,16 +484,14 @@ class Controller:
         # An optimistic probe is rare and due after so many K = 0 rounds, so longer
         # dispatches make it no dearer: settled unless it may come at the next choice, or
         # one is in flight (its result may call for a follow-up).
-        return not tab[2][b] or not (self._follow_up or self._probe_out is not None or (
-            self._since_probe + 1 >= self._probe_interval and self._k0_rounds + 1 >= tab[3][b]))
+        return not tab[2][b] or not self._prober.may_come_next(tab[3][b])
 
     def end_run(self) -> None:
         """Called by the engine when a run ends: a probe chosen but never observed (the
         engine drops the dispatch launched behind the batch's last rows, and an abandoned
         stream's) is no longer outstanding, so `settled` does not wait for it and the next
         run's first K > 0 round is not judged as its follow-up."""
-        self._probe_out = None
-        self._follow_up = False
+        self._prober.end_run()
 
     # ------------------------------------------------------------------ per-request state
 
@@ -720,17 +552,12 @@ class Controller:
         if catching_up and itl_ms is not None and self._latency.learn_probe(timed_b, k, meas_ms, context_len):
             self._stale_tables()  # the acceptance probes' spacing moved
         self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
+        al = 1.0 + float(acc.mean())
+        # a probe's step that beat K = 0, and the estimate did not see it coming: ask again
+        self._prober.observe(k, al, lambda: self._cur == 0 and self._beat_k0(k, acc, timed_b, context_len)
+                             and al > pred_al * self._one_plus_margin)
         if k == 0:
-            self._k0_rounds += 1
             return
-        self._k0_rounds = 0
-        if self._probe_out is not None:
-            bar, self._probe_out = self._probe_out, None
-            # a step that beat K = 0, and the estimate did not see it coming: ask again
-            al = 1.0 + float(acc.mean())
-            self._follow_up = (self._cur == 0 and self._chain < FOLLOW_UPS and al >= bar
-                               and self._beat_k0(k, acc, timed_b, context_len)
-                               and al > pred_al * self._one_plus_margin)
         self._acc.observe(k, acc)
         if rows is not None:
             self._requests.observe(rows, acc, k)
@@ -815,7 +642,7 @@ class Controller:
             "k_steps": {k: c for k, c in enumerate(self._k_steps)},
             "current_k": self._cur,
             "table_refreshes": self._refreshes,
-            "probes": self._probes,
+            "probes": self._prober.count,
             "latency_factors": self._latency.observed() if self._latency is not None else {},
             "probe_excess": self._latency.observed_probe_excess() if self._latency is not None else {},
         }

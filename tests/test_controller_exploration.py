@@ -118,7 +118,7 @@ def test_acceptance_probes_at_their_measured_cost_stay_within_their_share():
     spaces them 31 rounds apart: 3.65-3.69% (129 probes in 4000 steps, 249 before), within
     the rule up to the drafts the probes accept. At B = 1 and 4 the rule's rounds stay under
     the plain interval (catch-up 0.15x and 0.35x a K = 0 step): nothing changes there."""
-    from dsd_jax.controller import PROBE_SHARE
+    from dsd_jax.probes import PROBE_SHARE
     prof = _catchup_profile(PROF.acceptance)
     for b in (1, 4, 16):
         al = 1.0 + np.concatenate([[0.0], np.cumsum(prof.acceptance)])
@@ -146,7 +146,7 @@ def test_probes_never_stop_however_dear_their_catch_up():
     meets the rule: 0.25 x 14.7% of 16 choices is 0.6 steps): the spacing stops at
     PROBE_COST_CAP (4) times the plain one, 64 rounds, so probes go on and a return of
     acceptance is still seen (here within 400 steps)."""
-    from dsd_jax.controller import PROBE_COST_CAP
+    from dsd_jax.probes import PROBE_COST_CAP
     b, rng = 16, np.random.default_rng(0)
     c = Controller(goodput_spec(objective="throughput"), PROF, max_batch_size=64)
     ks, prev = [], 0
@@ -268,7 +268,7 @@ def test_optimistic_probes_cost_at_most_their_share_where_acceptance_is_low(catc
     the profile says so: at most OPTIMISTIC_SHARE (1%) of the time, its catch-up included
     (simulated: 0.8-0.9% at B = 1-32 at the profile's ITL, 0.6-0.9% with the catch-up), and
     none at B = 64, where K = 0 wins even were every draft accepted."""
-    from dsd_jax.controller import OPTIMISTIC_SHARE
+    from dsd_jax.probes import OPTIMISTIC_SHARE
     acceptance = (0.3, 0.09, 0.027, 0.008, 0.002, 0.001)
     prof = _catchup_profile(acceptance) if catchup else PESSIMISTIC
     for b in (1, 16, 32, 64):
@@ -283,7 +283,7 @@ def test_probes_where_acceptance_is_low_cost_what_the_probe_rules_allow():
     cost their K's extra time once every `probe_interval` choices or at most PROBE_SHARE of
     the profile's gain (B = 1: 5.4%, B = 16: 3.4%, as before these fixes), none at B = 64
     (not even an optimistic one)."""
-    from dsd_jax.controller import PROBE_SHARE
+    from dsd_jax.probes import PROBE_SHARE
     for b, most in ((1, 0.06), (16, 0.04), (64, 0.0)):
         share, probes = _probe_share(PROF, b, 0.05)
         al = 1.0 + np.concatenate([[0.0], np.cumsum(PROF.acceptance)])

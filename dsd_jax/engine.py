@@ -31,6 +31,7 @@ from dsd_jax import compilation, drafters, inputs, kernels, multihost
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
+from dsd_jax.dispatch import DispatchPolicy
 from dsd_jax.drafters.base import AdmissionRequest
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, ProfileMismatchWarning
@@ -39,14 +40,7 @@ from dsd_jax.programs import Programs
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
-from dsd_jax.step import MAX_ROUNDS, SlotInit, StepOptions, unpack_rounds
-
-STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
-# Rounds a dispatch may run while the controller may change its mind (goodput: acceptance,
-# probes): it gets a say every ADAPTIVE_ROUNDS rounds. A choice the controller is `settled` on
-# may run MAX_ROUNDS (32): for plain decoding at B=1 that was 0.9% [0.2, 1.5] faster than 8.
-ADAPTIVE_ROUNDS = 8
-
+from dsd_jax.step import SlotInit, StepOptions, unpack_rounds
 
 class _Dispatch(NamedTuple):
     """A step program call whose outputs have not been read back yet."""
@@ -190,12 +184,11 @@ class SpecEngine:
                 for problem in fit:
                     warnings.warn(f"{problem}; re-profile this engine (`dsd-jax profile`)",
                                   ProfileMismatchWarning, stacklevel=2)
-        self.controller = controller
         # None unless the mesh spans several processes (`jax.distributed`)
         self.agreement = multihost.agreement(multihost_strategy, self.placement.mesh)
+        self._policy = DispatchPolicy(controller, self.max_k, self.agreement, self._budget)
         self.stats = EngineStats(self.max_k)
         self._prefilled = False
-        self._k_history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
         self._seed = seed
         self._warned: set[str] = set()  # `_warn_once` keys
         self._request_ids = itertools.count()
@@ -203,6 +196,16 @@ class SpecEngine:
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
         # threads calling one engine cannot both get in
         self._run_lock = threading.Lock()
+
+    @property
+    def controller(self):
+        """The controller the dispatch policy asks for K (assignable: the bench and tests
+        swap one in between runs)."""
+        return self._policy.controller
+
+    @controller.setter
+    def controller(self, controller) -> None:
+        self._policy.controller = controller
 
     # ---- weights ------------------------------------------------------------------------
     def set_params(self, target=None, draft=None, *, copy: bool = True) -> None:
@@ -531,26 +534,8 @@ class SpecEngine:
                 out[s, :len(items)] = items
         return out
 
-    def _draft_now(self, batch: int, live: list[Request], refilled: bool) -> bool:
-        """Whether admission prefills the drafter with the prompts (else its first round
-        with K > 0 catches up): always for drafters that cannot leave a prompt to
-        `catch_up`, else when the controller would speculate at `batch` live rows (the K
-        a goodput controller holds there, for the `live` requests as its next choice will
-        see them; the static or scheduled K; unknown controllers: yes). Several processes
-        always prefill: their controllers need not agree, and every process must run the
-        same program on the same inputs."""
-        if not self.drafter.catches_up_prompts or self.agreement is not None:
-            return True
-        ctl = self.controller
-        mode = getattr(ctl, "mode", None)
-        if mode == "goodput":
-            return ctl.held_k(batch, **self._makespan_args(live, refilled)) > 0
-        if mode in ("none", "static", "schedule"):
-            return ctl.spec.schedule_k(batch) > 0
-        return True
-
     def _admit(self, new: list[Request], batch: int, live: list[Request], refilled: bool) -> None:
-        """Prefills target (and draft, when `_draft_now`) for new requests in chunks, then
+        """Prefills target (and draft, when the dispatch policy says so) for new requests in chunks, then
         marks them live; `batch` is the fullest shard's live count after admission, `live`
         every live request (the new ones included), `refilled` whether requests are queued.
 
@@ -573,7 +558,8 @@ class SpecEngine:
         longest = max(len(r.prompt) for r in new)
         rows = self._per_shard(lambda s: [r.slot for r in leaders[s]], n, 0)  # padding writes nothing
         lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
-        draft_now = self._draft_now(batch, live, refilled)
+        # a drafter that cannot leave the prompts to its catch-up is always prefilled
+        draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(batch, live, refilled)
         model_end = np.maximum(lengths - 1, 0).astype(np.int32)
         draft_end = model_end if draft_now else np.zeros_like(model_end)
         prompts = np.zeros((self.data, n, longest), np.int32)
@@ -717,7 +703,7 @@ class SpecEngine:
         inflight = None
         finished_normally = False
         try:  # released in the finally: also when a stream is closed or dropped
-            self._k_history.clear()
+            self._policy.begin_run()
             self.stats.begin_run()
             while queue or any(shards) or inflight:
                 free = self.max_batch_size - sum(map(len, shards))
@@ -729,11 +715,12 @@ class SpecEngine:
                     self._prefilled = True
                 dispatched = None
                 live = [r for shard in shards for r in shard]
-                if live and not self._finish_in_flight(live, inflight):
+                if live and not self._policy.finishes_in_flight(live, inflight):
                     fullest = max(map(len, shards))
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
-                    k = self._choose_k(live, fullest, context, refilled=bool(queue))
-                    rounds = self._rounds(live, k, bool(queue), inflight, fullest, context)
+                    k = self._policy.choose_k(live, fullest, context, refilled=bool(queue))
+                    rounds = self._policy.rounds(live, k, bool(queue), inflight, fullest, context,
+                                                 self._prefilled)
                     b = bucket_for(fullest, self.batch_buckets)
                     self.state, out = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))
@@ -760,81 +747,3 @@ class SpecEngine:
                     self.state = self._freed_state()
             finally:  # the last thing: the next run finds the slots freed
                 self._run_lock.release()
-
-    def _finish_in_flight(self, live: list[Request], inflight) -> bool:
-        """Whether every live row is in the dispatch in flight and reaches its length limit
-        within it (each of its rounds emits at least one token a live row): a dispatch
-        behind it would run no round."""
-        if inflight is None:
-            return False
-        ran = {id(r) for r in inflight.snapshot if r is not None}
-        return all(id(r) in ran and self._budget(r) - len(r.tokens) <= inflight.rounds for r in live)
-
-    def _settled(self, batch: int, k: int, context: int) -> bool:
-        """Whether the controller is sure to choose K again until the batch changes
-        (`Controller.settled`). Under several processes only a K that follows the batch
-        size alone counts: their controllers keep their own state, and every process must
-        ask for the same rounds."""
-        if self.max_k == 0:
-            return True
-        if self.agreement is not None:
-            return getattr(self.controller, "mode", None) in ("none", "static", "schedule")
-        settled = getattr(self.controller, "settled", None)
-        return settled is not None and bool(settled(batch, k, context))
-
-    def _rounds(self, live: list[Request], k: int, queued: bool, inflight, batch: int,
-                context: int) -> int:
-        """Rounds of K the next dispatch runs. One right after a prefill (the dispatch's
-        wall time includes the prefill, so none of its rounds times a step for the
-        controller or the bench: let that be one round). Otherwise one, unless nothing can
-        change before the rounds are done: no request is queued (a finishing row would
-        free a slot for it), the controller's choice is stable, and no live row can reach
-        its length limit before the last round (counting what the dispatch still in flight
-        may emit). Rows stopping on a stop token end early on device all the same. The
-        controller still observes every round.
-
-        Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
-        size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
-        lone row may run past its limit (the dispatch ends with it). Any other choice is
-        stable once the last STABLE_DECISIONS were this K, and gets a say every
-        ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
-        interval in choices, so fewer, longer dispatches would probe less often (with lone
-        rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`;
-        counted in steps instead, probes cost B=16-64 6-7%: `probe_steps/`).
-        """
-        self._k_history.append(k)
-        fixed = self._settled(batch, k, context)
-        stable = fixed or (len(self._k_history) == STABLE_DECISIONS
-                           and all(x == k for x in self._k_history))
-        if queued or not stable or self._prefilled:
-            return 1
-        most = MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
-        if fixed and len(live) == 1:  # the dispatch ends when its one row does
-            return most
-        pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
-        room = min(self._budget(r) - len(r.tokens) for r in live) - pending
-        return int(np.clip(-(-room // (k + 1)), 1, most))
-
-    def _choose_k(self, live: list[Request], batch: int, context: int, refilled: bool) -> int:
-        """K for the next dispatch; `batch` is the fullest data shard's live count (the
-        whole batch without data parallelism), whose rows set the step's time."""
-        if self.max_k == 0:
-            return 0
-        if self.agreement is not None:  # every process must dispatch the same program
-            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
-        return self._controller_k(live, batch, context, refilled)
-
-    def _makespan_args(self, live: list[Request], refilled: bool) -> dict:
-        """The live requests' ids and remaining budgets for a makespan-objective controller
-        when nothing will take a finished row's slot (it aims at the last row); else none."""
-        if refilled or getattr(self.controller, "objective", None) != "makespan":
-            return {}
-        return {"request_ids": [r.request_id for r in live],
-                "remaining": [self._budget(r) - len(r.tokens) for r in live]}
-
-    def _controller_k(self, live: list[Request], batch: int, context: int, refilled: bool) -> int:
-        args = self._makespan_args(live, refilled) or {"request_ids": [r.request_id for r in live]}
-        k = int(self.controller.choose_k(batch, context_len=context, **args))
-        if not 0 <= k <= self.max_k:
-            raise ValueError(f"controller chose K={k}, outside 0..{self.max_k}")
-        return k

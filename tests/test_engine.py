@@ -542,14 +542,14 @@ def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
     and then gets a say every ADAPTIVE_ROUNDS; no dispatch is queued behind one in which
     every row finishes; the tokens are plain greedy's either way."""
     from dsd_jax.controller import Controller
-    from dsd_jax.engine import ADAPTIVE_ROUNDS, STABLE_DECISIONS as STABLE
+    from dsd_jax.dispatch import ADAPTIVE_ROUNDS, STABLE_DECISIONS as STABLE
     from dsd_jax.step import MAX_ROUNDS
     prompts, n = [[3, 1, 4, 1, 5], [2, 7]], 3 * MAX_ROUNDS // 2 + 2
     sp = SamplingParams(temperature=0.0, max_tokens=n)
 
     def asked(eng, rows):
-        log, real = [], eng._rounds
-        eng._rounds = lambda *a: log.append(real(*a)) or log[-1]
+        log, real = [], eng._policy.rounds
+        eng._policy.rounds = lambda *a: log.append(real(*a)) or log[-1]
         got = [o.token_ids for o in eng.generate(prompts[:rows], sp)]
         assert got == [greedy_reference(pair[0], p, n) for p in prompts[:rows]]
         return log
@@ -582,8 +582,8 @@ def test_rounds_behind_a_prefill_are_not_timed_as_steps(pair):
     ctl.times = []
     eng = make_engine(pair[0], None, controller=ctl, method="none", num_speculative_tokens=0,
                       max_batch_size=1, max_seq_len=64)
-    asked, rounds = eng._rounds, []
-    eng._rounds = lambda *a: rounds.append(asked(*a)) or rounds[-1]
+    asked, rounds = eng._policy.rounds, []
+    eng._policy.rounds = lambda *a: rounds.append(asked(*a)) or rounds[-1]
     eng.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=40))
     flags = [t["after_prefill"] for t in eng.stats.trace]
     assert [t is None for t in ctl.times] == flags
@@ -619,6 +619,7 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
     own state must not decide the rounds every process asks for."""
     from dsd_jax.config import DynamicConfig
     from dsd_jax.controller import Controller
+    from dsd_jax.dispatch import DispatchPolicy
     from dsd_jax.profile import Profile
     from dsd_jax.step import MAX_ROUNDS
     eng = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
@@ -627,13 +628,10 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
                       dynamic=DynamicConfig(profile=None, warmup_steps=0, objective="throughput"))
     eng.controller = Controller(spec, profile, max_batch_size=4)
     live = eng._make_requests(eng._check_call([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=40)))
-    assert eng.controller.settled(1, 0) and eng._rounds(live, 0, False, None, 1, 3) == MAX_ROUNDS
-    eng._k_history.clear()
-    eng.agreement = object()  # as under jax.distributed: the controllers need not agree
-    try:
-        assert eng._rounds(live, 0, False, None, 1, 3) == 1  # not settled: three equal choices first
-    finally:
-        eng.agreement = None
+    assert eng.controller.settled(1, 0) and eng._policy.rounds(live, 0, False, None, 1, 3, False) == MAX_ROUNDS
+    # as under jax.distributed (an `agreement`): the controllers need not agree
+    apart = DispatchPolicy(eng.controller, eng.max_k, object(), eng._budget)
+    assert apart.rounds(live, 0, False, None, 1, 3, False) == 1  # not settled: three equal choices first
 
 
 def test_engine_assigned_seeds_stay_off_the_seeds_users_pick():

@@ -95,8 +95,8 @@ def _gpu_kernel(d_ref, p_ref, n_ref, *rest, V, K, block_v, tiles_per_split, has_
         g = plgpu.load(n_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
         hit = cols == d
         if has_q:
-            q = plgpu.load(q_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
-            q = jnp.where(i < K, q, 0.0)          # the bonus row has no draft distribution
+            # the bonus row (i = K) has no draft distribution: its block (row K - 1) is not read
+            q = plgpu.load(q_ref.at[pl.ds(start, block_v)], mask=valid & (i < K), other=0.0)
         else:
             q = jnp.where(hit, 1.0, 0.0)
         r = jnp.maximum(p - q, 0.0)

@@ -44,7 +44,7 @@ from .timings import (
     attention_roofline, chained_calls, rejection_chain_step, rejection_roofline, time_attention,
     time_chain, time_kernels, time_rejection)
 from .compile import precompile, precompile_steps
-from .e2e import NEAR_TIE_ULPS, _divergence_gap, e2e_builtin, e2e_synthetic, end_to_end
+from .e2e import NEAR_TIE, _divergence_gap, top2_gap, e2e_builtin, e2e_synthetic, end_to_end
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
@@ -57,7 +57,7 @@ __all__ = [
     "VLLM_H100_SCHEDULE", "Settings", "device_info", "hardware_peaks", "attention_case", "cache_rows",
     "check_kernels", "query_positions", "rejection_case", "rejection_inputs", "attention_roofline",
     "chained_calls", "rejection_chain_step", "rejection_roofline", "time_attention", "time_chain",
-    "time_kernels", "time_rejection", "precompile", "precompile_steps", "NEAR_TIE_ULPS",
+    "time_kernels", "time_rejection", "precompile", "precompile_steps", "NEAR_TIE", "top2_gap",
     "_divergence_gap", "e2e_builtin", "e2e_synthetic", "end_to_end", "bucket_order",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
     "format_report", "write_results", "build_parser", "main", "run", "section_deadline"

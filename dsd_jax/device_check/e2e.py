@@ -78,12 +78,28 @@ def _mean_accepted(engine) -> float | None:
         return None
 
 
-NEAR_TIE_ULPS = 4  # a greedy divergence at a top-2 gap within this many bf16 ulps is a near-tie
+# A greedy divergence at a top-2 logit gap within this share of the top logit is a near-tie
+# two backends' rounding can swap: 4 ulps in bfloat16 (a long bf16 sum rounded differently);
+# 2^-13 (1024 ulps) in float32, where the backends differ only in summation order, amplified
+# over the layers (random weights make such near-ties common).
+NEAR_TIE = {"bfloat16": 4 * 2.0 ** -7, "float32": 2.0 ** -13}
+MANTISSA_BITS = {"bfloat16": 7, "float32": 23}
+
+
+def top2_gap(top1: float, top2: float, dtype: str) -> dict:
+    """The gap between the top two logits, in ulps of `dtype` at the top logit, and whether
+    rounding in `dtype` could swap them (`NEAR_TIE`)."""
+    gap = float(top1 - top2)
+    scale = 2.0 ** np.floor(np.log2(max(abs(top1), 1e-30)))  # the top logit's binade
+    return {"top2_gap": gap, "top1_logit": float(top1), "dtype": dtype,
+            "gap_in_ulps": round(gap / (scale * 2.0 ** -MANTISSA_BITS[dtype]), 2),
+            "near_tie": bool(gap <= NEAR_TIE[dtype] * scale)}
 
 
 def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
     """At the first greedy divergence, the target's top-2 logit gap (XLA, full forward): a
-    gap within bf16 rounding means a near-tie, not a kernel bug."""
+    gap within the rounding of the models' dtype (`NEAR_TIE`) means a near-tie, not a kernel
+    bug."""
     from flax import nnx
 
     from dsd_jax import models
@@ -101,12 +117,7 @@ def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
         return logits[0, -1]
 
     top = np.sort(np.asarray(last_logits(params, jnp.asarray(seq, jnp.int32)), np.float64))[-2:]
-    gap = float(top[1] - top[0])
-    # a bf16 ulp at the top logit's magnitude: two backends that round a long bf16 sum
-    # differently can swap two logits this close (random weights make such near-ties common)
-    ulp = 2.0 ** (np.floor(np.log2(max(abs(top[1]), 1e-30))) - 7)
-    return {"request": i, "position": div[i], "top2_gap": gap, "top1_logit": float(top[1]),
-            "gap_in_bf16_ulps": round(gap / ulp, 2), "near_tie": bool(gap <= NEAR_TIE_ULPS * ulp)}
+    return {"request": i, "position": div[i], **top2_gap(top[1], top[0], s.e2e_dtype)}
 
 
 def e2e_builtin(s: Settings) -> dict:
@@ -123,17 +134,23 @@ def e2e_builtin(s: Settings) -> dict:
 def e2e_synthetic(s: Settings) -> dict:
     from dsd_jax.models import synthetic
     t_name, d_name = s.e2e_pair
-    target = synthetic(t_name, dtype=s.dtype, seed=0)
-    draft = synthetic(d_name, dtype=s.dtype, seed=1)
+    target = synthetic(t_name, dtype=s.e2e_dtype, seed=0)
+    draft = synthetic(d_name, dtype=s.e2e_dtype, seed=1)
     prompts = _random_prompts(target.config.vocab_size, s.e2e_batch, s.e2e_prompt_len)
-    res = _generate_both(target, draft, prompts, s, ("xla", s.backend),
-                         s.e2e_prompt_len + s.e2e_max_tokens + 8)
-    div = (res.get("first_divergence") or {}).get(f"{s.backend}/greedy")
-    if div:
-        res["greedy_divergence_top2_gap"] = _guard(_divergence_gap, target, prompts, res, div, s)
+    # float32 at precision highest, as the built-in pair: identical tokens are then a fair
+    # demand (in bfloat16 the kernel and XLA round the softmax weights differently, and a
+    # random 8B has many near-ties); the timings and the profile are bfloat16
+    precision = "highest" if s.e2e_dtype == "float32" else jax.config.jax_default_matmul_precision
+    with jax.default_matmul_precision(precision):
+        res = _generate_both(target, draft, prompts, s, ("xla", s.backend),
+                             s.e2e_prompt_len + s.e2e_max_tokens + 8)
+        div = (res.get("first_divergence") or {}).get(f"{s.backend}/greedy")
+        if div:
+            res["greedy_divergence_top2_gap"] = _guard(_divergence_gap, target, prompts, res, div, s)
     del target, draft
     gc.collect()
-    return {"pair": f"{t_name} + {d_name} ({s.dtype}, random weights)", **res}
+    suffix = ", matmul precision highest" if s.e2e_dtype == "float32" else ""
+    return {"pair": f"{t_name} + {d_name} ({s.e2e_dtype}{suffix}, random weights)", **res}
 
 
 def end_to_end(s: Settings, deadline: float | None = None) -> dict:

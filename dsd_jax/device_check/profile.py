@@ -113,6 +113,10 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
                                    repeats=s.profile_repeats, warmup_reps=s.profile_warmup_reps,
                                    batch_sizes=ready or order, deadline=timing_end)
     prof.meta["synthetic"] = {"target": t_name, "draft": d_name, "dtype": s.dtype}
+    uncompiled = sorted(set(order) - set(ready)) if ready else []
+    if uncompiled:  # left out before the profile saw them: cut all the same
+        cut = prof.meta.setdefault("truncated", {})
+        cut["dropped_batch_sizes"] = sorted(set(cut.get("dropped_batch_sizes", [])) | set(uncompiled))
     path = None
     if out_dir:
         path = os.path.join(out_dir, "profile.json")

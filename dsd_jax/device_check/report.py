@@ -99,7 +99,7 @@ def format_report(results: dict) -> str:
                 lines.append(f"    first divergence per prompt: {r['first_divergence']}")
             gap = r.get("greedy_divergence_top2_gap")
             if gap:
-                verdict = ("" if "near_tie" not in gap else " -> a near-tie (bf16 rounding), not a kernel bug"
+                verdict = ("" if "near_tie" not in gap else " -> a near-tie (rounding), not a kernel bug"
                            if gap["near_tie"] else " -> NOT a near-tie: look for a kernel bug")
                 lines.append(f"    target's top-2 logit gap at the first greedy divergence: {gap}{verdict}")
         lines.append("")

@@ -83,6 +83,7 @@ class Settings:
     e2e_prompt_len: int = 32
     e2e_max_tokens: int = 32
     e2e_k: int = 3
+    e2e_dtype: str = "float32"  # the synthetic e2e pair (8B + 1B: 37 GB, fits an H100)
     profile_pair: tuple = ("llama-3.1-8b", "llama-3.2-1b")
     # the profile's batch buckets, in the order they are compiled and timed: a profile cut
     # by the time budget keeps the first (the ends of the range, then its middle)
@@ -107,7 +108,7 @@ class Settings:
             attn_points=((2, 3, 40),), attn_points_short=(), rej_points=((2, 2, False),),
             rej_points_short=(), timing_reps=2, chain=2, builtin=False,
             e2e_pair=("tiny-llama", "tiny-llama-draft"), e2e_batch=2, e2e_prompt_len=8,
-            e2e_max_tokens=6, e2e_k=1, profile_pair=("tiny-llama", "tiny-llama-draft"),
+            e2e_max_tokens=6, e2e_k=1, e2e_dtype="bfloat16", profile_pair=("tiny-llama", "tiny-llama-draft"),
             # the e2e XLA engine's shapes: its step program is the profile's (a compilation
             # cache, as the test suite has, compiles it once)
             profile_buckets=(2,), profile_contexts=(16,), profile_max_k=1, profile_max_seq_len=22,

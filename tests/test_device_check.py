@@ -23,6 +23,7 @@ def test_cpu_smoke_end_to_end(tmp_path):
     for row in res["timings"]["attention"] + res["timings"]["rejection"]:
         assert row["xla"]["us"] > 0 and row["interpret"]["us"] > 0, row
     assert res["timings"]["attention"][0]["kernel"]["us"] > 0
+    assert res["timings"]["chain_overhead_us"] > 0  # a trivial call's share, beside the kernels
     e2e = res["e2e"]
     assert e2e["tokens_identical"] is True, e2e
     assert e2e["synthetic"]["interpret"]["kernel_backends"] == {"attention": "interpret",
@@ -36,7 +37,7 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert loaded.meta["acceptance_given"] == list(dc.VLLM_ACCEPTANCE)  # the whole published curve
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
-                    "## ITL(B, K) profile", "vLLM PR, profiled on an H100"):
+                    "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain"):
         assert heading in report
 
 

@@ -49,6 +49,10 @@ def format_report(results: dict) -> str:
                         "no floor: HBM bandwidth of this device unknown)"))
         lines.append("  attention: kernel = verify_attention alone; xla and " + be + " = the engine's "
                      "attend_and_write (scatter + attention); frac = floor / time")
+        over = t.get("chain_overhead_us")
+        if isinstance(over, (int, float)):
+            lines.append(f"  a trivial call in such a chain takes {over:.2f} us (dispatch share and launch): "
+                         "part of every time below, most of the smallest")
         lines.append(f"  attention  model          B   T     L | kernel us  GB/s  frac | {be} us  frac | "
                      f"xla us  frac | floor us | xla/{be}")
         for r in t.get("attention", []):

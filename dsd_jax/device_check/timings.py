@@ -165,9 +165,17 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
     return out
 
 
+def chain_overhead_us(s: Settings) -> float:
+    """Microseconds per call of a chain of trivial calls (one tiny op on one element): what a
+    timed call costs beyond its kernel's work, its share of the dispatch included. At B = 1-8
+    the kernels take a few microseconds, so this is beside their times in the report."""
+    return 1e6 * time_chain(lambda x: x + 1.0, jnp.zeros((1,), jnp.float32), (), s.timing_reps, s.chain)
+
+
 def time_kernels(s: Settings, deadline: float | None = None) -> dict:
     info = device_info()
     bw = info.get("hbm_bytes_per_s")
+    overhead = _guard(chain_overhead_us, s)
     attn, rej = [], []
     for i, (model, shape) in enumerate(s.timing_models.items()):
         # gc after each point: its arrays (KV caches, 10 copies of p/q/g) go with its frame
@@ -180,4 +188,4 @@ def time_kernels(s: Settings, deadline: float | None = None) -> dict:
                         **_unless_expired(deadline, time_rejection, model, shape, point, s, bw)})
             gc.collect()
     return {"backend": s.backend, "dtype": s.dtype, "hbm_bytes_per_s": bw, "chain": s.chain,
-            "reps": s.timing_reps, "attention": attn, "rejection": rej}
+            "reps": s.timing_reps, "chain_overhead_us": overhead, "attention": attn, "rejection": rej}

@@ -268,6 +268,18 @@ def test_too_many_eos_tokens_are_named(rollout):
     assert all(EOS not in t.tolist() for t in out.tokens)
 
 
+@pytest.mark.parametrize("field, value, match", [
+    ("eos_tokens", [2, 500], r"rollout_config.eos_tokens holds 500, not a token id of the policy's vocabulary"),
+    ("eos_tokens", [-1], r"rollout_config.eos_tokens holds -1"),
+    ("max_tokens_to_generate", 0, r"rollout_config.max_tokens_to_generate must be an integer >= 1, got 0"),
+])
+def test_bad_rollout_config_values_are_named(rollout, field, value, match):
+    """They failed with the engine's messages ("request 0: stop_token_ids has 500", "max_tokens
+    must be >= 1"), naming fields a Tunix user never set and a grouped run's index."""
+    with pytest.raises(ValueError, match=match):
+        rollout.generate(PROMPTS, config(**{field: value}))
+
+
 def test_an_eagle3_head_is_a_draft_as_is(policy, rollout):
     """draft= an EAGLE-3 head: not taken for a Tunix module; the default method is "eagle3",
     and greedy output equals the suffix rollout's (both lossless)."""

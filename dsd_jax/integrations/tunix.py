@@ -32,6 +32,8 @@ they do for Tunix's own sampler.
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -260,6 +262,18 @@ class SpecRollout(base_rollout.BaseRollout):
         bos = self._tokenizer.bos_id()
         return [int(t) for t in self._tokenizer.dedup_bos_ids(([bos] if bos else []) + ids)]
 
+    def _check_config(self, cfg) -> None:
+        """The RolloutConfig fields the engine reads, checked under their own names (the
+        engine's messages would name its fields, and a grouped run's index for a prompt's)."""
+        budget = cfg.max_tokens_to_generate
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
+            raise ValueError(f"rollout_config.max_tokens_to_generate must be an integer >= 1, got {budget!r}")
+        vocab = self.engine.target_config.vocab_size
+        for t in cfg.eos_tokens or ():
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab:
+                raise ValueError(f"rollout_config.eos_tokens holds {t!r}, not a token id of the policy's "
+                                 f"vocabulary [0, {vocab})")
+
     def _sampling(self, cfg, n: int, seed: int | None) -> SamplingParams:
         stop = tuple(cfg.eos_tokens) if cfg.eos_tokens else (self.eos_id(),)
         if len(set(stop)) > MAX_STOP_IDS:  # the engine's message would name stop_token_ids
@@ -278,6 +292,7 @@ class SpecRollout(base_rollout.BaseRollout):
         if not prompts:
             raise ValueError("no prompts to generate from")
         cfg = rollout_config
+        self._check_config(cfg)
         ids = [self._tokenize(p) for p in prompts]
         longest = max(len(p) for p in ids)
         width = cfg.max_prompt_length

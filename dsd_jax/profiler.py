@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, check_nonincreasing
@@ -147,6 +148,10 @@ def model_fingerprint(model_or_config_params) -> str:
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     h = hashlib.sha256()
     for path, leaf in sorted(leaves, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            # a weight split over processes ("model" across them): every process calls this
+            # in the same order (the engine's construction), so the gather is collective
+            leaf = multihost_utils.process_allgather(leaf, tiled=True)
         arr = np.asarray(jax.device_get(leaf))
         h.update(jax.tree_util.keystr(path).encode())
         h.update(f"|{arr.dtype.name}|{arr.shape}|".encode())

@@ -71,6 +71,8 @@ for name, m in (("local_mesh", make_mesh(1, 2, devices=jax.local_devices())), ("
     e = engine(m)
     results[name] = {"agreement": e.agreement is not None,
                      "tokens": [o.token_ids for o in e.generate(mine, GREEDY)]}
+# weights split over the processes ("model" across them): fingerprinting gathers them
+results["fingerprints_model_across"] = engine(make_mesh(1, 4)).fingerprints()
 try:  # a mesh over the first two devices holds none of process 1's
     engine(make_mesh(1, 2))
     results["foreign_mesh"] = None

@@ -453,3 +453,31 @@ def test_output_checks_come_before_the_run(tmp_path):
                         configs=["vanilla", "dynamic", "eagle3-dynamic"]))
     with pytest.raises(ArgumentError, match="--target"):  # past the checks
         bench.main(args(json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png")))
+
+
+def test_controllers_are_sized_per_data_shard_and_profiles_checked_against_the_mesh(tiny_pair):
+    """On a DxM mesh (D > 1) the engine's buckets count one data shard's slots: the bench built
+    its controllers for every slot and each configuration failed ("largest batch bucket 32 <
+    max_batch_size 64"), after compiling everything. A profile measured on another mesh is
+    reported as the engine reports it (the bench used it silently)."""
+    import types
+    import warnings
+
+    from conftest import make_engine
+    from dsd_jax.bench import profiles
+    from dsd_jax.bench.runner import Runner
+    from dsd_jax.profile import Profile, ProfileMismatchWarning
+    runner = Runner.__new__(Runner)  # its engines' shapes are all `controller` reads
+    shard = types.SimpleNamespace(max_batch_size=4, slots_per_shard=2, batch_buckets=(1, 2), max_k=2)
+    prof = Profile("cpu", [1, 2], [0, 1, 2], [[1.0, 1.1, 1.2], [1.2, 1.3, 1.4]], [0.8, 0.6],
+                   method="draft_model", meta={"engine": {"mesh": {"data": 2, "model": 1}}})
+    runner.by_method, runner.profiles, runner.profile_paths, runner._dynamic = (
+        {"draft_model": shard}, {"draft_model": prof}, {}, {})
+    assert runner.controller("static-2").max_batch_size == 2
+    assert runner.controller("dynamic").max_batch_size == 2
+    engine = make_engine(*tiny_pair, num_speculative_tokens=2)  # one device: {"data": 1, "model": 1}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiles._check(engine, prof, None, lambda line: None)
+    assert any(issubclass(w.category, ProfileMismatchWarning) and "measured on mesh" in str(w.message)
+               for w in caught)

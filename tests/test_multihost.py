@@ -39,6 +39,13 @@ def test_tokens_equal_one_device(processes, single_device, strategy):
         assert r[strategy]["tokens"] == single_device[strategy]
 
 
+def test_fingerprints_of_weights_split_over_processes_equal_one_devices(processes):
+    """A 1x4 mesh puts "model" across the processes: no process can fetch a whole weight, and
+    fingerprinting (the profile check at construction, `profile_engine`) raised."""
+    for r in processes:
+        assert r["fingerprints_model_across"] == engine().fingerprints()
+
+
 def test_an_engine_on_its_own_processs_devices_runs_alone(processes, single_device):
     """No mesh, or a mesh of this process's devices: no agreement, so the processes run
     different requests without waiting on each other (each waited 120 s, then failed); a

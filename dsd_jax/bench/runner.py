@@ -129,13 +129,15 @@ class Runner:
         return n
 
     def controller(self, config: str):
+        """The configuration's controller (None: vanilla's engine runs without one). Sized per
+        data shard, as the engine builds its own: the batch buckets count a shard's slots."""
         kind, k = parse_config(config)
         if kind == "vanilla":
             return None
         method = method_of(config)
         engine = self.by_method[method]
         if kind == "static":
-            return Controller(SpecConfig(method=method, num_speculative_tokens=k), None, engine.max_batch_size,
+            return Controller(SpecConfig(method=method, num_speculative_tokens=k), None, engine.slots_per_shard,
                               batch_buckets=engine.batch_buckets)
         if self.profiles.get(method) is None:
             raise RuntimeError(f"the {config} configuration needs a profile of the {method} engine")
@@ -143,7 +145,7 @@ class Runner:
             spec = SpecConfig(method=method, num_speculative_tokens=engine.max_k,
                               dynamic=DynamicConfig(profile=self.profile_paths.get(method),
                                                     objective=DYNAMIC_OBJECTIVES[base_name(config)]))
-            self._dynamic[config] = Controller(spec, self.profiles[method], engine.max_batch_size,
+            self._dynamic[config] = Controller(spec, self.profiles[method], engine.slots_per_shard,
                                                batch_buckets=engine.batch_buckets)
         return self._dynamic[config]
 

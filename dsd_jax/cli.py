@@ -694,6 +694,11 @@ def _add_bench(sub) -> None:
     b.add_argument("--eagle3-max-batch", type=positive_int, metavar="N",
                    help="run the eagle3 configurations only at batch sizes <= N")
     b.add_argument("--repeats", type=positive_int, help="repeats per point")
+    b.add_argument("--rows-per-point", type=positive_int, metavar="N",
+                   help="prompts per batch-size point, run as ceil(N/B) groups of B (default 8; --quick 4). "
+                        "The intervals resample the groups, so a point of one group has none; resolving 5%% "
+                        "at B=1 needs about 16 groups, by the spread of the committed benches (repeats "
+                        "do not replace them)"),
     b.add_argument("--max-tokens", type=positive_int, help="tokens per request of the batch-size sweep (the "
                    "rollout draws its own heavy-tailed lengths)")
     b.add_argument("--compilation-cache-dir", metavar="DIR",

@@ -481,3 +481,17 @@ def test_controllers_are_sized_per_data_shard_and_profiles_checked_against_the_m
         profiles._check(engine, prof, None, lambda line: None)
     assert any(issubclass(w.category, ProfileMismatchWarning) and "measured on mesh" in str(w.message)
                for w in caught)
+
+
+def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
+    """The intervals resample prompt groups as independent draws: `--rows-per-point` past the
+    prompts given is refused rather than cycled into repeated groups (a point of one group
+    may cycle: it has no interval), and the CLI fetches the prompts it takes, the profile's
+    apart."""
+    from dsd_jax.bench.commands import _prompts_needed
+    from dsd_jax.bench.workloads import check_distinct_groups
+    check_distinct_groups([1, 4, 64], 16, 16)  # 16 groups of 1, 4 of 4, one of 64 (cycled)
+    with pytest.raises(ValueError, match=r"rows_per_point 16 at batch size 1 takes 16 prompt groups of 1, "
+                                         r"16 distinct prompts, but 12 were given"):
+        check_distinct_groups([1], 16, 12)
+    assert _prompts_needed(False, [1, 2], 96) == 96 + 16 and _prompts_needed(False, [1, 2]) == 64 + 16

@@ -21,10 +21,12 @@ def _builtin_prompts(n: int) -> list[str]:
     return heldout_prompts(n)
 
 
-def _prompts_needed(quick: bool, batch_sizes) -> int:
-    """Held-out prompts for the sweep's largest batch or the rollout, and the profile's own."""
+def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None) -> int:
+    """Held-out prompts for the sweep's largest batch, its prompt groups or the rollout, and
+    the profile's own."""
     d = mode(quick)
-    return max(max(int_list("batch_sizes", batch_sizes)), d["rollout_requests"]) + d["profile_prompts"]
+    return (max(max(int_list("batch_sizes", batch_sizes)), d["rollout_requests"], rows_per_point or 0)
+            + d["profile_prompts"])
 
 
 def default_configs(quick: bool, method: str = "draft_model") -> list[str]:
@@ -129,8 +131,10 @@ def main(args) -> int:
                              or "float32") if "eagle3" in methods_of(configs) else None)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
-    rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes)),
+    rows_per_point = getattr(args, "rows_per_point", None)
+    rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point)),
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
+                     rows_per_point=rows_per_point,
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
                      profile_out=outputs[PROFILE_OUT], eagle3=head, eagle3_profile=eagle3_profile,
                      eagle3_profile_out=outputs[EAGLE3_PROFILE_OUT],

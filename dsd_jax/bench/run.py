@@ -11,7 +11,7 @@ from dsd_jax.bench import profiles
 from dsd_jax.bench.pairs import add_intervals
 from dsd_jax.bench.runner import Runner, add_speedups, point_row, run_interleaved
 from dsd_jax.bench.settings import Settings, has_dynamic, methods_of, resolve
-from dsd_jax.bench.workloads import rollout, rollout_meta, sweep, warmup_requests
+from dsd_jax.bench.workloads import check_distinct_groups, rollout, rollout_meta, sweep, warmup_requests
 from dsd_jax.loading import encode_prompts
 
 
@@ -77,6 +77,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     round_up = lambda n: -(-n // data) * data  # noqa: E731  (slots split evenly over data shards)
     buckets = s.batch_buckets if data == 1 else None
     ids = encode_prompts(prompts, tokenizer, target.config.vocab_size)
+    if "sweep" in s.workloads:
+        check_distinct_groups(s.batch_sizes, s.rows_per_point, len(ids))
     log(_banner(s))
     runner = Runner(target, draft, tokenizer, configs=s.configs, max_batch_size=round_up(s.max_batch),
                     max_seq_len=s.max_seq_len, max_k={m: s.method_max_k(m) for m in methods_of(s.configs)},

@@ -55,6 +55,18 @@ def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int) -> list
     return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
 
 
+def check_distinct_groups(batch_sizes, rows_per_point: int, n_prompts: int) -> None:
+    """Refuses sweep points whose prompt groups would repeat prompts: the intervals resample
+    the groups as independent draws, and a repeated prompt makes them too narrow. (A point of
+    one group may cycle: it has no interval.)"""
+    for b in batch_sizes:
+        n = -(-rows_per_point // b)
+        if n > 1 and n * b > n_prompts:
+            raise ValueError(f"rows_per_point {rows_per_point} at batch size {b} takes {n} prompt groups of "
+                             f"{b}, {n * b} distinct prompts, but {n_prompts} were given: groups that "
+                             "repeat prompts would make the intervals too narrow")
+
+
 def sweep(s: Settings, ids: list[list[int]]) -> list[Point]:
     prompts = [p[:s.prompt_len] for p in ids]
     greedy = SamplingParams(temperature=0.0, max_tokens=s.max_tokens)
@@ -90,7 +102,8 @@ def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
 
 
 def profile_prompts(s: Settings, ids: list[list[int]], n: int) -> list[list[int]]:
-    """n acceptance prompts for profiling, disjoint from the sweep's first prompts where
-    there are enough."""
-    start = s.max_batch if len(ids) >= s.max_batch + n else 0
+    """n acceptance prompts for profiling, disjoint from the sweep's and the rollout's
+    prompts where there are enough."""
+    used = max(s.max_batch, s.rows_per_point)
+    start = used if len(ids) >= used + n else 0
     return [ids[(start + i) % len(ids)][:s.prompt_len] for i in range(n)]

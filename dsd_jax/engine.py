@@ -684,14 +684,19 @@ class SpecEngine:
                     del r.tokens[-1], r.logprobs[-1], r.raw_logprobs[-1]
                 r.finish_time = times[j_end]
                 finished.append(r)
-                forget = getattr(self.controller, "forget_request", None)
-                if forget:
-                    forget(r.request_id)
+                self._forget([r])
             # the event carries what the output keeps (after a dropped stop token), so the
             # stream's tokens join to `generate`'s; a finishing row always gets one (progress)
             if len(r.tokens) > before or j_end < R:
                 events.append((r, r.tokens[before:]))
         return events, finished
+
+    def _forget(self, requests: list[Request]) -> None:
+        """The controller's per-request state of `requests` is dropped (finished or abandoned)."""
+        forget = getattr(self.controller, "forget_request", None)
+        if forget:
+            for r in requests:
+                forget(r.request_id)
 
     def _run(self, requests: list[Request]):
         # Every run packs its requests from slot 0 of the one device state: a second run
@@ -743,7 +748,9 @@ class SpecEngine:
                     end()
                 if not finished_normally:
                     # an error or an abandoned stream: free every slot so no stale request
-                    # keeps decoding in the next run
+                    # keeps decoding in the next run, and drop the controller's rows of the
+                    # unfinished requests (their ids never come back: kept, they piled up)
                     self.state = self._freed_state()
+                    self._forget([r for r in requests if r.finish_reason is None])
             finally:  # the last thing: the next run finds the slots freed
                 self._run_lock.release()

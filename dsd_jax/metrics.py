@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 
@@ -110,6 +111,12 @@ class EngineStats:
         }
 
     def save_trace(self, path: str | os.PathLike) -> None:
-        """Writes the per-step trace as JSON (atomically: a failed write keeps an old file)."""
+        """Writes the per-step trace as JSON (atomically: a failed write keeps an old file).
+        It holds the newest `TRACE_LIMIT` steps; when more ran, a warning says how many are
+        not in the file (each entry's "step" says where it starts)."""
         from dsd_jax.loading import atomic_write
+        dropped = self.steps - len(self.trace)
+        if dropped > 0:
+            warnings.warn(f"the trace keeps the newest {TRACE_LIMIT} steps: the {dropped} steps before "
+                          f"them are not in {os.fspath(path)}", stacklevel=2)
         atomic_write(path, lambda f: json.dump(list(self.trace), f))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -127,8 +128,16 @@ def atomic_write(path: str | os.PathLike, write: Callable, mode: str = "w") -> N
     """Calls ``write(f)`` on a temporary file beside `path`, then renames it over `path`: a
     failed write (a full disk) leaves an earlier file there whole, and no half-written one.
     (Here, below the model layer, so that the savers need not import the CLI's modules;
-    `dsd_jax.loading` re-exports it.)"""
-    path = os.fspath(path)
+    `dsd_jax.loading` re-exports it.)
+
+    A symbolic link's target is written (the link stays), and a path that is not a regular
+    file (a device such as /dev/null or /dev/stdout, a FIFO) is written through: a rename
+    would have replaced the link, or the device itself, with a plain file."""
+    path = os.path.realpath(os.fspath(path))
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            write(f)
+        return
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:

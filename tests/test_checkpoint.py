@@ -337,3 +337,28 @@ def test_builtin_pair_ships_checksums():
     from dsd_jax.models.builtin import BUILTIN_DIR
     for name in ("target", "draft"):
         assert (BUILTIN_DIR / name / "checksums.json").is_file()
+
+
+def test_atomic_write_writes_through_links_and_devices(tmp_path):
+    """`atomic_write` renames a temporary file over its path: given a symlink it replaced the
+    link (its target never got the output), and given a device or FIFO (`--out /dev/null`
+    with --overwrite, as root) it replaced the device with a plain file. Both are written
+    through now; a regular file is still replaced whole."""
+    import os
+    import stat
+    import threading
+
+    from dsd_jax.models.layout import atomic_write
+    target, link = tmp_path / "target.jsonl", tmp_path / "link.jsonl"
+    target.write_text("old")
+    link.symlink_to(target)
+    atomic_write(link, lambda f: f.write("new"))
+    assert link.is_symlink() and target.read_text() == "new"
+    fifo, got = tmp_path / "fifo", []
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
+    reader.start()
+    atomic_write(fifo, lambda f: f.write("through"))
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and got == ["through"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.jsonl", "target.jsonl"]

@@ -867,7 +867,8 @@ def test_the_step_trace_keeps_the_newest_steps_only(monkeypatch, tmp_path):
         stats.record_step(1, 2, np.array([1, 0]), 3, float(i))
     assert stats.steps == 12 and stats.tokens == 36
     assert [t["step"] for t in stats.trace] == [8, 9, 10, 11, 12]
-    stats.save_trace(tmp_path / "trace.json")
+    with pytest.warns(UserWarning, match=r"the trace keeps the newest 5 steps: the 7 steps before them are not in"):
+        stats.save_trace(tmp_path / "trace.json")  # (it had dropped them silently)
     assert [t["step"] for t in json.loads((tmp_path / "trace.json").read_text())] == [8, 9, 10, 11, 12]
 
 
@@ -901,3 +902,23 @@ def test_the_controller_hears_when_a_run_ends(engine):
     next(stream)
     stream.close()
     assert rec.ended == 2
+
+
+def test_an_abandoned_stream_leaves_no_per_request_state_in_the_controller(pair):
+    """A finished request's rows are dropped from the controller (`forget_request`); the
+    unfinished requests of a stream closed early, or of a run that raised, kept theirs for
+    good (their ids never come back: 16 rows after one such stream, 480 after 30)."""
+    from dsd_jax import DynamicConfig
+    from dsd_jax.controller import Controller
+    from dsd_jax.profile import Profile
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=2, dynamic=DynamicConfig(warmup_steps=0))
+    prof = Profile("cpu", [1, 2, 4], [0, 1, 2], [[5.0, 5.5, 6.0], [5.5, 6.0, 7.0], [6.0, 7.0, 8.0]], [0.7, 0.5])
+    eng = make_engine(*pair, controller=Controller(spec, prof, max_batch_size=4), method="draft_model",
+                      num_speculative_tokens=2, max_seq_len=32)
+    assert eng.controller.objective == "makespan"  # it tracks the live requests' rows
+    for _ in range(3):
+        s = eng.stream([[1, 2, 3]] * 6, SamplingParams(temperature=0.0, max_tokens=8))
+        next(s)
+        assert eng.controller._requests.row_of  # the live requests' rows
+        s.close()
+    assert eng.controller._requests.row_of == {}

@@ -42,6 +42,7 @@ from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import SlotInit, StepOptions, unpack_rounds
 
+
 class _Dispatch(NamedTuple):
     """A step program call whose outputs have not been read back yet."""
 
@@ -535,8 +536,8 @@ class SpecEngine:
         return out
 
     def _admit(self, new: list[Request], batch: int, live: list[Request], refilled: bool) -> None:
-        """Prefills target (and draft, when the dispatch policy says so) for new requests in chunks, then
-        marks them live; `batch` is the fullest shard's live count after admission, `live`
+        """Prefills target (and draft, when the dispatch policy says so) for new requests in
+        chunks, then marks them live; `batch` is the fullest shard's live count after admission, `live`
         every live request (the new ones included), `refilled` whether requests are queued.
 
         A group's completions (`SamplingParams.n`) on one shard share one prefill: the

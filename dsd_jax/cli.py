@@ -14,7 +14,7 @@ shell). Every bad argument is a `SystemExit` whose message names the flag; what 
 library finds wrong with an input (`dsd_jax.loading.ArgumentError`: a missing directory,
 a bad prompt file) `main` turns into the same exit. No command writes an output over one of its
 inputs (or into a model directory or the compilation cache) or over another output, or replaces
-an existing file without `--overwrite` (`demo` rewrites its own --out-dir); all of that, and
+an existing file without `--overwrite` (`demo`: the files it writes in --out-dir); all of that, and
 that each output's directory takes files, is checked before any model is loaded, and an
 output is written to a temporary file renamed over it, so a failed write loses no earlier
 result. The commands parse flags and call into
@@ -715,6 +715,7 @@ def _add_demo(sub) -> None:
                        description="Run the end-to-end demo: the built-in draft model and EAGLE-3 head "
                                    "side by side against plain decoding.")
     d.add_argument("--out-dir", default="./dsd_jax_demo", metavar="DIR", help="default ./dsd_jax_demo")
+    _add_overwrite_flag(d, "--out-dir (bench.json, bench.png, eagle3_profile.json, profile.json)")
     mode = d.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="quick", action="store_true", default=True,
                       help="small, fast run (default)")

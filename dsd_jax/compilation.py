@@ -33,7 +33,11 @@ def enable_persistent_cache(directory: str) -> None:
     import os
     if not isinstance(directory, (str, os.PathLike)) or not str(directory):
         raise ValueError(f"compilation cache directory must be a path, got {directory!r}")
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:  # a parent that is a file, a place no directory can be made (/proc)
+        raise ValueError(f"cannot make the compilation cache directory {os.fspath(directory)!r}: "
+                         f"{e.strerror or e}") from e
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -151,8 +151,23 @@ def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=()) -> None:
 
 
 def output_dir(flag: str, path: str) -> str:
+    """A directory the run writes into, made if missing: refused up front (before any model
+    loads) where it is not a directory, or where it cannot be made: its nearest existing
+    ancestor must be a directory in which a file can be made."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ArgumentError(flag, f"{path!r} exists and is not a directory")
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):  # "/" exists: the loop ends
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ArgumentError(flag, f"cannot make the directory {path!r}: {ancestor!r} is not a directory")
+    try:  # a file made and removed: os.access says yes to root on a directory that refuses files (/proc)
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as e:
+        what = "write in" if ancestor == os.path.abspath(path) else "make the directory"
+        raise ArgumentError(flag, f"cannot {what} {path!r}: no file can be made in {ancestor!r} "
+                            f"({e.strerror or e})") from e
     return path
 
 

@@ -660,3 +660,82 @@ def test_settings_that_would_be_ignored_are_refused(files, profile_path, tmp_pat
               "--method", "eagle3"])
     assert m.startswith("dsd-jax bench: error: --method: picks the default configurations; --configs "
                         "names them"), m
+
+
+def _stub_demo(monkeypatch, shipped):
+    """bench.commands.demo with its models, prompts, benchmark and report stubbed: returns
+    {name: call count}; the file handling is the real demo's."""
+    import dsd_jax.bench.commands as C
+    calls = {"load": 0}
+
+    def load(*a, **k):
+        calls["load"] += 1
+        return None, None, None
+    monkeypatch.setattr(models, "builtin", load)
+    monkeypatch.setattr(models, "load_eagle3", load)
+    monkeypatch.setattr(C, "shipped_profile", lambda quick: shipped)
+    monkeypatch.setattr(C, "_builtin_prompts", lambda n: [f"p{i}" for i in range(n)])
+    monkeypatch.setattr(C, "run_bench", lambda *a, **k: [])
+    monkeypatch.setattr(C, "write_json", lambda rows, path: open(path, "w").write("new bench\n"))
+    monkeypatch.setattr(C, "write_plot", lambda rows, path, title=None: open(path, "w").write("new plot\n"))
+    monkeypatch.setattr(C, "format_table", lambda rows: "(table)")
+    monkeypatch.setattr(C, "summarize", lambda rows: {"lossless": True})
+    return calls
+
+
+def test_demo_refuses_to_replace_its_outputs(monkeypatch, tmp_path, capsys):
+    """`dsd-jax demo --out-dir DIR` replaced an earlier DIR/bench.json (as `dsd-jax bench
+    --json bench.json` leaves), bench.png and the profiles without --overwrite or a word. The
+    files it would write are refused before any model loads; --overwrite replaces them."""
+    calls = _stub_demo(monkeypatch, shipped="shipped.json")  # quick: the shipped profile, no profile.json
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "bench.json").write_text("earlier bench\n")
+    (out / "eagle3_profile.json").write_text("earlier profile\n")
+    (out / "profile.json").write_text("not written by a run with the shipped profile\n")
+    m = _err(["demo", "--out-dir", str(out)])
+    assert m.startswith("dsd-jax demo: error: --out-dir: ") and "--overwrite" in m, m
+    assert str(out / "bench.json") in m and str(out / "eagle3_profile.json") in m and "profile.json'" not in \
+        m.replace("eagle3_profile.json'", ""), m
+    assert calls["load"] == 0 and (out / "bench.json").read_text() == "earlier bench\n"
+    assert cli.main(["demo", "--out-dir", str(out), "--overwrite"]) == 0
+    assert calls["load"] == 2 and (out / "bench.json").read_text() == "new bench\n"
+    # --full measures its own profile: an earlier profile.json is named too
+    calls = _stub_demo(monkeypatch, shipped=None)
+    (out / "bench.json").unlink()
+    (out / "bench.png").unlink()
+    m = _err(["demo", "--full", "--out-dir", str(out)])
+    assert str(out / "profile.json") in m and "bench.json" not in m and calls["load"] == 0, m
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "--overwrite" in capsys.readouterr().out
+
+
+def test_directories_that_cannot_be_made_are_refused_before_models_load(monkeypatch, files, tmp_path):
+    """--compilation-cache-dir (and demo --out-dir) under a file, or where no directory can be
+    made (/proc), ended in a raw traceback, for generate after the models loaded."""
+    from dsd_jax import loading
+    from dsd_jax.compilation import enable_persistent_cache
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(loading, "load_models", no_loading)
+    monkeypatch.setattr(models, "builtin", no_loading)
+    under_file = f"{files.txt}/cache"
+    gen = ["generate", "--prompts", files.jsonl, "--speculative-config", '{"method": "none"}']
+    places = [under_file] + (["/proc/dsd_xla_cache"] if os.path.isdir("/proc") else [])
+    for place in places:
+        for argv, flag in ((gen + ["--compilation-cache-dir", place], "--compilation-cache-dir"),
+                           (["profile", "--compilation-cache-dir", place], "--compilation-cache-dir"),
+                           (["bench", "--compilation-cache-dir", place], "--compilation-cache-dir"),
+                           (["demo", "--out-dir", f"{place}/demo"], "--out-dir")):
+            m = _err(argv)
+            assert m.startswith(f"dsd-jax {argv[0]}: error: {flag}: cannot make the directory "), m
+            assert ("is not a directory" in m) if place == under_file else ("no file can be made in" in m), m
+    m = _err(["demo", "--out-dir", files.txt])
+    assert "--out-dir" in m and "exists and is not a directory" in m
+    assert loading.output_dir("--out-dir", str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+    assert not (tmp_path / "a").exists()  # checked, not made
+    with pytest.raises(ValueError, match="cannot make the compilation cache directory"):
+        enable_persistent_cache(under_file)

@@ -198,12 +198,29 @@ def _complete(runner, prompt: str) -> None:
     print(flush=True)
 
 
+def _check_demo_outputs(paths, overwrite: bool) -> None:
+    """Before any model is loaded: the files the demo writes in --out-dir (None: not written
+    this run) must not exist unless `overwrite`, as every command's outputs (an earlier
+    `dsd-jax bench --json bench.json` or `dsd-jax profile` there is not lost)."""
+    there = [str(p) for p in paths if p is not None and os.path.lexists(p)]
+    if there and not overwrite:
+        names = ", ".join(repr(p) for p in there)
+        raise ArgumentError("--out-dir", f"{names} exist{'s' * (len(there) == 1)}; pass --overwrite to "
+                            "replace " + ("it" if len(there) == 1 else "them") + ", or give another --out-dir")
+
+
 def demo(args) -> int:
     """`dsd-jax demo`: complete a held-out prompt with the built-in pair and the built-in
     EAGLE-3 head, then `bench --quick` over both."""
     t_start = time.perf_counter()
     quick = bool(getattr(args, "quick", True))
     out_dir = Path(getattr(args, "out_dir", None) or "dsd_jax_demo")
+    shipped = shipped_profile(quick)
+    profile_out = None if shipped else out_dir / "profile.json"
+    json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
+    e3_profile_out = out_dir / "eagle3_profile.json"
+    _check_demo_outputs([json_path, plot_path, e3_profile_out, profile_out],
+                        bool(getattr(args, "overwrite", False)))
     out_dir.mkdir(parents=True, exist_ok=True)
     from dsd_jax.models import builtin, load_eagle3
     print("loading the built-in model pair and EAGLE-3 head ...", flush=True)
@@ -211,15 +228,12 @@ def demo(args) -> int:
     head = load_eagle3("builtin")
     prompts = _builtin_prompts(max(_prompts_needed(quick, mode(quick)["batch_sizes"]), DEMO_PROMPT_INDEX) + 1)
     demo_prompt = prompts.pop(DEMO_PROMPT_INDEX)  # not among the benchmark's prompts
-    shipped = shipped_profile(quick)
-    profile_out = None if shipped else out_dir / "profile.json"
     e3 = DEMO_EAGLE3[quick]
     rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=shipped, profile_out=profile_out,
                      configs=list(mode(quick)["configs"]) + list(e3["configs"]), eagle3=head,
-                     eagle3_profile_out=out_dir / "eagle3_profile.json", eagle3_max_batch=e3["max_batch"],
+                     eagle3_profile_out=e3_profile_out, eagle3_max_batch=e3["max_batch"],
                      eagle3_max_k=e3["max_k"], runner_hook=lambda runner: _complete(runner, demo_prompt),
                      compilation_cache_dir=str(out_dir / "xla_cache"), log=lambda s: print(s, flush=True))
-    json_path, plot_path = out_dir / "bench.json", out_dir / "bench.png"
     write_json(rows, json_path)
     write_plot(rows, plot_path, title="dsd-jax demo: built-in pair and EAGLE-3 head, "
                + ("quick" if quick else "full") + " bench")
@@ -227,6 +241,6 @@ def demo(args) -> int:
     print(format_table(rows))
     print(f"\nwrote {json_path} and {plot_path}"
           + (f"; profile {profile_out}" if profile_out else f"; used the shipped profile {shipped}")
-          + f"; EAGLE-3 profile {out_dir / 'eagle3_profile.json'}")
+          + f"; EAGLE-3 profile {e3_profile_out}")
     print(f"demo finished in {time.perf_counter() - t_start:.0f} s")
     return 0 if summarize(rows)["lossless"] else 1

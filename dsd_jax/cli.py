@@ -156,10 +156,12 @@ def _spec_of_flags(cmd: str, args, has_draft: bool):
             _fail(cmd, "--draft", "the default speculative method 'draft_model' needs a draft model: pass "
                   "--draft/--hf-draft, or --speculative-config '{\"method\": \"ngram\"}' (or \"none\")")
         return SpecConfig()
-    src = args.speculative_config
     if _spec_file(args):
-        loading.existing_file("--speculative-config", src)
-    raw = _spec_json(src)
+        loading.existing_file("--speculative-config", args.speculative_config)
+    value, error = _spec_value(args)
+    if error is not None:
+        _fail(cmd, "--speculative-config", error)
+    raw = value if isinstance(value, dict) else None
     merge = method is not None and raw is not None and raw.get("method") is None
     if merge:  # a config that names no method takes --method's ("draft_model" is only the default)
         try:
@@ -167,7 +169,7 @@ def _spec_of_flags(cmd: str, args, has_draft: bool):
         except ValueError as e:
             _fail(cmd, "--method", str(e))
     try:
-        spec = SpecConfig.from_dict({**raw, "method": method}) if merge else SpecConfig.from_json(src)
+        spec = SpecConfig.from_dict({**raw, "method": method}) if merge else SpecConfig.from_dict(value)
     except ValueError as e:
         _fail(cmd, "--speculative-config", str(e))
     if method is not None and method != spec.method:
@@ -183,17 +185,43 @@ def _spec_file(args) -> str | None:
     return src if src is not None and not src.lstrip().startswith("{") else None
 
 
-def _spec_json(src: str | None) -> dict | None:
-    """The speculative config's JSON object as given (None: none given, or not a readable JSON
-    object; `SpecConfig.from_json` then says why)."""
+def _spec_value(args) -> tuple[Any, str | None]:
+    """(the speculative config's JSON value, None), or (None, why it cannot be read); (None,
+    None) when none is given or its file is missing (`loading.existing_file` says so). A file
+    is read once and kept on `args`: a pipe (/dev/stdin, <(...)) gives its text only once."""
     from dsd_jax.config import read_json_config
+    src = args.speculative_config
     if src is None:
-        return None
-    try:
-        d = read_json_config(src)
-    except ValueError:
-        return None
-    return d if isinstance(d, dict) else None
+        return None, None
+    kept = getattr(args, "_speculative_config_read", None)
+    if kept is not None and kept[0] == src:
+        return kept[1]
+    if _spec_file(args) is None:  # JSON text
+        try:
+            result = (read_json_config(src), None)
+        except ValueError as e:
+            result = (None, str(e))
+    elif not os.path.exists(src) or os.path.isdir(src):
+        return None, None
+    else:
+        where = f"file {src!r}"
+        try:
+            with open(src, encoding="utf-8") as f:
+                text = f.read()
+            result = (json.loads(text), None)
+        except (OSError, UnicodeDecodeError) as e:
+            result = (None, f"cannot read speculative config {where}: {e}")
+        except (json.JSONDecodeError, RecursionError) as e:
+            result = (None, f"invalid JSON in speculative config {where}: {e}")
+    args._speculative_config_read = (src, result)
+    return result
+
+
+def _spec_json(args) -> dict | None:
+    """The speculative config's JSON object as given (None: none given, or not a readable JSON
+    object; `_spec_of_flags` then says why)."""
+    value = _spec_value(args)[0]
+    return value if isinstance(value, dict) else None
 
 
 def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
@@ -208,7 +236,7 @@ def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
     cache = args.compilation_cache_dir
     if cache:
         loading.output_dir("--compilation-cache-dir", cache)
-    head = (_spec_json(args.speculative_config) or {}).get("model")
+    head = (_spec_json(args) or {}).get("model")
     common = [("--speculative-config", _spec_file(args)),
               ("--speculative-config's model", head if isinstance(head, str) and head != "builtin" else None)]
     loading.check_outputs(outputs, list(inputs) + common + loading.model_inputs(args), overwrite=args.overwrite,
@@ -473,8 +501,30 @@ def _write_records(args, raw_prompts, prompts, outs) -> None:
     if args.out:
         _write_file("--out", args.out, write)
     else:
+        _write_stdout(write)
+
+
+class _Utf8Lines:
+    """Text written to a binary stream as UTF-8, whatever the locale's encoding."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def write(self, text: str) -> None:
+        self.raw.write(text.encode("utf-8"))
+
+
+def _write_stdout(write) -> None:
+    """`write(f)` to stdout in UTF-8 whatever the locale (records hold any text: ensure_ascii
+    is off), through sys.stdout.buffer; a stdout without one (a test's capture) takes text."""
+    raw = getattr(sys.stdout, "buffer", None)
+    if raw is None:
         write(sys.stdout)
         sys.stdout.flush()
+        return
+    sys.stdout.flush()  # whatever the text layer holds goes first
+    write(_Utf8Lines(raw))
+    raw.flush()
 
 
 def _write_file(flag: str, path: str, write) -> None:
@@ -502,7 +552,7 @@ def cmd_generate(args) -> int:
     from dsd_jax import DynamicConfig
     from dsd_jax.profile import Profile
     outputs = [("--out", args.out), ("--stats", args.stats), ("--trace", args.trace)]
-    dyn = (_spec_json(args.speculative_config) or {}).get("dynamic")
+    dyn = (_spec_json(args) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
     _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts),
                                         ("--profile", args.profile),

@@ -44,7 +44,13 @@ def _existing(flag: str, path: str, what: str, is_kind) -> str:
 
 
 def existing_file(flag: str, path: str) -> str:
-    return _existing(flag, path, "file", os.path.isfile)
+    """An input `path` that exists and is not a directory: a regular file, or a pipe (a FIFO,
+    /dev/stdin, a shell's <(...)) that the caller reads once."""
+    if not os.path.exists(path):
+        raise ArgumentError(flag, f"no such file: {path!r}")
+    if os.path.isdir(path):
+        raise ArgumentError(flag, f"{path!r} is a directory, not a file")
+    return path
 
 
 def existing_dir(flag: str, path: str) -> str:
@@ -322,7 +328,13 @@ def _read_text(flag: str, path: str | None) -> tuple[str, str]:
     if path is None or path == "-":
         if path is None and sys.stdin.isatty():
             raise ArgumentError(flag, "no prompts: pass --prompts FILE or pipe prompts on stdin")
-        return sys.stdin.read().removeprefix("\ufeff"), "stdin"
+        raw = getattr(sys.stdin, "buffer", None)
+        if raw is None:  # a text stream that replaced sys.stdin (tests): already decoded
+            return sys.stdin.read().removeprefix("\ufeff"), "stdin"
+        try:  # UTF-8 whatever the locale, as a file is read; -sig: a BOM is not text
+            return raw.read().decode("utf-8-sig"), "stdin"
+        except (OSError, UnicodeDecodeError) as e:
+            raise ArgumentError(flag, f"cannot read stdin: {e}") from e
     existing_file(flag, path)
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a BOM (Windows editors) is not text

@@ -712,6 +712,67 @@ def test_demo_refuses_to_replace_its_outputs(monkeypatch, tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().out
 
 
+def _pipe(text: str) -> str:
+    """A path naming a pipe that holds `text` (as a shell's <(...) gives), read end only."""
+    r, w = os.pipe()
+    os.write(w, text.encode())
+    os.close(w)
+    return f"/dev/fd/{r}"
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="needs /dev/fd")
+def test_prompts_and_speculative_config_may_be_pipes(files, compile_cache, tmp_path, capsys):
+    """--prompts <(...), /dev/stdin or a FIFO, and --speculative-config <(...), were refused
+    as "not a file" (os.path.isfile); they are read, once (a pipe gives its text once)."""
+    prompts = _pipe("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in PROMPT_IDS))
+    spec = _pipe('{"method": "none"}')
+    try:
+        rc = cli.main(["generate", "--target", files.target, "--speculative-config", spec, *ENGINE_FLAGS,
+                       "--prompts", prompts, "--temperature", "0", "--max-tokens", "2",
+                       "--compilation-cache-dir", compile_cache])
+    finally:
+        for p in (prompts, spec):
+            os.close(int(p.rsplit("/", 1)[1]))
+    assert rc == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt_token_ids"] for r in recs] == PROMPT_IDS
+    m = _err(["generate", "--target", files.target, "--prompts", str(tmp_path)])
+    assert "--prompts" in m and "is a directory" in m, m
+    m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--speculative-config",
+              str(tmp_path)])
+    assert "--speculative-config" in m and "is a directory" in m, m
+
+
+def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
+    """Prompts on stdin were decoded, and records written to stdout encoded, with the locale's
+    encoding: bytes that are not UTF-8 read as another text (or a UnicodeDecodeError
+    traceback), and a completion outside a latin-1 locale failed the write after the run."""
+    import io
+    from dsd_jax import loading
+
+    def stdin(data: bytes):  # a latin-1 locale's stdin
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="latin-1"))
+    stdin(b"\xef\xbb\xbfx = \xe2\x86\x92\n")
+    assert loading.read_prompts("--prompts", "-") == [{"prompt": "x = \u2192"}]
+    stdin(b"caf\xe9 au lait\n")
+    with pytest.raises(loading.ArgumentError, match=r"cannot read stdin: 'utf-8' codec can't decode"):
+        loading.read_prompts("--prompts", "-")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("w1\n"))  # a stdin without .buffer
+    assert loading.read_prompts("--prompts", "-") == [{"prompt": "w1"}]
+
+    out = types.SimpleNamespace(text="\u2192 done", token_ids=[1], finish_reason="length")
+    args = types.SimpleNamespace(out=None, logprobs=False)
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
+    cli._write_records(args, [{"prompt": "x = \u2192"}], [[1, 2]], [out])
+    rec = json.loads(raw.getvalue().decode("utf-8"))
+    assert rec["prompt"] == "x = \u2192" and rec["text"] == "\u2192 done"
+    text = io.StringIO()  # a stdout without .buffer (a test's capture) takes text
+    monkeypatch.setattr(sys, "stdout", text)
+    cli._write_records(args, [{"prompt": "x"}], [[1, 2]], [out])
+    assert json.loads(text.getvalue())["text"] == "\u2192 done"
+
+
 def test_directories_that_cannot_be_made_are_refused_before_models_load(monkeypatch, files, tmp_path):
     """--compilation-cache-dir (and demo --out-dir) under a file, or where no directory can be
     made (/proc), ended in a raw traceback, for generate after the models loaded."""

@@ -782,6 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE (13): main's status when the reader of stdout left
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -792,6 +795,18 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except loading.ArgumentError as e:  # a bad input found by the library, named by its flag
         _fail(args.command, e.flag, e.message)
+    except BrokenPipeError:
+        # The reader of stdout left (`dsd-jax generate ... | head -1`): no traceback. Python's
+        # recipe (docs: "Note on SIGPIPE"): point stdout at devnull, so that the flush at exit
+        # does not fail again, and exit 141 = 128 + SIGPIPE, the status a shell reports for a
+        # command that SIGPIPE ended (as `yes | head -1` leaves `yes`).
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (a test's capture)
+            pass
+        return BROKEN_PIPE_STATUS
 
 
 if __name__ == "__main__":

@@ -800,3 +800,25 @@ def test_directories_that_cannot_be_made_are_refused_before_models_load(monkeypa
     assert not (tmp_path / "a").exists()  # checked, not made
     with pytest.raises(ValueError, match="cannot make the compilation cache directory"):
         enable_persistent_cache(under_file)
+
+
+def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
+    """`dsd-jax generate ... | head -1` ended in a BrokenPipeError traceback: main returns 141
+    (128 + SIGPIPE) and points stdout at devnull, so the flush at exit does not fail again."""
+    r, w = os.pipe()
+    os.close(r)  # the reader left
+    broken = open(w, "w", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", broken)
+    out = types.SimpleNamespace(text="t", token_ids=[1], finish_reason="length")
+
+    def generate(args):
+        cli._write_records(types.SimpleNamespace(out=None, logprobs=False), [{"prompt": "p"}] * 3,
+                           [[1]] * 3, [out] * 3)
+        return 0
+    monkeypatch.setattr(cli, "cmd_generate", generate)
+    try:
+        assert cli.main(["generate"]) == cli.BROKEN_PIPE_STATUS == 141
+        broken.write("more\n")
+        broken.flush()  # devnull now: no second BrokenPipeError
+    finally:
+        broken.close()

@@ -488,20 +488,53 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         _fail(cmd, None, f"invalid sampling flags: {e}")
 
 
-def _write_records(args, raw_prompts, prompts, outs) -> None:
-    """One JSON object per request to --out (default stdout)."""
-    def write(f):
-        for raw, ids, o in zip(raw_prompts, prompts, outs):
-            rec: dict[str, Any] = {"prompt": raw.get("prompt"), "prompt_token_ids": ids, "text": o.text,
-                                   "token_ids": o.token_ids, "finish_reason": o.finish_reason}
-            if args.logprobs:
-                rec["logprobs"] = o.logprobs
-                rec["raw_logprobs"] = o.raw_logprobs
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    if args.out:
-        _write_file("--out", args.out, write)
-    else:
-        _write_stdout(write)
+PARTIAL = ".partial"  # --out's records while the run goes on: renamed to --out at the end
+
+
+class _InOrder:
+    """`generate(on_output=)` writing one JSON line per request in prompt order as they
+    finish: a request finishing early waits for those before it; each line is flushed, so a
+    run that stops midway has written every record before the first unfinished one."""
+
+    def __init__(self, args, raw_prompts, prompts, f):
+        self.args, self.raw_prompts, self.prompts, self.f = args, raw_prompts, prompts, f
+        self.next, self.waiting = 0, {}
+
+    def __call__(self, i: int, out) -> None:
+        self.waiting[i] = out
+        while self.next in self.waiting:
+            self.f.write(self.line(self.next, self.waiting.pop(self.next)))
+            self.f.flush()
+            self.next += 1
+
+    def line(self, i: int, o) -> str:
+        rec: dict[str, Any] = {"prompt": self.raw_prompts[i].get("prompt"), "prompt_token_ids": self.prompts[i],
+                               "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+        if self.args.logprobs:
+            rec["logprobs"] = o.logprobs
+            rec["raw_logprobs"] = o.raw_logprobs
+        return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
+def _generate_records(args, engine, raw_prompts, prompts, sampling) -> None:
+    """Generates, writing the records as they finish: to stdout, to a device or FIFO --out
+    directly, else to --out + PARTIAL, renamed to --out once every record is there (a run
+    that fails or is killed leaves the earlier --out whole and the finished records in the
+    partial file, never a half-written --out)."""
+    if not args.out:
+        _run_generate(args, engine, prompts, sampling, _InOrder(args, raw_prompts, prompts, _stdout_lines()))
+        return
+    path = os.path.realpath(args.out)
+    through = os.path.exists(path) and not os.path.isfile(path)  # /dev/stdout, a FIFO
+    partial = path if through else path + PARTIAL
+    with loading.writing("--out", args.out):
+        f = open(partial, "w", encoding="utf-8")
+    with f:
+        with loading.writing("--out", args.out):  # a full disk: named, and the records so far kept
+            _run_generate(args, engine, prompts, sampling, _InOrder(args, raw_prompts, prompts, f))
+    if not through:
+        with loading.writing("--out", args.out):
+            os.replace(partial, path)
 
 
 class _Utf8Lines:
@@ -513,18 +546,16 @@ class _Utf8Lines:
     def write(self, text: str) -> None:
         self.raw.write(text.encode("utf-8"))
 
+    def flush(self) -> None:
+        self.raw.flush()
 
-def _write_stdout(write) -> None:
-    """`write(f)` to stdout in UTF-8 whatever the locale (records hold any text: ensure_ascii
+
+def _stdout_lines():
+    """Stdout for records, in UTF-8 whatever the locale (records hold any text: ensure_ascii
     is off), through sys.stdout.buffer; a stdout without one (a test's capture) takes text."""
     raw = getattr(sys.stdout, "buffer", None)
-    if raw is None:
-        write(sys.stdout)
-        sys.stdout.flush()
-        return
     sys.stdout.flush()  # whatever the text layer holds goes first
-    write(_Utf8Lines(raw))
-    raw.flush()
+    return sys.stdout if raw is None else _Utf8Lines(raw)
 
 
 def _write_file(flag: str, path: str, write) -> None:
@@ -532,7 +563,7 @@ def _write_file(flag: str, path: str, write) -> None:
         loading.atomic_write(path, write)
 
 
-def _run_generate(args, engine, prompts, sampling):
+def _run_generate(args, engine, prompts, sampling, on_output):
     if args.warmup:
         bar = _progress_bar(args, None, "compile", "program")
         engine.warmup(lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n)))
@@ -540,7 +571,7 @@ def _run_generate(args, engine, prompts, sampling):
     bar = _progress_bar(args, len(prompts), "generate", "req")
     try:
         return engine.generate(prompts, sampling, return_logprobs=args.logprobs,
-                               progress=lambda n: bar.update(n - bar.n))
+                               progress=lambda n: bar.update(n - bar.n), on_output=on_output)
     except ValueError as e:
         _fail("generate", None, str(e))
     finally:
@@ -551,7 +582,8 @@ def cmd_generate(args) -> int:
     cmd = "generate"
     from dsd_jax import DynamicConfig
     from dsd_jax.profile import Profile
-    outputs = [("--out", args.out), ("--stats", args.stats), ("--trace", args.trace)]
+    outputs = [("--out", args.out), ("--out", args.out and args.out + PARTIAL),  # (written as it goes)
+               ("--stats", args.stats), ("--trace", args.trace)]
     dyn = (_spec_json(args) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
     _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts),
@@ -600,8 +632,7 @@ def cmd_generate(args) -> int:
 
     sampling = _sampling(cmd, args, tokenizer, len(prompts), target.config.vocab_size)
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec, profile=profile)
-    outs = _run_generate(args, engine, prompts, sampling)
-    _write_records(args, raw_prompts, prompts, outs)
+    _generate_records(args, engine, raw_prompts, prompts, sampling)
     if args.stats:
         text = json.dumps(engine.metrics(), indent=1, default=float) + "\n"
         _write_file("--stats", args.stats, lambda f: f.write(text))
@@ -704,7 +735,9 @@ def _add_generate(sub) -> None:
                    help="one prompt per line, or JSONL with {\"prompt\": ...} / {\"prompt_token_ids\": [...]}; "
                         "default or '-': stdin")
     _add_prompt_format_flag(g)
-    g.add_argument("--out", metavar="FILE", help="JSONL output (default stdout)")
+    g.add_argument("--out", metavar="FILE", help="JSONL output (default stdout), one record per prompt in "
+                   "prompt order, written as they finish to FILE.partial and renamed to FILE at the end: "
+                   "an interrupted run leaves FILE as it was and its finished records in FILE.partial")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     g.add_argument("--top-k", type=nonneg_int, default=0, help="0 = off (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")

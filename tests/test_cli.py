@@ -764,12 +764,12 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     args = types.SimpleNamespace(out=None, logprobs=False)
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
-    cli._write_records(args, [{"prompt": "x = \u2192"}], [[1, 2]], [out])
+    cli._InOrder(args, [{"prompt": "x = \u2192"}], [[1, 2]], cli._stdout_lines())(0, out)
     rec = json.loads(raw.getvalue().decode("utf-8"))
     assert rec["prompt"] == "x = \u2192" and rec["text"] == "\u2192 done"
     text = io.StringIO()  # a stdout without .buffer (a test's capture) takes text
     monkeypatch.setattr(sys, "stdout", text)
-    cli._write_records(args, [{"prompt": "x"}], [[1, 2]], [out])
+    cli._InOrder(args, [{"prompt": "x"}], [[1, 2]], cli._stdout_lines())(0, out)
     assert json.loads(text.getvalue())["text"] == "\u2192 done"
 
 
@@ -812,8 +812,10 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
     out = types.SimpleNamespace(text="t", token_ids=[1], finish_reason="length")
 
     def generate(args):
-        cli._write_records(types.SimpleNamespace(out=None, logprobs=False), [{"prompt": "p"}] * 3,
-                           [[1]] * 3, [out] * 3)
+        write = cli._InOrder(types.SimpleNamespace(out=None, logprobs=False), [{"prompt": "p"}] * 3,
+                             [[1]] * 3, cli._stdout_lines())
+        for i in range(3):
+            write(i, out)
         return 0
     monkeypatch.setattr(cli, "cmd_generate", generate)
     try:
@@ -822,3 +824,38 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
         broken.flush()  # devnull now: no second BrokenPipeError
     finally:
         broken.close()
+
+
+def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_killed(tmp_path):
+    """`generate --out` held every completion and wrote the file after the last prompt: a run
+    killed after hours kept nothing. Records now go out in prompt order as they finish (an
+    early finisher waits for those before it), to FILE.partial, renamed to FILE at the end;
+    a run that stops leaves FILE as it was and the finished prefix in FILE.partial."""
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier\n")
+    done = lambda i: types.SimpleNamespace(text=f"t{i}", token_ids=[i], finish_reason="length")  # noqa: E731
+
+    class Engine:  # finishes requests 2, 0, 1 (then, if `dies`, fails before 3)
+        dies = False
+
+        def generate(self, prompts, sampling, return_logprobs, progress, on_output):
+            for i in (2, 0, 1):
+                on_output(i, done(i))
+                # 2 waits for 0 and 1; 0 goes out at once; 1 takes 2 with it
+                assert (tmp_path / "out.jsonl.partial").read_text().count("\n") == {2: 0, 0: 1, 1: 3}[i]
+            if self.dies:
+                raise KeyboardInterrupt
+            on_output(3, done(3))
+            return [done(i) for i in range(4)]
+    args = types.SimpleNamespace(out=str(out), logprobs=False, warmup=False, no_progress=True)
+    raw, ids = [{"prompt": f"p{i}"} for i in range(4)], [[i] for i in range(4)]
+    Engine.dies = True
+    with pytest.raises(KeyboardInterrupt):
+        cli._generate_records(args, Engine(), raw, ids, None)
+    assert out.read_text() == "earlier\n"
+    assert [json.loads(x)["text"] for x in (tmp_path / "out.jsonl.partial").read_text().splitlines()] == [
+        "t0", "t1", "t2"]
+    Engine.dies = False
+    cli._generate_records(args, Engine(), raw, ids, None)
+    assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == ["t0", "t1", "t2", "t3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]

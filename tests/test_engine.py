@@ -922,3 +922,14 @@ def test_an_abandoned_stream_leaves_no_per_request_state_in_the_controller(pair)
         assert eng.controller._requests.row_of  # the live requests' rows
         s.close()
     assert eng.controller._requests.row_of == {}
+
+
+def test_on_output_hands_each_request_over_as_it_finishes(engine):
+    """`generate(on_output=)`: every request once, with its index in the returned list and an
+    output equal to the one returned (a batch script keeps what is done before it returns)."""
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11, 12]]  # more than the 4 slots
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in (9, 2, 5, 7, 3)]
+    seen = []
+    outs = engine.generate(prompts, params, return_logprobs=True, on_output=lambda i, o: seen.append((i, o)))
+    assert sorted(i for i, _ in seen) == list(range(5)) and [i for i, _ in seen] != list(range(5))
+    assert all(o == outs[i] for i, o in seen)

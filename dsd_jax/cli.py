@@ -529,9 +529,15 @@ def _generate_records(args, engine, raw_prompts, prompts, sampling) -> None:
     partial = path if through else path + PARTIAL
     with loading.writing("--out", args.out):
         f = open(partial, "w", encoding="utf-8")
-    with f:
-        with loading.writing("--out", args.out):  # a full disk: named, and the records so far kept
-            _run_generate(args, engine, prompts, sampling, _InOrder(args, raw_prompts, prompts, f))
+    write = _InOrder(args, raw_prompts, prompts, f)
+    try:
+        with f, loading.writing("--out", args.out):  # a full disk: named, and the records so far kept
+            _run_generate(args, engine, prompts, sampling, write)
+    except BaseException:
+        if not through:
+            print(f"dsd-jax generate: the run stopped; its first {write.next} records are in {partial}",
+                  file=sys.stderr)
+        raise
     if not through:
         with loading.writing("--out", args.out):
             os.replace(partial, path)

@@ -57,6 +57,17 @@ def existing_dir(flag: str, path: str) -> str:
     return _existing(flag, path, "directory", os.path.isdir)
 
 
+def _cannot_make_files(directory: str) -> OSError | None:
+    """Why no file can be made in `directory`, or None: a file is made and removed there
+    (os.access says yes to root on a directory that refuses files, /proc)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        return e
+    return None
+
+
 def output_file(flag: str, path: str) -> str:
     # "dir/" (or "") would pass the checks below while dir does not exist yet, and the write
     # would fail only once the whole run is done
@@ -67,10 +78,8 @@ def output_file(flag: str, path: str) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArgumentError(flag, f"the directory of {path!r} does not exist ({parent!r})")
-    try:  # a file made and removed: os.access says yes to root on a directory that refuses files (/proc)
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as e:
+    e = _cannot_make_files(parent)
+    if e is not None:
         raise ArgumentError(flag, f"cannot write a file in the directory of {path!r} ({parent!r}): "
                             f"{e.strerror or e}") from e
     return path
@@ -167,10 +176,8 @@ def output_dir(flag: str, path: str) -> str:
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
         raise ArgumentError(flag, f"cannot make the directory {path!r}: {ancestor!r} is not a directory")
-    try:  # a file made and removed: os.access says yes to root on a directory that refuses files (/proc)
-        with tempfile.TemporaryFile(dir=ancestor):
-            pass
-    except OSError as e:
+    e = _cannot_make_files(ancestor)
+    if e is not None:
         what = "write in" if ancestor == os.path.abspath(path) else "make the directory"
         raise ArgumentError(flag, f"cannot {what} {path!r}: no file can be made in {ancestor!r} "
                             f"({e.strerror or e})") from e

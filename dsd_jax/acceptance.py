@@ -273,12 +273,14 @@ class RequestAcceptance:
         self.row_of[rid] = r
         return r
 
-    def forget(self, rid: Hashable) -> None:
-        """Drop a finished request (no-op if unknown), after it informs the spread; its
-        row is reused."""
+    def forget(self, rid: Hashable, finished: bool = True) -> None:
+        """Drop a request (no-op if unknown); its row is reused. A finished one first informs
+        the spread; an unfinished one (its run abandoned) does not: it would have aged the
+        spread learnt from finished requests, or added a truncated curve to it."""
         r = self.row_of.pop(rid, None)
         if r is not None:
-            self._learn_spread(r)
+            if finished:
+                self._learn_spread(r)
             self._free.append(r)
 
     def _learn_spread(self, r: int) -> None:

@@ -25,6 +25,7 @@ this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -496,15 +497,17 @@ class _InOrder:
     finish: a request finishing early waits for those before it; each line is flushed, so a
     run that stops midway has written every record before the first unfinished one."""
 
-    def __init__(self, args, raw_prompts, prompts, f):
+    def __init__(self, args, raw_prompts, prompts, f, out: str | None = None):
         self.args, self.raw_prompts, self.prompts, self.f = args, raw_prompts, prompts, f
+        self.out = out  # --out (a failed write names it); None: stdout, whose errors pass as they are
         self.next, self.waiting = 0, {}
 
     def __call__(self, i: int, out) -> None:
         self.waiting[i] = out
         while self.next in self.waiting:
-            self.f.write(self.line(self.next, self.waiting.pop(self.next)))
-            self.f.flush()
+            with loading.writing("--out", self.out) if self.out else contextlib.nullcontext():
+                self.f.write(self.line(self.next, self.waiting.pop(self.next)))
+                self.f.flush()
             self.next += 1
 
     def line(self, i: int, o) -> str:
@@ -524,23 +527,31 @@ def _generate_records(args, engine, raw_prompts, prompts, sampling) -> None:
     if not args.out:
         _run_generate(args, engine, prompts, sampling, _InOrder(args, raw_prompts, prompts, _stdout_lines()))
         return
-    path = os.path.realpath(args.out)
-    through = os.path.exists(path) and not os.path.isfile(path)  # /dev/stdout, a FIFO
-    partial = path if through else path + PARTIAL
-    with loading.writing("--out", args.out):
-        f = open(partial, "w", encoding="utf-8")
-    write = _InOrder(args, raw_prompts, prompts, f)
+    partial = _partial_path(args.out)
+    with loading.writing("--out", args.out):  # /dev/stdout, a FIFO: appended to in place
+        f = open(partial or args.out, "w" if partial else "a", encoding="utf-8")
+    write = _InOrder(args, raw_prompts, prompts, f, args.out)
     try:
-        with f, loading.writing("--out", args.out):  # a full disk: named, and the records so far kept
+        with f:
             _run_generate(args, engine, prompts, sampling, write)
     except BaseException:
-        if not through:
+        if partial and write.next == 0:
+            os.remove(partial)  # nothing finished: nothing to keep
+        elif partial:
             print(f"dsd-jax generate: the run stopped; its first {write.next} records are in {partial}",
                   file=sys.stderr)
         raise
-    if not through:
+    if partial:
         with loading.writing("--out", args.out):
-            os.replace(partial, path)
+            os.replace(partial, os.path.realpath(args.out))
+
+
+def _partial_path(out: str | None) -> str | None:
+    """Where `generate --out` keeps its records until the run ends (beside the file a symlink
+    names), or None: no --out, or one written in place (`layout.writes_through`)."""
+    if not out or loading.writes_through(out):
+        return None
+    return os.path.realpath(out) + PARTIAL
 
 
 class _Utf8Lines:
@@ -588,7 +599,7 @@ def cmd_generate(args) -> int:
     cmd = "generate"
     from dsd_jax import DynamicConfig
     from dsd_jax.profile import Profile
-    outputs = [("--out", args.out), ("--out", args.out and args.out + PARTIAL),  # (written as it goes)
+    outputs = [("--out", args.out), ("--out", _partial_path(args.out)),  # (written as it goes)
                ("--stats", args.stats), ("--trace", args.trace)]
     dyn = (_spec_json(args) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None

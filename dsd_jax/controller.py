@@ -495,9 +495,11 @@ class Controller:
 
     # ------------------------------------------------------------------ per-request state
 
-    def forget_request(self, rid: Hashable) -> None:
-        """Drop a finished request's per-request acceptance (no-op if unknown)."""
-        self._requests.forget(rid)
+    def forget_request(self, rid: Hashable, finished: bool = True) -> None:
+        """Drop a request's per-request acceptance (no-op if unknown); only a finished one
+        informs the spread between requests (the engine passes finished=False for the
+        unfinished requests of an abandoned or failed run)."""
+        self._requests.forget(rid, finished)
 
     def request_acceptance(self, rid: Hashable) -> np.ndarray | None:
         """A request's own acceptance estimate (per_request mode or the makespan

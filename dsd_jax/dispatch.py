@@ -39,7 +39,7 @@ class DispatchPolicy:
     def __init__(self, controller, max_k: int, agreement, budget: Callable[[Request], int]):
         self.controller = controller
         self._max_k = max_k
-        self._agreement = agreement
+        self.agreement = agreement
         self._budget = budget
         self._history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
 
@@ -59,7 +59,7 @@ class DispatchPolicy:
         requests as its next choice will see them; the static or scheduled K; unknown
         controllers: yes). Several processes always prefill: their controllers need not
         agree, and every process must run the same program on the same inputs."""
-        if self._agreement is not None:
+        if self.agreement is not None:
             return True
         ctl = self.controller
         mode = getattr(ctl, "mode", None)
@@ -84,8 +84,8 @@ class DispatchPolicy:
         whole batch without data parallelism), whose rows set the step's time."""
         if self._max_k == 0:
             return 0
-        if self._agreement is not None:  # every process must dispatch the same program
-            return self._agreement.k(lambda: self._controller_k(live, batch, context, refilled))
+        if self.agreement is not None:  # every process must dispatch the same program
+            return self.agreement.k(lambda: self._controller_k(live, batch, context, refilled))
         return self._controller_k(live, batch, context, refilled)
 
     def rounds(self, live: list[Request], k: int, queued: bool, inflight: Any, batch: int,
@@ -127,7 +127,7 @@ class DispatchPolicy:
         ask for the same rounds."""
         if self._max_k == 0:
             return True
-        if self._agreement is not None:
+        if self.agreement is not None:
             return getattr(self.controller, "mode", None) in ("none", "static", "schedule")
         settled = getattr(self.controller, "settled", None)
         return settled is not None and bool(settled(batch, k, context))

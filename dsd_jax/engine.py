@@ -185,9 +185,9 @@ class SpecEngine:
                 for problem in fit:
                     warnings.warn(f"{problem}; re-profile this engine (`dsd-jax profile`)",
                                   ProfileMismatchWarning, stacklevel=2)
-        # None unless the mesh spans several processes (`jax.distributed`)
-        self.agreement = multihost.agreement(multihost_strategy, self.placement.mesh)
-        self._policy = DispatchPolicy(controller, self.max_k, self.agreement, self._budget)
+        # agreement: None unless the mesh spans several processes (`jax.distributed`)
+        self._policy = DispatchPolicy(controller, self.max_k,
+                                      multihost.agreement(multihost_strategy, self.placement.mesh), self._budget)
         self.stats = EngineStats(self.max_k)
         self._prefilled = False
         self._seed = seed
@@ -207,6 +207,12 @@ class SpecEngine:
     @controller.setter
     def controller(self, controller) -> None:
         self._policy.controller = controller
+
+    @property
+    def agreement(self):
+        """How the processes under `jax.distributed` agree on K (`dsd_jax.multihost`), or None
+        on one process; fixed when the engine is built."""
+        return self._policy.agreement
 
     # ---- weights ------------------------------------------------------------------------
     def set_params(self, target=None, draft=None, *, copy: bool = True) -> None:
@@ -699,12 +705,15 @@ class SpecEngine:
                 events.append((r, r.tokens[before:]))
         return events, finished
 
-    def _forget(self, requests: list[Request]) -> None:
-        """The controller's per-request state of `requests` is dropped (finished or abandoned)."""
+    def _forget(self, requests: list[Request], finished: bool = True) -> None:
+        """The controller's per-request state of `requests` is dropped: finished, or (not
+        `finished`) abandoned, which the library's controller does not learn from (another
+        controller's `forget_request` is called with the id alone)."""
         forget = getattr(self.controller, "forget_request", None)
         if forget:
+            kw = {} if finished or not isinstance(self.controller, Controller) else {"finished": False}
             for r in requests:
-                forget(r.request_id)
+                forget(r.request_id, **kw)
 
     def _run(self, requests: list[Request]):
         # Every run packs its requests from slot 0 of the one device state: a second run
@@ -759,6 +768,6 @@ class SpecEngine:
                     # keeps decoding in the next run, and drop the controller's rows of the
                     # unfinished requests (their ids never come back: kept, they piled up)
                     self.state = self._freed_state()
-                    self._forget([r for r in requests if r.finish_reason is None])
+                    self._forget([r for r in requests if r.finish_reason is None], finished=False)
             finally:  # the last thing: the next run finds the slots freed
                 self._run_lock.release()

@@ -15,10 +15,10 @@ import sys
 import tempfile
 from typing import Any
 
-from dsd_jax.models.layout import atomic_write  # re-exported: it lives below the model layer
+from dsd_jax.models.layout import atomic_write, writes_through  # re-exported: they live below the model layer
 
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
-           "atomic_write", "writing", "model_inputs",
+           "atomic_write", "writes_through", "writing", "model_inputs",
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
            "EOS_CANDIDATES"]
 
@@ -159,8 +159,8 @@ def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=()) -> None:
                 raise ArgumentError(flag, f"{where} is also the output file of {other}: give each output "
                                     "a file of its own")
         earlier.append((flag, key))
-    for label, path in outputs:
-        if path is not None and not overwrite and os.path.exists(path):
+    for label, path in outputs:  # (a descriptor or device is appended to: nothing is replaced)
+        if path is not None and not overwrite and os.path.exists(path) and not writes_through(path):
             flag, where = _output_label(label, path)
             raise ArgumentError(flag, f"{where} exists; pass --overwrite to replace it")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -124,20 +125,34 @@ def checkpoint_kind(path: str | os.PathLike) -> Found:
     return Found("hf", f"a Hugging Face checkpoint{files} whose {CONFIG_FILE} names {names}")
 
 
+_DESCRIPTOR = re.compile(r"^/(dev/(stdin|stdout|stderr|fd/)|proc/[^/]+/fd/)")
+
+
+def writes_through(path: str | os.PathLike) -> bool:
+    """Whether an output at `path` is written in place (appended to), not replaced by a new
+    file: a process's descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N: the file or pipe
+    behind it is whoever opened it, `>> log` or `| cat`) or what is not a regular file (a
+    device such as /dev/null, a FIFO)."""
+    path = os.path.abspath(os.fspath(path))
+    if _DESCRIPTOR.match(path) or _DESCRIPTOR.match(os.path.realpath(path)):
+        return True
+    return os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable, mode: str = "w") -> None:
     """Calls ``write(f)`` on a temporary file beside `path`, then renames it over `path`: a
     failed write (a full disk) leaves an earlier file there whole, and no half-written one.
     (Here, below the model layer, so that the savers need not import the CLI's modules;
     `dsd_jax.loading` re-exports it.)
 
-    A symbolic link's target is written (the link stays), and a path that is not a regular
-    file (a device such as /dev/null or /dev/stdout, a FIFO) is written through: a rename
-    would have replaced the link, or the device itself, with a plain file."""
-    path = os.path.realpath(os.fspath(path))
-    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-        with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+    A symbolic link's target is written (the link stays), and what `writes_through` is
+    appended to in place: a rename would have replaced the link, a device, or the file
+    behind /dev/stdout (`>> log`) with a plain file."""
+    if writes_through(path):
+        with open(path, mode.replace("w", "a"), **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
         return
+    path = os.path.realpath(os.fspath(path))
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
@@ -148,4 +163,4 @@ def atomic_write(path: str | os.PathLike, write: Callable, mode: str = "w") -> N
             os.remove(tmp)
 
 
-__all__ = ["checkpoint_kind", "Found", "KINDS", "atomic_write"]
+__all__ = ["checkpoint_kind", "Found", "KINDS", "atomic_write", "writes_through"]

@@ -495,3 +495,10 @@ def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
                                          r"16 distinct prompts, but 12 were given"):
         check_distinct_groups([1], 16, 12)
     assert _prompts_needed(False, [1, 2], 96) == 96 + 16 and _prompts_needed(False, [1, 2]) == 64 + 16
+    assert _prompts_needed(False, [1, 16, 48], 70) == 2 * 48 + 16  # groups of 48 take 96, not 70
+    from dsd_jax.bench.settings import resolve
+    from dsd_jax.bench.workloads import profile_prompts, sweep
+    s = resolve(False, dict(batch_sizes=[1, 3], rows_per_point=100, workloads=("sweep",)))
+    ids = [[i] for i in range(_prompts_needed(False, [1, 3], 100))]  # 34 groups of 3 take 102
+    swept = {p[0] for point in sweep(s, ids) for group in point.units for p in group}
+    assert swept == set(range(102)) and not swept & {p[0] for p in profile_prompts(s, ids, 16)}

@@ -362,3 +362,14 @@ def test_atomic_write_writes_through_links_and_devices(tmp_path):
     reader.join(timeout=10)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and got == ["through"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.jsonl", "target.jsonl"]
+    # /dev/stdout of a process run as `>> log`: appended to; the file behind it is not replaced
+    import subprocess
+    import sys
+    log = tmp_path / "log.txt"
+    log.write_text("earlier\n")
+    code = "from dsd_jax.models.layout import atomic_write; atomic_write('/dev/stdout', lambda f: f.write('new\\n'))"
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=120)
+    assert log.read_text() == "earlier\nnew\n"
+    piped = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, check=True, timeout=120)
+    assert piped.stdout == b"new\n"  # `| cat`: realpath gives /proc/PID/fd/pipe:[...], not a file

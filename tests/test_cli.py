@@ -859,3 +859,14 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
     cli._generate_records(args, Engine(), raw, ids, None)
     assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == ["t0", "t1", "t2", "t3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+    class Stopped:  # stopped before any request finished (Ctrl-C while compiling)
+        def generate(self, *a, **k):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        cli._generate_records(args, Stopped(), raw, ids, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]  # no empty partial to refuse next time
+    # a symlinked --out: the partial file checked up front is the one written, beside the target
+    (tmp_path / "link.jsonl").symlink_to(out)
+    assert cli._partial_path(str(tmp_path / "link.jsonl")) == os.path.realpath(out) + ".partial"
+    assert cli._partial_path("/dev/stdout") is None and cli._partial_path(None) is None

@@ -912,16 +912,22 @@ def test_an_abandoned_stream_leaves_no_per_request_state_in_the_controller(pair)
     from dsd_jax.controller import Controller
     from dsd_jax.profile import Profile
     spec = SpecConfig(method="draft_model", num_speculative_tokens=2, dynamic=DynamicConfig(warmup_steps=0))
-    prof = Profile("cpu", [1, 2, 4], [0, 1, 2], [[5.0, 5.5, 6.0], [5.5, 6.0, 7.0], [6.0, 7.0, 8.0]], [0.7, 0.5])
+    # speculation cheap and accepted: K > 0 from the start, so finished requests teach the spread
+    prof = Profile("cpu", [1, 2, 4], [0, 1, 2], [[5.0, 5.1, 5.2], [5.5, 5.6, 5.7], [6.0, 6.1, 6.2]], [0.9, 0.8])
     eng = make_engine(*pair, controller=Controller(spec, prof, max_batch_size=4), method="draft_model",
                       num_speculative_tokens=2, max_seq_len=32)
     assert eng.controller.objective == "makespan"  # it tracks the live requests' rows
+    eng.generate([[1, 2, 3], [4, 5], [6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=16))
+    learnt = eng.controller._requests._moments.copy()
+    assert learnt.any()  # finished requests taught the spread between requests
     for _ in range(3):
         s = eng.stream([[1, 2, 3]] * 6, SamplingParams(temperature=0.0, max_tokens=8))
         next(s)
         assert eng.controller._requests.row_of  # the live requests' rows
         s.close()
     assert eng.controller._requests.row_of == {}
+    # and the unfinished ones taught it nothing (forgotten as finished, they had aged it)
+    assert (eng.controller._requests._moments == learnt).all()
 
 
 def test_on_output_hands_each_request_over_as_it_finishes(engine):

@@ -10,6 +10,7 @@ from dsd_jax.bench.profiles import shipped_profile
 from dsd_jax.bench.report import check_plot_path, format_hist, format_table, summarize, write_json, write_plot
 from dsd_jax.bench.run import run_bench
 from dsd_jax.bench.settings import config_list, has_dynamic, int_list, methods_of, mode, with_method
+from dsd_jax.bench.workloads import sweep_prompts
 from dsd_jax.loading import ArgumentError, check_outputs, load_eagle3_head, load_models, model_inputs, writing
 from dsd_jax.sampling import SamplingParams
 
@@ -25,8 +26,9 @@ def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None)
     """Held-out prompts for the sweep's largest batch, its prompt groups or the rollout, and
     the profile's own."""
     d = mode(quick)
-    return (max(max(int_list("batch_sizes", batch_sizes)), d["rollout_requests"], rows_per_point or 0)
-            + d["profile_prompts"])
+    sizes = int_list("batch_sizes", batch_sizes)
+    groups = sweep_prompts(sizes, rows_per_point or d["rows_per_point"])
+    return max(max(sizes), d["rollout_requests"], groups) + d["profile_prompts"]
 
 
 def default_configs(quick: bool, method: str = "draft_model") -> list[str]:
@@ -122,17 +124,21 @@ def main(args) -> int:
     profile, eagle3_profile = _profiles(args, quick, configs, "custom" if custom else "builtin")
     outputs = _outputs(args, configs, profile, eagle3_profile)
     _check_paths(args, outputs)
+    d = mode(quick)
+    batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
+    rows_per_point = getattr(args, "rows_per_point", None)
+    try:  # before any model loads
+        prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point))
+    except ValueError as e:  # more than the held-out set holds
+        raise ArgumentError("--rows-per-point" if rows_per_point else "--batch-sizes", str(e)) from e
     target, draft, tokenizer, source = load_models(args)
     if source != "builtin" and tokenizer is None:
         raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "
                             "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
-    d = mode(quick)
     head = (load_eagle3_head("--eagle3", getattr(args, "eagle3", None), source, getattr(args, "dtype", None)
                              or "float32") if "eagle3" in methods_of(configs) else None)
-    batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
-    rows_per_point = getattr(args, "rows_per_point", None)
-    rows = run_bench(target, draft, tokenizer, _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point)),
+    rows = run_bench(target, draft, tokenizer, prompts,
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
                      rows_per_point=rows_per_point,
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,

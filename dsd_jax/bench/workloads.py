@@ -55,6 +55,12 @@ def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int) -> list
     return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
 
 
+def sweep_prompts(batch_sizes, rows_per_point: int) -> int:
+    """Distinct prompts the sweep's groups take: ceil(rows_per_point / B) groups of B at the
+    batch size that needs most."""
+    return max(-(-rows_per_point // b) * b for b in batch_sizes)
+
+
 def check_distinct_groups(batch_sizes, rows_per_point: int, n_prompts: int) -> None:
     """Refuses sweep points whose prompt groups would repeat prompts: the intervals resample
     the groups as independent draws, and a repeated prompt makes them too narrow. (A point of
@@ -104,6 +110,6 @@ def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
 def profile_prompts(s: Settings, ids: list[list[int]], n: int) -> list[list[int]]:
     """n acceptance prompts for profiling, disjoint from the sweep's and the rollout's
     prompts where there are enough."""
-    used = max(s.max_batch, s.rows_per_point)
+    used = max(s.max_batch, sweep_prompts(s.batch_sizes, s.rows_per_point))
     start = used if len(ids) >= used + n else 0
     return [ids[(start + i) % len(ids)][:s.prompt_len] for i in range(n)]

@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from dsd_jax import engine as E
+from dsd_jax import dispatch as E  # STABLE_DECISIONS, ADAPTIVE_ROUNDS (in engine.py until 2026-11-26)
 from dsd_jax.bench.settings import resolve
 from dsd_jax.bench.workloads import prompt_groups, rollout_lengths
 from dsd_jax.buckets import bucket_for

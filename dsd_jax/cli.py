@@ -197,23 +197,12 @@ def _spec_value(args) -> tuple[Any, str | None]:
     kept = getattr(args, "_speculative_config_read", None)
     if kept is not None and kept[0] == src:
         return kept[1]
-    if _spec_file(args) is None:  # JSON text
-        try:
-            result = (read_json_config(src), None)
-        except ValueError as e:
-            result = (None, str(e))
-    elif not os.path.exists(src) or os.path.isdir(src):
+    if _spec_file(args) is not None and (not os.path.exists(src) or os.path.isdir(src)):
         return None, None
-    else:
-        where = f"file {src!r}"
-        try:
-            with open(src, encoding="utf-8") as f:
-                text = f.read()
-            result = (json.loads(text), None)
-        except (OSError, UnicodeDecodeError) as e:
-            result = (None, f"cannot read speculative config {where}: {e}")
-        except (json.JSONDecodeError, RecursionError) as e:
-            result = (None, f"invalid JSON in speculative config {where}: {e}")
+    try:  # JSON text, or the file read once here
+        result = (read_json_config(src), None)
+    except ValueError as e:
+        result = (None, str(e))
     args._speculative_config_read = (src, result)
     return result
 

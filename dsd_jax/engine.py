@@ -550,8 +550,9 @@ class SpecEngine:
 
     def _admit(self, new: list[Request], batch: int, live: list[Request], refilled: bool) -> None:
         """Prefills target (and draft, when the dispatch policy says so) for new requests in
-        chunks, then marks them live; `batch` is the fullest shard's live count after admission, `live`
-        every live request (the new ones included), `refilled` whether requests are queued.
+        chunks, then marks them live; `batch` is the fullest shard's live count after
+        admission, `live` every live request (the new ones included), `refilled` whether
+        requests are queued.
 
         A group's completions (`SamplingParams.n`) on one shard share one prefill: the
         first is prefilled and its slot copied into its siblings' slots."""

@@ -49,16 +49,21 @@ def rollout_lengths(n: int, median: int, cap: int, sigma: float = ROLLOUT_SIGMA,
     return np.clip(np.round(x), min(floor, cap), cap).astype(int).tolist()
 
 
+def group_count(b: int, rows_per_point: int) -> int:
+    """Prompt groups of b at a sweep point: ceil(rows_per_point / b), at least one."""
+    return max(1, -(-rows_per_point // b))
+
+
 def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int) -> list[list[list[int]]]:
-    """ceil(rows_per_point / b) groups of b prompts, cycling through `prompts`."""
-    n = max(1, -(-rows_per_point // b))
+    """`group_count` groups of b prompts, cycling through `prompts`."""
+    n = group_count(b, rows_per_point)
     return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
 
 
 def sweep_prompts(batch_sizes, rows_per_point: int) -> int:
     """Distinct prompts the sweep's groups take: ceil(rows_per_point / B) groups of B at the
     batch size that needs most."""
-    return max(-(-rows_per_point // b) * b for b in batch_sizes)
+    return max(group_count(b, rows_per_point) * b for b in batch_sizes)
 
 
 def check_distinct_groups(batch_sizes, rows_per_point: int, n_prompts: int) -> None:
@@ -66,7 +71,7 @@ def check_distinct_groups(batch_sizes, rows_per_point: int, n_prompts: int) -> N
     the groups as independent draws, and a repeated prompt makes them too narrow. (A point of
     one group may cycle: it has no interval.)"""
     for b in batch_sizes:
-        n = -(-rows_per_point // b)
+        n = group_count(b, rows_per_point)
         if n > 1 and n * b > n_prompts:
             raise ValueError(f"rows_per_point {rows_per_point} at batch size {b} takes {n} prompt groups of "
                              f"{b}, {n * b} distinct prompts, but {n_prompts} were given: groups that "

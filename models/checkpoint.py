@@ -224,7 +224,11 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None, verify: bool =
             if jnp.dtype(got.dtype) != jnp.dtype(want.dtype):
                 raise ValueError(f"checkpoint {path} does not match its config: parameter {name!r} "
                                  f"has dtype {jnp.dtype(got.dtype)}, config says {cfg.dtype}")
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(abs_state))
+        # The placement is ours to give: without one Orbax places each array as it was saved
+        # ("cpu:0" for the shipped pair), which fails on a machine without that device.
+        here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=here),
+                              nnx.to_pure_dict(abs_state))
         try:
             pure = ckptr.restore(params_dir, target)
         except Exception as e:  # noqa: BLE001

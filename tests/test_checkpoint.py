@@ -38,6 +38,20 @@ def test_round_trip_bit_identical(tmp_path, dtype, cfg):
     _assert_identical(_params(model), _params(back))
 
 
+def test_restores_on_a_machine_without_the_saving_device(tmp_path):
+    # Orbax records each array's device ("cpu:0" for the shipped pair); on a GPU machine,
+    # restoring without our own placement failed with "Topology mismatch" (issue 19's run).
+    model = init_model(CFG, seed=2)
+    save(model, tmp_path / "ckpt")
+    sharding_file = tmp_path / "ckpt" / "params" / "_sharding"
+    recorded = json.loads(sharding_file.read_text())
+    assert all("cpu:0" in v for v in recorded.values())
+    sharding_file.write_text(json.dumps({k: v.replace("cpu:0", "cuda:0") for k, v in recorded.items()}))
+    back = restore(tmp_path / "ckpt")
+    _assert_identical(_params(model), _params(back))
+    assert back.embed[...].sharding.device_set == {jax.local_devices()[0]}
+
+
 def test_save_cast_and_restore_cast(tmp_path):
     model = init_model(CFG, seed=1)
     save(model, tmp_path / "c", dtype="bfloat16")

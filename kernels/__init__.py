@@ -1,6 +1,7 @@
 """Kernels behind one dispatch: pure-XLA references on CPU, Pallas on GPU/TPU.
 
-`backend` is "auto" (Pallas on GPU/TPU, XLA elsewhere), "xla", "pallas" or
+`backend` is "auto" (per kernel and platform, `AUTO`: Pallas attention on GPU/TPU, Pallas
+rejection sampling on TPU, XLA elsewhere), "xla", "pallas" or
 "interpret" (the Pallas code run by the interpreter, for CPU tests), or a
 `KernelBackends` naming one per kernel (an engine passes one after resolving "auto" and
 falling back, kernel by kernel, to XLA where a Pallas kernel did not compile). `platform`
@@ -37,22 +38,32 @@ class PallasFallbackWarning(RuntimeWarning):
     """A Pallas kernel failed to compile under backend="auto"; the engine uses XLA for it."""
 
 
+# What "auto" runs, by platform. On an H200 (benchmarks/results/h200, jax 0.11.2) the Pallas
+# attention beat XLA's blocked loop 4-11x at every 8B shape, but the Pallas rejection sampler
+# was slower than XLA's at 8 of 11 points (0.45-0.97x; 2x slower with one-hot q), so GPU
+# samples with XLA unless asked for "pallas". TPU is not measured yet: Pallas for both.
+AUTO = {"gpu": KernelBackends(attention="pallas", rejection="xla"),
+        "tpu": KernelBackends(attention="pallas", rejection="pallas")}
+
+
 def default_platform() -> str:
     """The platform "auto" resolves against ("cpu" | "gpu" | "tpu"); tests patch it."""
     return jax.default_backend()
 
 
 def resolve_backend(backend, kernel: str | None = None) -> str:
-    """The backend `kernel` (one of KERNELS) runs on: "auto" is Pallas on GPU/TPU, XLA
-    elsewhere; a `KernelBackends` gives that kernel's entry."""
-    if isinstance(backend, KernelBackends):
+    """The backend `kernel` (one of KERNELS) runs on: "auto" is `AUTO`'s entry for the
+    default platform (XLA where it has none); a `KernelBackends` gives that kernel's entry."""
+    if isinstance(backend, KernelBackends) or backend == "auto":
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if isinstance(backend, KernelBackends):
         return getattr(backend, kernel)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "pallas" if default_platform() in ("gpu", "tpu") else "xla"
+        auto = AUTO.get(default_platform())
+        return "xla" if auto is None else getattr(auto, kernel)
     return backend
 
 
@@ -142,7 +153,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
                                          residual_noise)
 
 
-__all__ = ["BACKENDS", "KERNELS", "KernelBackends", "PallasFallbackWarning", "default_platform",
+__all__ = ["AUTO", "BACKENDS", "KERNELS", "KernelBackends", "PallasFallbackWarning", "default_platform",
            "resolve_backend", "resolve_backends", "verify_attention", "verify_attention_xla",
            "attend_and_write", "attend_and_write_xla", "write_entries",
            "rejection_sample", "rejection_sample_xla", "coupled_accept_xla", "first_rejection"]

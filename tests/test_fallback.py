@@ -1,8 +1,8 @@
 """Under backend="auto" on a GPU/TPU, a Pallas kernel that fails to compile at warmup
 falls back to its XLA path with a warning naming the kernel, the device and the error;
-backend="pallas" fails loudly. Forced on CPU: the platform claims "gpu", the attention
-kernel raises while lowering, and the rejection kernel runs in interpret mode (so it
-compiles here and stays Pallas)."""
+backend="pallas" fails loudly. Forced on CPU: the platform claims "gpu" with "auto"
+picking Pallas for both kernels, the attention kernel raises while lowering, and the
+rejection kernel runs in interpret mode (so it compiles here and stays Pallas)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def fake_gpu(monkeypatch):
         return real(*args, **{**kw, "interpret": True, "platform": "gpu"})
 
     monkeypatch.setattr(kernels, "default_platform", lambda: "gpu")
+    monkeypatch.setitem(kernels.AUTO, "gpu", kernels.KernelBackends("pallas", "pallas"))
     monkeypatch.setattr(attention_pallas, "verify_attention", broken)
     monkeypatch.setattr(rejection_pallas, "rejection_sample", interpreted)
 
@@ -89,6 +90,17 @@ def test_unrelated_error_is_not_masked(tiny_pair, fake_gpu, monkeypatch):
     assert not [w for w in caught if issubclass(w.category, kernels.PallasFallbackWarning)]
     assert engine.kernel_backends == {"attention": "pallas", "rejection": "pallas"}
     monkeypatch.setattr(step_lib, "admit", real)
+
+
+@pytest.mark.parametrize("platform, expected", [
+    ("gpu", {"attention": "pallas", "rejection": "xla"}),   # measured on an H200
+    ("tpu", {"attention": "pallas", "rejection": "pallas"}),
+    ("cpu", {"attention": "xla", "rejection": "xla"})])
+def test_auto_picks_per_kernel_and_platform(platform, expected, monkeypatch):
+    monkeypatch.setattr(kernels, "default_platform", lambda: platform)
+    assert kernels.resolve_backends("auto")._asdict() == expected
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        kernels.resolve_backend("auto")
 
 
 def test_cpu_auto_is_xla_and_never_probes(tiny_pair):

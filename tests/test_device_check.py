@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -35,10 +36,39 @@ def test_cpu_smoke_end_to_end(tmp_path):
     loaded = Profile.load(prof["profile_path"])
     assert loaded.meta["acceptance_source"] == "given" and loaded.acceptance == [0.681]
     assert loaded.meta["acceptance_given"] == list(dc.VLLM_ACCEPTANCE)  # the whole published curve
+    (floor,) = prof["floor"]  # the plain step against its floors, at the profiled B
+    assert floor["B"] == 2 and floor["step_k0_ms"] == loaded.latency_ms[0][0][0]
+    assert floor["bare_forward_ms"] > 0 and floor["roofline_ms"] is None  # no HBM peak on a CPU
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
-                    "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain"):
+                    "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain",
+                    "plain step against its floors"):
         assert heading in report
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_floor_bytes_and_bare_step(tied, monkeypatch):
+    """The roofline counts every weight a step reads (not an untied embedding table), and the
+    bare step is the model's own forward and greedy pick with attention replaced by its queries."""
+    import jax.numpy as jnp
+    from flax import nnx
+    from conftest import scaled, tiny_config
+    from dsd_jax import kernels
+    from dsd_jax.models import init_model
+    from dsd_jax.models.transformer import init_kv_cache
+    model = scaled(init_model(tiny_config(tie_word_embeddings=tied), seed=0), 4.0)
+    cfg = model.config
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    embed = 0 if tied else cfg.vocab_size * cfg.hidden_size
+    assert dc.weight_bytes(model) == (params - embed) * 4
+    assert dc.kv_bytes(cfg, 3, 10) == 3 * 10 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+    tokens = jnp.arange(0, 48, 3, dtype=jnp.int32)
+    graphdef, state = nnx.split(model)
+    bare = dc.bare_step(graphdef, state, tokens)
+    monkeypatch.setattr(kernels, "attend_and_write", lambda q, k, v, pos, kc, vc, rows, backend: (q, kc, vc))
+    logits, _ = model(tokens[:, None], jnp.zeros((16, 1), jnp.int32), init_kv_cache(cfg, 16, 4))
+    want = jnp.argmax(logits[:, 0], -1)
+    assert bare.tolist() == want.tolist() and len(set(want.tolist())) > 1
 
 
 def test_cases_are_the_cpu_tests():

@@ -15,7 +15,9 @@ run cut short keeps what it finished) and DIR/device_check.txt (the report):
   tokens must be identical.
 - ``profile``: the ITL(B, K) profile of the synthetic pair (`profile_engine`, backend
   "auto" with its per-kernel fallback), the acceptance given (the vLLM dynamic-SD PR's
-  a_i), and the K schedule the goodput rule derives from it, beside the PR's H100 one.
+  a_i), and the K schedule the goodput rule derives from it, beside the PR's H100 one; then
+  the plain (K = 0) step against its floors: the weights' roofline and a bare jitted forward
+  of the target (`floor.py`).
 
 ``--time-budget S`` keeps the whole run within about S seconds, so that one call of a lent
 machine's limited time always returns a report: a section, or an item inside one (a kernel
@@ -35,7 +37,7 @@ each piece.
 from __future__ import annotations
 
 from .settings import (
-    ATTN_CASES, BF16, F32, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, REJ_CASES, SECTION_WEIGHTS,
+    ATTN_CASES, BF16, F32, FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, REJ_CASES, SECTION_WEIGHTS,
     SECTIONS, SKIPPED, TIMING_MODELS, TOL, VLLM_ACCEPTANCE, VLLM_H100_SCHEDULE, Settings, device_info,
     hardware_peaks)
 from .kernel_checks import (
@@ -45,6 +47,7 @@ from .timings import (
     time_chain, time_kernels, time_rejection)
 from .compile import precompile, precompile_steps
 from .e2e import NEAR_TIE, _divergence_gap, top2_gap, e2e_builtin, e2e_synthetic, end_to_end
+from .floor import bare_step, floor_point, format_floor, kv_bytes, time_bare_forward, weight_bytes
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
@@ -52,13 +55,14 @@ from .report import format_report, write_results
 from .command import build_parser, main, run, section_deadline
 
 __all__ = [
-    "ATTN_CASES", "BF16", "F32", "PROFILE_COMPILE_SHARE", "PROFILE_RESERVE_S", "REJ_CASES",
+    "ATTN_CASES", "BF16", "F32", "FLOOR_RESERVE_S", "PROFILE_COMPILE_SHARE", "PROFILE_RESERVE_S", "REJ_CASES",
     "SECTION_WEIGHTS", "SECTIONS", "SKIPPED", "TIMING_MODELS", "TOL", "VLLM_ACCEPTANCE",
     "VLLM_H100_SCHEDULE", "Settings", "device_info", "hardware_peaks", "attention_case", "cache_rows",
     "check_kernels", "query_positions", "rejection_case", "rejection_inputs", "attention_roofline",
     "chained_calls", "rejection_chain_step", "rejection_roofline", "time_attention", "time_chain",
     "time_kernels", "time_rejection", "precompile", "precompile_steps", "NEAR_TIE", "top2_gap",
     "_divergence_gap", "e2e_builtin", "e2e_synthetic", "end_to_end", "bucket_order",
+    "bare_step", "floor_point", "format_floor", "kv_bytes", "time_bare_forward", "weight_bytes",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
     "format_report", "write_results", "build_parser", "main", "run", "section_deadline"
 ]

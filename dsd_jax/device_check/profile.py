@@ -10,7 +10,9 @@ from typing import Sequence
 import numpy as np
 
 from .compile import precompile_steps
-from .settings import PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, VLLM_H100_SCHEDULE, Settings
+from .floor import floor_point
+from .settings import (FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, VLLM_H100_SCHEDULE,
+                       Settings, _unless_expired, device_info)
 
 
 def profile_with_acceptance(engine, acceptance: Sequence[float], **kw):
@@ -72,6 +74,13 @@ def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
     return out
 
 
+def _k0_ms(profile, batch: int) -> float | None:
+    """The profile's K = 0 step at `batch` and its shortest context (None: not profiled)."""
+    if batch not in profile.batch_sizes:
+        return None
+    return float(profile.latency_ms[0][profile.batch_sizes.index(batch)][profile.ks.index(0)])
+
+
 def bucket_order(buckets: Sequence[int]) -> list[int]:
     """`Settings.profile_buckets` checked: distinct positive batch sizes, order kept."""
     order = [int(b) for b in buckets]
@@ -85,7 +94,8 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
     `deadline`, the step programs compile in the order of `s.profile_buckets` for at most
     `PROFILE_COMPILE_SHARE` of the time, the compiled buckets are timed until
     `PROFILE_RESERVE_S` before it, and the profile holds those timed (its meta says what
-    was cut)."""
+    was cut). Then, in the last `FLOOR_RESERVE_S`, the plain step against its floors at
+    `s.floor_batch_sizes` (`floor.floor_point`)."""
     import dsd_jax as dsd
     from dsd_jax.models import synthetic
     from dsd_jax.profiler import format_profile
@@ -97,12 +107,12 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
                             max_batch_size=max(order),
                             max_seq_len=s.profile_max_seq_len or max(s.profile_contexts) + 64,
                             batch_buckets=tuple(sorted(order)), backend="auto")
-    del target, draft
+    del draft  # the target stays for the floor (the engine holds its arrays, not copies)
     t0 = time.perf_counter()
     ks = range(s.profile_max_k + 1)
     timing_end = compile_end = None
     if deadline is not None:
-        timing_end = deadline - PROFILE_RESERVE_S
+        timing_end = deadline - PROFILE_RESERVE_S - FLOOR_RESERVE_S
         compile_end = t0 + PROFILE_COMPILE_SHARE * max(0.0, timing_end - t0)
     compiled = precompile_steps(engine, ks, order, s.compile_threads, compile_end)
     t_compile = time.perf_counter() - t0
@@ -121,6 +131,9 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
     if out_dir:
         path = os.path.join(out_dir, "profile.json")
         prof.save(path)
+    floor = [_unless_expired(deadline, floor_point, target, b, prof.context_lengths[0],
+                             _k0_ms(prof, b), s.profile_repeats, device_info().get("hbm_bytes_per_s"))
+             for b in s.floor_batch_sizes]
     schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
     res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
            "seconds": round(time.perf_counter() - t0, 1), "compile_seconds": round(t_compile, 1),
@@ -132,7 +145,7 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
            "k_schedule_ranges": {c: schedule_ranges(r) for c, r in schedules.items()},
            "controller_schedule_ranges": {
                str(c): schedule_ranges(controller_schedule(prof, c)) for c in prof.context_lengths},
-           "vllm_h100_schedule": VLLM_H100_SCHEDULE, "table": format_profile(prof)}
-    del engine
+           "vllm_h100_schedule": VLLM_H100_SCHEDULE, "table": format_profile(prof), "floor": floor}
+    del engine, target
     gc.collect()
     return res

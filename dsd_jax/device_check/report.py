@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from .floor import format_floor
 from .settings import SECTIONS, SKIPPED
 
 
@@ -121,6 +122,8 @@ def format_report(results: dict) -> str:
                          f"controller, from K=0 with its margin: "
                          f"{p.get('controller_schedule_ranges', {}).get(c)}")
         lines.append(f"vLLM PR, profiled on an H100: {p['vllm_h100_schedule']}")
+        if p.get("floor"):
+            lines.extend(format_floor(p["floor"]))
     return "\n".join(lines) + "\n"
 
 

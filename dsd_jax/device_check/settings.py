@@ -33,6 +33,9 @@ PROFILE_COMPILE_SHARE = 0.6  # of the profile's time, at most, for compiling its
 # seconds the profile keeps after its last row: the pair's fingerprints (a hash of every
 # weight, ~18 s for 8B + 1B), the draft's catch-up timing and the file
 PROFILE_RESERVE_S = 40.0
+# seconds kept after that for the plain step's floors (`floor.py`: a bare forward compiled
+# and timed per batch size of `floor_batch_sizes`)
+FLOOR_RESERVE_S = 30.0
 
 # Correctness cases: the GPU cases of tests/test_kernels.py (tests/test_device_check.py keeps
 # them equal). (B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, row kinds)
@@ -95,6 +98,7 @@ class Settings:
     profile_repeats: int = 5
     profile_warmup_reps: int = 2
     acceptance: Sequence = VLLM_ACCEPTANCE
+    floor_batch_sizes: Sequence = (1, 16)  # the plain step against its floors (`floor.py`)
 
     @classmethod
     def gpu(cls, **kw) -> "Settings":
@@ -112,7 +116,7 @@ class Settings:
             # the e2e XLA engine's shapes: its step program is the profile's (a compilation
             # cache, as the test suite has, compiles it once)
             profile_buckets=(2,), profile_contexts=(16,), profile_max_k=1, profile_max_seq_len=22,
-            profile_repeats=1, profile_warmup_reps=0)
+            profile_repeats=1, profile_warmup_reps=0, floor_batch_sizes=(2,))
         return cls(**{**base, **kw})
 
 

@@ -1,0 +1,113 @@
+"""The plain step's floors, beside the profile: how far a K = 0 step is from the least work
+it does.
+
+Two floors per batch size B at the profile's shortest context:
+
+* the roofline: the target's weights (and the context's KV entries) read once from HBM,
+  which a decode step at small B cannot beat;
+* a minimal program: the target's forward with none of the engine, a jitted loop of
+  one-token steps (embedding, norms, the matmuls, RoPE, the LM head and a greedy pick;
+  attention replaced by its queries, no KV cache, no slots, no sampling tail).
+
+A K = 0 step far above the bare forward is the engine's own overhead (attention, cache
+writes, bookkeeping); a bare forward far above the roofline is XLA's matmuls, or the
+launches of many small kernels, at that batch size.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ROUNDS = 4  # one-token steps per timed call, as the profile's rounds_per_sample
+
+
+def weight_bytes(model) -> int:
+    """Bytes of parameters one forward reads: all of them but an untied embedding table, of
+    which a lookup reads B rows."""
+    cfg = model.config
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    total = sum(x.size * x.dtype.itemsize for x in leaves)
+    if not cfg.tie_word_embeddings:
+        total -= model.embed[...].size * model.embed[...].dtype.itemsize
+    return int(total)
+
+
+def kv_bytes(config, batch: int, context: int) -> int:
+    """Bytes of the KV entries `batch` rows of `context` tokens hold, in the model's dtype."""
+    return int(batch * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim
+               * jnp.dtype(config.jnp_dtype).itemsize)
+
+
+def bare_step(graphdef, params, tokens):
+    """One greedy one-token step of the target, attention replaced by its queries:
+    tokens [B] -> next tokens [B]."""
+    from dsd_jax.models.transformer import rope_cos_sin
+    model = nnx.merge(graphdef, params)
+    cfg = model.config
+    cos, sin = rope_cos_sin(cfg, jnp.zeros((tokens.shape[0], 1), jnp.int32))
+    x = jnp.take(model.embed[...], tokens[:, None], axis=0)
+    tiny = jnp.asarray(1e-30, x.dtype)
+    for layer in model.layers:
+        q, k, v = layer.qkv(cfg, x, cos, sin)
+        # keys and values feed nothing without attention: a scalar of each keeps their matmuls
+        live = (jnp.sum(k[:, :, :1]) + jnp.sum(v[:, :, :1])).astype(x.dtype)
+        x = layer.finish(cfg, x, q + tiny * live)
+    return jnp.argmax(model.logits(x)[:, 0], axis=-1).astype(jnp.int32)
+
+
+def time_bare_forward(model, batch: int, reps: int) -> float:
+    """Milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
+    each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS)."""
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def loop(params, tokens):
+        return jax.lax.fori_loop(0, ROUNDS, lambda _, t: bare_step(graphdef, params, t), tokens)
+
+    tokens = jnp.arange(batch, dtype=jnp.int32) % model.config.vocab_size
+    tokens = jax.block_until_ready(loop(params, tokens))  # compile + warm
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        tokens = jax.block_until_ready(loop(params, tokens))
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times) / ROUNDS
+
+
+def floor_point(model, batch: int, context: int, step_ms: float | None, reps: int,
+                bw: float | None) -> dict:
+    """One batch size: the K = 0 step (`step_ms`, from the profile, or None), the bare forward
+    and the roofline, in milliseconds, with the ratios between them."""
+    bare = time_bare_forward(model, batch, reps)
+    ideal = weight_bytes(model) + kv_bytes(model.config, batch, context)
+    roof = None if not bw else 1e3 * ideal / bw
+    out = {"B": batch, "context": context, "step_k0_ms": step_ms, "bare_forward_ms": bare,
+           "roofline_ms": roof, "ideal_bytes": ideal}
+    if step_ms:
+        out["step_over_bare"] = step_ms / bare
+    if roof:
+        out["bare_over_roofline"] = bare / roof
+        if step_ms:
+            out["step_over_roofline"] = step_ms / roof
+    return out
+
+
+def format_floor(rows) -> list[str]:
+    """Report lines for `floor_point` rows (skipped or failed ones say so)."""
+    lines = ["plain step against its floors (K=0 at the shortest context; bare forward: the "
+             "target's jitted one-token loop, no attention or cache; roofline: weights + KV / HBM)",
+             "   B | K=0 step ms | bare forward ms | roofline ms | step/bare | bare/roofline"]
+    for r in rows:
+        if "bare_forward_ms" not in r:
+            lines.append(f"  {r.get('B', '?'):>3} | not run: {r.get('error') or r.get('skipped')}")
+            continue
+        f = lambda x, spec=".3f": "-" if x is None else format(x, spec)
+        lines.append(f"  {r['B']:>3} | {f(r['step_k0_ms']):>11} | {f(r['bare_forward_ms']):>15} | "
+                     f"{f(r['roofline_ms']):>11} | {f(r.get('step_over_bare'), '.2f'):>9} | "
+                     f"{f(r.get('bare_over_roofline'), '.2f'):>13}")
+    return lines

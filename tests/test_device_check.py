@@ -36,13 +36,16 @@ def test_cpu_smoke_end_to_end(tmp_path):
     loaded = Profile.load(prof["profile_path"])
     assert loaded.meta["acceptance_source"] == "given" and loaded.acceptance == [0.681]
     assert loaded.meta["acceptance_given"] == list(dc.VLLM_ACCEPTANCE)  # the whole published curve
-    (floor,) = prof["floor"]  # the plain step against its floors, at the profiled B
-    assert floor["B"] == 2 and floor["step_k0_ms"] == loaded.latency_ms[0][0][0]
-    assert floor["bare_forward_ms"] > 0 and floor["roofline_ms"] is None  # no HBM peak on a CPU
+    target_floor, draft_floor = prof["floor"]  # each model against its floors, at the profiled B
+    assert (target_floor["role"], target_floor["B"]) == ("target", 2)
+    assert target_floor["measured_ms"] == loaded.latency_ms[0][0][0]           # the K=0 step
+    assert draft_floor["role"] == "draft" and draft_floor["measured_ms"] is None  # max_k 1: no increment
+    for row in prof["floor"]:
+        assert row["bare_forward_ms"] > 0 and row["roofline_ms"] is None  # no HBM peak on a CPU
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
                     "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain",
-                    "plain step against its floors"):
+                    "steps against their floors"):
         assert heading in report
 
 
@@ -69,6 +72,17 @@ def test_floor_bytes_and_bare_step(tied, monkeypatch):
     logits, _ = model(tokens[:, None], jnp.zeros((16, 1), jnp.int32), init_kv_cache(cfg, 16, 4))
     want = jnp.argmax(logits[:, 0], -1)
     assert bare.tolist() == want.tolist() and len(set(want.tolist())) > 1
+
+
+def test_draft_token_cost_from_the_profile():
+    """One more draft token: ITL(K+1) - ITL(K) over K >= 1 (K = 0 -> 1 also starts the draft)."""
+    from dsd_jax.device_check.profile import _draft_token_ms, _k0_ms
+    prof = _profile([[6.4, 6.4, 8.0, 9.5], [5.6, 7.2, 8.7, 10.2], [7.0, 9.0, 11.0, 13.0],
+                     [11.0, 20.0, 29.0, 38.0]])
+    assert _draft_token_ms(prof, 1) == pytest.approx(1.55)
+    assert _draft_token_ms(prof, 256) == pytest.approx(9.0)
+    assert _draft_token_ms(prof, 32) is None and _k0_ms(prof, 32) is None  # not profiled
+    assert _k0_ms(prof, 16) == 5.6
 
 
 def test_cases_are_the_cpu_tests():

@@ -1,17 +1,19 @@
-"""The plain step's floors, beside the profile: how far a K = 0 step is from the least work
-it does.
+"""The plain step's floors and the draft's, beside the profile: how far a step is from the
+least work it does.
 
-Two floors per batch size B at the profile's shortest context:
+Two floors per model and batch size B at the profile's shortest context:
 
-* the roofline: the target's weights (and the context's KV entries) read once from HBM,
+* the roofline: the model's weights (and the context's KV entries) read once from HBM,
   which a decode step at small B cannot beat;
-* a minimal program: the target's forward with none of the engine, a jitted loop of
+* a minimal program: the model's forward with none of the engine, a jitted loop of
   one-token steps (embedding, norms, the matmuls, RoPE, the LM head and a greedy pick;
   attention replaced by its queries, no KV cache, no slots, no sampling tail).
 
-A K = 0 step far above the bare forward is the engine's own overhead (attention, cache
-writes, bookkeeping); a bare forward far above the roofline is XLA's matmuls, or the
-launches of many small kernels, at that batch size.
+They stand beside what the profile measured: for the target, the K = 0 step; for the draft,
+what one more draft token adds to a step (ITL(K+1) - ITL(K) for K >= 1, the mean: one more
+verified token included). A measurement far above the bare forward is the engine's own work
+(attention, cache writes, bookkeeping); a bare forward far above the roofline is XLA's
+matmuls, or the launches of many small kernels, at that batch size.
 """
 
 from __future__ import annotations
@@ -79,35 +81,38 @@ def time_bare_forward(model, batch: int, reps: int) -> float:
     return 1e3 * statistics.median(times) / ROUNDS
 
 
-def floor_point(model, batch: int, context: int, step_ms: float | None, reps: int,
+def floor_point(model, role: str, batch: int, context: int, measured_ms: float | None, reps: int,
                 bw: float | None) -> dict:
-    """One batch size: the K = 0 step (`step_ms`, from the profile, or None), the bare forward
-    and the roofline, in milliseconds, with the ratios between them."""
+    """One model ("target" or "draft") at one batch size: what the profile measured
+    (`measured_ms`, or None), the bare forward and the roofline, in milliseconds, with the
+    ratios between them."""
     bare = time_bare_forward(model, batch, reps)
     ideal = weight_bytes(model) + kv_bytes(model.config, batch, context)
     roof = None if not bw else 1e3 * ideal / bw
-    out = {"B": batch, "context": context, "step_k0_ms": step_ms, "bare_forward_ms": bare,
-           "roofline_ms": roof, "ideal_bytes": ideal}
-    if step_ms:
-        out["step_over_bare"] = step_ms / bare
+    out = {"role": role, "B": batch, "context": context, "measured_ms": measured_ms,
+           "bare_forward_ms": bare, "roofline_ms": roof, "ideal_bytes": ideal}
+    if measured_ms:
+        out["measured_over_bare"] = measured_ms / bare
     if roof:
         out["bare_over_roofline"] = bare / roof
-        if step_ms:
-            out["step_over_roofline"] = step_ms / roof
+        if measured_ms:
+            out["measured_over_roofline"] = measured_ms / roof
     return out
 
 
 def format_floor(rows) -> list[str]:
     """Report lines for `floor_point` rows (skipped or failed ones say so)."""
-    lines = ["plain step against its floors (K=0 at the shortest context; bare forward: the "
-             "target's jitted one-token loop, no attention or cache; roofline: weights + KV / HBM)",
-             "   B | K=0 step ms | bare forward ms | roofline ms | step/bare | bare/roofline"]
+    lines = ["steps against their floors at the shortest context (measured: the target's K=0 step, "
+             "the draft's cost per draft token; bare forward: the model's jitted one-token loop, no "
+             "attention or cache; roofline: weights + KV / HBM)",
+             "  model    B | measured ms | bare forward ms | roofline ms | measured/bare | bare/roofline"]
     for r in rows:
         if "bare_forward_ms" not in r:
-            lines.append(f"  {r.get('B', '?'):>3} | not run: {r.get('error') or r.get('skipped')}")
+            lines.append(f"  {r.get('role', '?'):<6} {r.get('B', '?'):>3} | not run: "
+                         f"{r.get('error') or r.get('skipped')}")
             continue
         f = lambda x, spec=".3f": "-" if x is None else format(x, spec)
-        lines.append(f"  {r['B']:>3} | {f(r['step_k0_ms']):>11} | {f(r['bare_forward_ms']):>15} | "
-                     f"{f(r['roofline_ms']):>11} | {f(r.get('step_over_bare'), '.2f'):>9} | "
+        lines.append(f"  {r['role']:<6} {r['B']:>3} | {f(r['measured_ms']):>11} | {f(r['bare_forward_ms']):>15} | "
+                     f"{f(r['roofline_ms']):>11} | {f(r.get('measured_over_bare'), '.2f'):>13} | "
                      f"{f(r.get('bare_over_roofline'), '.2f'):>13}")
     return lines

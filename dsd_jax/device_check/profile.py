@@ -81,6 +81,15 @@ def _k0_ms(profile, batch: int) -> float | None:
     return float(profile.latency_ms[0][profile.batch_sizes.index(batch)][profile.ks.index(0)])
 
 
+def _draft_token_ms(profile, batch: int) -> float | None:
+    """What one more draft token adds to a step at `batch` and the shortest context: the mean
+    of ITL(K+1) - ITL(K) over K >= 1 (K = 0 -> 1 also starts the draft; None: not profiled)."""
+    if batch not in profile.batch_sizes or profile.max_k < 2:
+        return None
+    row = profile.latency_ms[0][profile.batch_sizes.index(batch)]
+    return float(np.mean(np.diff(row[1:])))
+
+
 def bucket_order(buckets: Sequence[int]) -> list[int]:
     """`Settings.profile_buckets` checked: distinct positive batch sizes, order kept."""
     order = [int(b) for b in buckets]
@@ -107,7 +116,7 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
                             max_batch_size=max(order),
                             max_seq_len=s.profile_max_seq_len or max(s.profile_contexts) + 64,
                             batch_buckets=tuple(sorted(order)), backend="auto")
-    del draft  # the target stays for the floor (the engine holds its arrays, not copies)
+    # both models stay for the floors (the engine holds their arrays, not copies)
     t0 = time.perf_counter()
     ks = range(s.profile_max_k + 1)
     timing_end = compile_end = None
@@ -131,8 +140,10 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
     if out_dir:
         path = os.path.join(out_dir, "profile.json")
         prof.save(path)
-    floor = [_unless_expired(deadline, floor_point, target, b, prof.context_lengths[0],
-                             _k0_ms(prof, b), s.profile_repeats, device_info().get("hbm_bytes_per_s"))
+    bw = device_info().get("hbm_bytes_per_s")
+    floor = [_unless_expired(deadline, floor_point, model, role, b, prof.context_lengths[0],
+                             measured(prof, b), s.profile_repeats, bw)
+             for role, model, measured in (("target", target, _k0_ms), ("draft", draft, _draft_token_ms))
              for b in s.floor_batch_sizes]
     schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
     res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
@@ -146,6 +157,6 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
            "controller_schedule_ranges": {
                str(c): schedule_ranges(controller_schedule(prof, c)) for c in prof.context_lengths},
            "vllm_h100_schedule": VLLM_H100_SCHEDULE, "table": format_profile(prof), "floor": floor}
-    del engine, target
+    del engine, target, draft
     gc.collect()
     return res

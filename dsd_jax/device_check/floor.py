@@ -31,11 +31,11 @@ ROUNDS = 4  # one-token steps per timed call, as the profile's rounds_per_sample
 def weight_bytes(model) -> int:
     """Bytes of parameters one forward reads: all of them but an untied embedding table, of
     which a lookup reads B rows."""
-    cfg = model.config
-    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
-    total = sum(x.size * x.dtype.itemsize for x in leaves)
-    if not cfg.tie_word_embeddings:
-        total -= model.embed[...].size * model.embed[...].dtype.itemsize
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))  # arrays or abstract shapes alike
+    nbytes = lambda x: x.size * jnp.dtype(x.dtype).itemsize
+    total = sum(nbytes(x) for x in jax.tree.leaves(params))
+    if not model.config.tie_word_embeddings:
+        total -= nbytes(params["embed"])
     return int(total)
 
 

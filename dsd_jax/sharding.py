@@ -126,7 +126,7 @@ def per_device_bytes(tree, specs, sizes: Mapping[str, int]) -> int:
     return total
 
 
-def _default_device():
+def default_device():
     """The device new arrays go to (`jax.default_device` if set, else this process's first)."""
     device = jax.config.jax_default_device
     if isinstance(device, str):  # a platform name
@@ -176,7 +176,7 @@ class Placement:
             return None
         shardings = self.param_shardings(params, role)
         if shardings is None:
-            shardings = jax.sharding.SingleDeviceSharding(_default_device())
+            shardings = jax.sharding.SingleDeviceSharding(default_device())
         return jax.device_put(params, shardings)
 
     def new_state(self, make):

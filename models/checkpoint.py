@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dsd_jax.sharding import default_device
 from .config import ModelConfig
 from .layout import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, checkpoint_kind
 from .transformer import Transformer, init_model
@@ -225,8 +226,9 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None, verify: bool =
                 raise ValueError(f"checkpoint {path} does not match its config: parameter {name!r} "
                                  f"has dtype {jnp.dtype(got.dtype)}, config says {cfg.dtype}")
         # The placement is ours to give: without one Orbax places each array as it was saved
-        # ("cpu:0" for the shipped pair), which fails on a machine without that device.
-        here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        # ("cpu:0" for the shipped pair), which fails on a machine without that device. New
+        # arrays' device, as everywhere else (`jax.default_device` honoured).
+        here = jax.sharding.SingleDeviceSharding(default_device())
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=here),
                               nnx.to_pure_dict(abs_state))
         try:

@@ -52,6 +52,33 @@ def test_restores_on_a_machine_without_the_saving_device(tmp_path):
     assert back.embed[...].sharding.device_set == {jax.local_devices()[0]}
 
 
+RESTORE_ON_DEVICE_1 = """
+import sys, jax
+from dsd_jax.models import ModelConfig, init_model
+from dsd_jax.models.checkpoint import restore, save
+cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                  num_kv_heads=2, head_dim=8)
+save(init_model(cfg, seed=2), sys.argv[1])
+with jax.default_device(jax.local_devices()[1]):
+    back = restore(sys.argv[1])
+print(sorted(d.id for d in back.embed[...].sharding.device_set))
+"""
+
+
+def test_restore_honours_the_default_device(tmp_path):
+    """As `jnp` arrays and `load_hf` do: a user restoring elsewhere (say, onto the host to
+    spare an accelerator's memory) gets the arrays there. Two CPU devices need a process
+    of their own."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": "2", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", RESTORE_ON_DEVICE_1, str(tmp_path / "ckpt")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[1]"
+
+
 def test_save_cast_and_restore_cast(tmp_path):
     model = init_model(CFG, seed=1)
     save(model, tmp_path / "c", dtype="bfloat16")

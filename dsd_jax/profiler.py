@@ -525,6 +525,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 "capacity": engine.capacity,
                 "mesh": dict(engine.placement.sizes),
                 "batch_buckets": list(engine.batch_buckets),
+                "kernel_backends": dict(engine.kernel_backends),  # what the steps timed ran
                 "spec": engine.spec.to_dict(),
             },
             "profiler_seconds": {"latency": round(latency_s, 3), "acceptance": round(acceptance_s, 3)},

@@ -1,4 +1,4 @@
-"""Kernels behind one dispatch: pure-XLA references on CPU, Pallas on GPU/TPU.
+"""Kernels behind one dispatch: pure-XLA references, and Pallas kernels for GPU and TPU.
 
 `backend` is "auto" (per kernel and platform, `AUTO`: Pallas attention on GPU/TPU, Pallas
 rejection sampling on TPU, XLA elsewhere), "xla", "pallas" or
@@ -40,8 +40,9 @@ class PallasFallbackWarning(RuntimeWarning):
 
 # What "auto" runs, by platform. On an H200 (benchmarks/results/h200, jax 0.11.2) the Pallas
 # attention beat XLA's blocked loop 4-11x at every 8B shape, but the Pallas rejection sampler
-# was slower than XLA's at 8 of 11 points (0.45-0.97x; 2x slower with one-hot q), so GPU
-# samples with XLA unless asked for "pallas". TPU is not measured yet: Pallas for both.
+# was slower than XLA's at 9 of 11 points (at 0.45-0.97x XLA's speed; half of it with one-hot
+# q), so GPU samples with XLA unless asked for "pallas" (the kernel has been reworked since:
+# time it again, `benchmarks/results/h200/README.md`). TPU is not measured yet: Pallas for both.
 AUTO = {"gpu": KernelBackends(attention="pallas", rejection="xla"),
         "tpu": KernelBackends(attention="pallas", rejection="pallas")}
 

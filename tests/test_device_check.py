@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -38,7 +39,7 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert loaded.meta["acceptance_given"] == list(dc.VLLM_ACCEPTANCE)  # the whole published curve
     target_floor, draft_floor = prof["floor"]  # each model against its floors, at the profiled B
     assert (target_floor["role"], target_floor["B"]) == ("target", 2)
-    assert target_floor["measured_ms"] == loaded.latency_ms[0][0][0]           # the K=0 step
+    assert target_floor["measured_ms"] == loaded.meta["latency_ms_raw"][0][0][0]  # the K=0 step, raw
     assert draft_floor["role"] == "draft" and draft_floor["measured_ms"] is None  # max_k 1: no increment
     for row in prof["floor"]:
         assert row["bare_forward_ms"] > 0 and row["roofline_ms"] is None  # no HBM peak on a CPU
@@ -72,6 +73,15 @@ def test_floor_bytes_and_bare_step(tied, monkeypatch):
     logits, _ = model(tokens[:, None], jnp.zeros((16, 1), jnp.int32), init_kv_cache(cfg, 16, 4))
     want = jnp.argmax(logits[:, 0], -1)
     assert bare.tolist() == want.tolist() and len(set(want.tolist())) > 1
+    # every matmul is done at full width, the keys' and values' too (nothing else reads them):
+    # q, k, v, o, gate, up, down a layer and the LM head
+    loop, params = dc.bare_loop(model)
+    hlo = loop.lower(params, tokens).compile().as_text()
+    widths = sorted(int(m) for m in re.findall(r"= f32\[16,(\d+)\]\{[^}]*\} dot\(", hlo))
+    kv = cfg.num_kv_heads * cfg.head_dim
+    per_layer = [kv, kv, cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size,
+                 cfg.intermediate_size, cfg.hidden_size]
+    assert widths == sorted(per_layer * cfg.num_layers + [cfg.vocab_size]), widths
 
 
 def test_draft_token_cost_from_the_profile():

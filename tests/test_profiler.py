@@ -73,6 +73,7 @@ def test_latency_table_shape_and_positive(run, engine):
     m = prof.meta
     assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["passes"] == 2 and m["rounds_per_sample"] == 4 and m["num_prompts"] == len(PROMPTS)
     assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
+    assert m["engine"]["kernel_backends"] == {"attention": "xla", "rejection": "xla"}
     # the stored table is the monotone fit of the raw medians kept in meta
     raw = np.asarray(m["latency_ms_raw"])
     assert raw.shape == table.shape and np.all(raw > 0)

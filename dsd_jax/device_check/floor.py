@@ -9,9 +9,9 @@ Two floors per model and batch size B at the profile's shortest context:
   one-token steps (embedding, norms, the matmuls, RoPE, the LM head and a greedy pick;
   attention replaced by its queries, no KV cache, no slots, no sampling tail).
 
-They stand beside what the profile measured: for the target, the K = 0 step; for the draft,
-what one more draft token adds to a step (ITL(K+1) - ITL(K) for K >= 1, the mean: one more
-verified token included). A measurement far above the bare forward is the engine's own work
+They stand beside what the profile measured (its raw cells, not the table made monotone in
+K): for the target, the K = 0 step; for the draft, what one more draft token adds to a step
+(ITL(K+1) - ITL(K) for K >= 1, the mean: one more verified token and its sampling included). A measurement far above the bare forward is the engine's own work
 (attention, cache writes, bookkeeping); a bare forward far above the roofline is XLA's
 matmuls, or the launches of many small kernels, at that batch size.
 """
@@ -56,21 +56,28 @@ def bare_step(graphdef, params, tokens):
     tiny = jnp.asarray(1e-30, x.dtype)
     for layer in model.layers:
         q, k, v = layer.qkv(cfg, x, cos, sin)
-        # keys and values feed nothing without attention: a scalar of each keeps their matmuls
-        live = (jnp.sum(k[:, :, :1]) + jnp.sum(v[:, :, :1])).astype(x.dtype)
+        # keys and values feed nothing without attention: their sums (B * Hkv * D elements, next
+        # to nothing) keep their whole matmuls (a slice could be folded into a narrower dot)
+        live = (jnp.sum(k) + jnp.sum(v)).astype(x.dtype)
         x = layer.finish(cfg, x, q + tiny * live)
     return jnp.argmax(model.logits(x)[:, 0], axis=-1).astype(jnp.int32)
 
 
-def time_bare_forward(model, batch: int, reps: int) -> float:
-    """Milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
-    each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS)."""
+def bare_loop(model):
+    """(jitted `loop(params, tokens)`: ROUNDS dependent `bare_step`s, params) of `model`."""
     graphdef, params = nnx.split(model)
 
     @jax.jit
     def loop(params, tokens):
         return jax.lax.fori_loop(0, ROUNDS, lambda _, t: bare_step(graphdef, params, t), tokens)
 
+    return loop, params
+
+
+def time_bare_forward(model, batch: int, reps: int) -> float:
+    """Milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
+    each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS)."""
+    loop, params = bare_loop(model)
     tokens = jnp.arange(batch, dtype=jnp.int32) % model.config.vocab_size
     tokens = jax.block_until_ready(loop(params, tokens))  # compile + warm
     times = []

@@ -74,19 +74,30 @@ def schedule_ranges(rows: Sequence[dict]) -> list[list[int]]:
     return out
 
 
-def _k0_ms(profile, batch: int) -> float | None:
-    """The profile's K = 0 step at `batch` and its shortest context (None: not profiled)."""
+def _raw_row(profile, batch: int):
+    """The profile's row at `batch` and its shortest context as measured, not made monotone
+    in K (`meta["latency_ms_raw"]`; the table pools cells that break the order, and those
+    are what the floors are for). None: not profiled."""
     if batch not in profile.batch_sizes:
         return None
-    return float(profile.latency_ms[0][profile.batch_sizes.index(batch)][profile.ks.index(0)])
+    table = profile.meta.get("latency_ms_raw") or profile.latency_ms
+    return table[0][profile.batch_sizes.index(batch)]
+
+
+def _k0_ms(profile, batch: int) -> float | None:
+    """The K = 0 step at `batch` and the shortest context, as measured (None: not profiled)."""
+    row = _raw_row(profile, batch)
+    return None if row is None else float(row[profile.ks.index(0)])
 
 
 def _draft_token_ms(profile, batch: int) -> float | None:
-    """What one more draft token adds to a step at `batch` and the shortest context: the mean
-    of ITL(K+1) - ITL(K) over K >= 1 (K = 0 -> 1 also starts the draft; None: not profiled)."""
-    if batch not in profile.batch_sizes or profile.max_k < 2:
+    """What one more draft token adds to a step at `batch` and the shortest context, as
+    measured: the mean of ITL(K+1) - ITL(K) over K >= 1, which is (ITL(max_k) - ITL(1)) /
+    (max_k - 1) (K = 0 -> 1 also starts the draft; one more verified token is in each
+    difference). None: not profiled, or max_k < 2."""
+    row = _raw_row(profile, batch)
+    if row is None or profile.max_k < 2:
         return None
-    row = profile.latency_ms[0][profile.batch_sizes.index(batch)]
     return float(np.mean(np.diff(row[1:])))
 
 
@@ -103,8 +114,8 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
     `deadline`, the step programs compile in the order of `s.profile_buckets` for at most
     `PROFILE_COMPILE_SHARE` of the time, the compiled buckets are timed until
     `PROFILE_RESERVE_S` before it, and the profile holds those timed (its meta says what
-    was cut). Then, in the last `FLOOR_RESERVE_S`, the plain step against its floors at
-    `s.floor_batch_sizes` (`floor.floor_point`)."""
+    was cut). Then, in the last `FLOOR_RESERVE_S`, the target's K = 0 step and the draft's
+    cost per draft token against their floors at `s.floor_batch_sizes` (`floor.floor_point`)."""
     import dsd_jax as dsd
     from dsd_jax.models import synthetic
     from dsd_jax.profiler import format_profile
@@ -141,10 +152,11 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
         path = os.path.join(out_dir, "profile.json")
         prof.save(path)
     bw = device_info().get("hbm_bytes_per_s")
+    # by batch size, target then draft: a cut keeps both models at the first sizes
     floor = [_unless_expired(deadline, floor_point, model, role, b, prof.context_lengths[0],
                              measured(prof, b), s.profile_repeats, bw)
-             for role, model, measured in (("target", target, _k0_ms), ("draft", draft, _draft_token_ms))
-             for b in s.floor_batch_sizes]
+             for b in s.floor_batch_sizes
+             for role, model, measured in (("target", target, _k0_ms), ("draft", draft, _draft_token_ms))]
     schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
     res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
            "seconds": round(time.perf_counter() - t0, 1), "compile_seconds": round(t_compile, 1),

@@ -1,4 +1,3 @@
-import dsd_jax  # noqa: F401  (the package first: it maps models and kernels)
 import dsd_jax as dsd
 from dsd_jax.models.builtin import builtin
 from dsd_jax.device_check.floor import floor_point

@@ -488,8 +488,9 @@ class SpecEngine:
         remember(memory, requests)
         return [self._output(r, return_logprobs) for r in requests]
 
-    def stream(self, prompts, sampling=None, references=None,
-               memory=None) -> Iterator[tuple[int, list[int]]]:
+    def stream(self, prompts, sampling=None, references=None, memory=None,
+               on_output: Callable[[int, RequestOutput], None] | None = None,
+               return_logprobs: bool = False) -> Iterator[tuple[int, list[int]]]:
         """Yields (output index, new token ids) as tokens are committed; the output index is
         the position `generate` would return the completion at (the prompt index when n=1).
         A completion's tokens, joined, are `generate`'s `token_ids` (a stop token that
@@ -502,15 +503,23 @@ class SpecEngine:
         closed (`.close()`, leaving its `for` loop, or dropping it), another raises.
 
         references, memory: as in `generate`; the memory stores the completions once the
-        stream is exhausted (a stream closed early stores none of its partial ones)."""
-        return self._stream(self._check_call(prompts, sampling, references, memory), memory)
+        stream is exhausted (a stream closed early stores none of its partial ones).
+        on_output: called as each completion finishes, with its output index and its
+        `RequestOutput` (finish reason, text, and logprobs with `return_logprobs`), just
+        before its last tokens are yielded (a completion may end with no new tokens: a stop
+        token left out): how a consumer learns that an index is done."""
+        return self._stream(self._check_call(prompts, sampling, references, memory), memory,
+                            on_output, return_logprobs)
 
-    def _stream(self, checked: list[tuple], memory=None) -> Iterator[tuple[int, list[int]]]:
+    def _stream(self, checked: list[tuple], memory=None, on_output=None,
+                return_logprobs: bool = False) -> Iterator[tuple[int, list[int]]]:
         requests = self._numbered(checked)
         index = {r.request_id: i for i, r in enumerate(requests)}
         # closing the stream closes its run at once, which frees the slots and the engine
         with contextlib.closing(self._run(requests)) as run:
             for req, new in run:
+                if on_output and req.finish_reason is not None:
+                    on_output(index[req.request_id], self._output(req, return_logprobs))
                 if new:
                     yield index[req.request_id], new
         remember(memory, requests)

@@ -107,6 +107,32 @@ def test_stream_yields_tokens_in_order(engine, pair):
     assert got[1] == greedy_reference(pair[0], [4], 7)
 
 
+def test_stream_says_when_each_completion_finishes(engine, pair):
+    """on_output fires once per completion, before its last tokens are yielded, with the
+    output `generate` returns for it (logprobs included when asked)."""
+    engine.controller = FixedK([2])
+    prompts = [[1, 2, 3], [4], [5, 6]]
+    sp = [SamplingParams(temperature=0.0, max_tokens=m) for m in (7, 3, 5)]
+    events, got = [], {}
+
+    def finished(index, out):
+        events.append(("finished", index, list(got.get(index, [])), out))
+
+    for index, new in engine.stream(prompts, sp, on_output=finished, return_logprobs=True):
+        got.setdefault(index, []).extend(new)
+        events.append(("tokens", index, None, None))
+    want = engine.generate(prompts, sp, return_logprobs=True)
+    done = {e[1]: e[3] for e in events if e[0] == "finished"}
+    assert sorted(done) == [0, 1, 2]
+    for i, out in done.items():
+        assert out.token_ids == got[i] == want[i].token_ids and out.finish_reason == "length"
+        assert out.logprobs == pytest.approx(want[i].logprobs)
+        # the callback came before the completion's last tokens, and no tokens followed those
+        at = next(n for n, e in enumerate(events) if e[0] == "finished" and e[1] == i)
+        after = [e for e in events[at + 1:] if e[0] == "tokens" and e[1] == i]
+        assert len(after) == 1 and len(events[at][2]) < len(got[i])
+
+
 def test_batch_shrinking_rollout_without_recompilation(pair):
     """64 requests with heavy-tailed lengths: every token correct, the live batch shrinks
     to a long tail, and nothing compiles after warm-up (batch 1 -> 64 -> 1, K changing)."""

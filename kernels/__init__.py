@@ -154,7 +154,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
                                          residual_noise)
 
 
-__all__ = ["AUTO", "BACKENDS", "KERNELS", "KernelBackends", "PallasFallbackWarning", "default_platform",
-           "resolve_backend", "resolve_backends", "verify_attention", "verify_attention_xla",
+__all__ = ["AUTO", "BACKENDS", "KERNELS", "KernelBackends", "PallasFallbackWarning",
+           "default_platform", "resolve_backend", "resolve_backends", "verify_attention", "verify_attention_xla",
            "attend_and_write", "attend_and_write_xla", "write_entries",
            "rejection_sample", "rejection_sample_xla", "coupled_accept_xla", "first_rejection"]

@@ -307,7 +307,8 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
     interpret: False, True, or (TPU variant) a `pltpu.InterpretParams`.
     platform:  "gpu" | "tpu" | None (= `jax.default_backend()`; "tpu" when interpreting on CPU).
     block_v / num_splits: vocab tile (GPU: power of two; TPU: multiple of 128) and the GPU
-    vocab split factor; None picks the defaults (GPU_BLOCK_V / TPU_BLOCK_V, splits from the SM count).
+    vocab split factor; None picks the defaults (GPU_BLOCK_V / TPU_BLOCK_V, splits from the
+    SM count).
     """
     B, K1, V = target_probs.shape
     K = K1 - 1

@@ -37,8 +37,8 @@ each piece.
 from __future__ import annotations
 
 from .settings import (
-    ATTN_CASES, BF16, F32, FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, REJ_CASES, SECTION_WEIGHTS,
-    SECTIONS, SKIPPED, TIMING_MODELS, TOL, VLLM_ACCEPTANCE, VLLM_H100_SCHEDULE, Settings, device_info,
+    ATTN_CASES, BF16, F32, FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, REJ_CASES,
+    SECTION_WEIGHTS, SECTIONS, SKIPPED, TIMING_MODELS, TOL, VLLM_ACCEPTANCE, VLLM_H100_SCHEDULE, Settings, device_info,
     hardware_peaks)
 from .kernel_checks import (
     attention_case, cache_rows, check_kernels, query_positions, rejection_case, rejection_inputs)
@@ -47,7 +47,8 @@ from .timings import (
     time_chain, time_kernels, time_rejection)
 from .compile import precompile, precompile_steps
 from .e2e import NEAR_TIE, _divergence_gap, top2_gap, e2e_builtin, e2e_synthetic, end_to_end
-from .floor import bare_loop, bare_step, floor_point, format_floor, kv_bytes, time_bare_forward, weight_bytes
+from .floor import (
+    bare_loop, bare_step, floor_point, format_floor, kv_bytes, time_bare_forward, weight_bytes)
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
@@ -55,14 +56,15 @@ from .report import format_report, write_results
 from .command import build_parser, main, run, section_deadline
 
 __all__ = [
-    "ATTN_CASES", "BF16", "F32", "FLOOR_RESERVE_S", "PROFILE_COMPILE_SHARE", "PROFILE_RESERVE_S", "REJ_CASES",
-    "SECTION_WEIGHTS", "SECTIONS", "SKIPPED", "TIMING_MODELS", "TOL", "VLLM_ACCEPTANCE",
+    "ATTN_CASES", "BF16", "F32", "FLOOR_RESERVE_S", "PROFILE_COMPILE_SHARE", "PROFILE_RESERVE_S",
+    "REJ_CASES", "SECTION_WEIGHTS", "SECTIONS", "SKIPPED", "TIMING_MODELS", "TOL", "VLLM_ACCEPTANCE",
     "VLLM_H100_SCHEDULE", "Settings", "device_info", "hardware_peaks", "attention_case", "cache_rows",
     "check_kernels", "query_positions", "rejection_case", "rejection_inputs", "attention_roofline",
     "chained_calls", "rejection_chain_step", "rejection_roofline", "time_attention", "time_chain",
     "time_kernels", "time_rejection", "precompile", "precompile_steps", "NEAR_TIE", "top2_gap",
     "_divergence_gap", "e2e_builtin", "e2e_synthetic", "end_to_end", "bucket_order",
-    "bare_loop", "bare_step", "floor_point", "format_floor", "kv_bytes", "time_bare_forward", "weight_bytes",
+    "bare_loop", "bare_step", "floor_point", "format_floor", "kv_bytes", "time_bare_forward",
+    "weight_bytes",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
     "format_report", "write_results", "build_parser", "main", "run", "section_deadline"
 ]

@@ -11,9 +11,10 @@ Two floors per model and batch size B at the profile's shortest context:
 
 They stand beside what the profile measured (its raw cells, not the table made monotone in
 K): for the target, the K = 0 step; for the draft, what one more draft token adds to a step
-(ITL(K+1) - ITL(K) for K >= 1, the mean: one more verified token and its sampling included). A measurement far above the bare forward is the engine's own work
-(attention, cache writes, bookkeeping); a bare forward far above the roofline is XLA's
-matmuls, or the launches of many small kernels, at that batch size.
+(ITL(K+1) - ITL(K) for K >= 1, the mean: one more verified token and its sampling included).
+A measurement far above the bare forward is the engine's own work (attention, cache writes,
+bookkeeping); a bare forward far above the roofline is XLA's matmuls, or the launches of
+many small kernels, at that batch size.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def kv_bytes(config, batch: int, context: int) -> int:
 
 
 def bare_step(graphdef, params, tokens):
-    """One greedy one-token step of the target, attention replaced by its queries:
+    """One greedy one-token step of a split model, attention replaced by its queries:
     tokens [B] -> next tokens [B]."""
     from dsd_jax.models.transformer import rope_cos_sin
     model = nnx.merge(graphdef, params)

@@ -99,8 +99,9 @@ class Settings:
     profile_repeats: int = 5
     profile_warmup_reps: int = 2
     acceptance: Sequence = VLLM_ACCEPTANCE
-    # the plain step against its floors (`floor.py`). 1 and 2: on the H200 a K = 0 step at
-    # B = 1 (one-row matmuls) took longer than K = 1 (two rows) and than K = 0 at B = 16
+    # the target's K = 0 step and the draft's cost per token against their floors (`floor.py`).
+    # 1 and 2: on the H200 a K = 0 step at B = 1 (one-row matmuls) took longer than K = 1 (two
+    # rows) and than K = 0 at B = 16
     floor_batch_sizes: Sequence = (1, 2, 16)
 
     @classmethod

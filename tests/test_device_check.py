@@ -158,9 +158,21 @@ def test_divergence_gap_on_a_tiny_model():
     from dsd_jax.models import synthetic
     model = synthetic("tiny-llama", dtype="float32")
     prompts = [[5, 6, 7], [1, 2, 3, 4]]
-    res = {"tokens": {"xla": {"greedy": [[9, 9], [8, 7, 6]]}}}
-    gap = dc._divergence_gap(model, prompts, res, [None, 2], dc.Settings.cpu_smoke())
+    gap = dc._divergence_gap(model, prompts, [[9, 9], [8, 7, 6]], [None, 2], "float32")
     assert gap["request"] == 1 and gap["position"] == 2 and gap["top2_gap"] >= 0.0
+
+
+def test_report_names_a_speculative_divergence_and_its_gap():
+    row = {"pair": "builtin", "k": 3, "prompts": 4, "max_tokens": 32, "identical": {},
+           "spec_vs_plain": {"k": 3, "kernel_backends": {"attention": "pallas", "rejection": "xla"},
+                             "identical": False, "matmul_precision": "default",
+                             "first_divergence": [None, 7, None, None],
+                             "top2_gap": {"request": 1, "position": 7, "near_tie": True}}}
+    text = dc.format_report({"e2e": {"builtin": row}})
+    assert "against plain greedy at matmul precision default (what the demo checks): identical False" in text
+    assert "first divergence [None, 7, None, None]" in text and "a near-tie (rounding)" in text
+    row["spec_vs_plain"] = {"error": "boom"}
+    assert "speculative against plain greedy: ERROR boom" in dc.format_report({"e2e": {"builtin": row}})
 
 
 def test_time_budget_skips_sections(tmp_path):
@@ -236,6 +248,10 @@ def test_e2e_builtin_pair_plumbing():
     s = dc.Settings.cpu_smoke(backend="xla", e2e_batch=1, e2e_max_tokens=2, e2e_k=1)
     r = dc.e2e_builtin(s)
     assert r["tokens_identical"] is True and r["xla"]["greedy"]["tokens"] == 2
+    # what the demo checks, at the default precision: lossless on this CPU
+    sp = r["spec_vs_plain"]
+    assert sp["identical"] is True and sp["k"] == 1 and "first_divergence" not in sp, sp
+    assert "speculative (K=1" in dc.format_report({"e2e": {"builtin": r}})
     assert r["xla"]["precompiled"].endswith("threads")
 
 

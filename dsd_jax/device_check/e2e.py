@@ -62,11 +62,40 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
             a, b = ref[name], tokens[backend][name]
             out.setdefault("identical", {})[f"{backend}/{name}"] = a == b
             if a != b:
-                out.setdefault("first_divergence", {})[f"{backend}/{name}"] = [
-                    next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), min(len(r), len(t)))
-                    if r != t else None for r, t in zip(a, b)]
+                out.setdefault("first_divergence", {})[f"{backend}/{name}"] = _first_divergence(a, b)
     out["tokens_identical"] = all(out.get("identical", {}).values())
     out["tokens"] = tokens
+    return out
+
+
+def _first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    """Per completion, the first index where two token lists differ (None: identical)."""
+    return [next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), min(len(r), len(t)))
+            if r != t else None for r, t in zip(a, b)]
+
+
+def spec_vs_plain(target, draft, prompts, s: Settings, max_seq_len: int, tokenizer=None) -> dict:
+    """What `dsd-jax demo` checks, on this device at its default matmul precision: greedy
+    tokens of the speculative engine (K = `s.e2e_k`, backend "auto") against plain decoding
+    (method "none"). The two run different shapes (K + 1 tokens a row against 1), which a
+    GPU may sum in another order: a divergence reports the target's top-2 gap there."""
+    import dsd_jax as dsd
+    kw = dict(max_batch_size=len(prompts), max_seq_len=max_seq_len, batch_buckets=(len(prompts),),
+              prefill_chunk=64, tokenizer=tokenizer)
+    sp = dsd.SamplingParams(temperature=0.0, max_tokens=s.e2e_max_tokens)
+    plain = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
+    want = [o.token_ids for o in plain.generate(prompts, sp)]
+    del plain
+    spec = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.e2e_k), **kw)
+    got = [o.token_ids for o in spec.generate(prompts, sp)]
+    out = {"k": s.e2e_k, "kernel_backends": spec.kernel_backends, "identical": got == want,
+           "matmul_precision": str(jax.config.jax_default_matmul_precision or "default")}
+    del spec
+    if got != want:
+        div = _first_divergence(want, got)
+        out["first_divergence"] = div
+        out["top2_gap"] = _guard(_divergence_gap, target, prompts, want, div, target.config.dtype)
+    gc.collect()
     return out
 
 
@@ -96,15 +125,15 @@ def top2_gap(top1: float, top2: float, dtype: str) -> dict:
             "near_tie": bool(gap <= NEAR_TIE[dtype] * scale)}
 
 
-def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
-    """At the first greedy divergence, the target's top-2 logit gap (XLA, full forward): a
-    gap within the rounding of the models' dtype (`NEAR_TIE`) means a near-tie, not a kernel
-    bug."""
+def _divergence_gap(target, prompts, tokens, div, dtype: str) -> dict:
+    """At the first greedy divergence (`div`, per completion: `_first_divergence`), the
+    target's top-2 logit gap after `tokens` (the reference run's completions; XLA, full
+    forward): a gap within the rounding of `dtype` (`NEAR_TIE`) means a near-tie, not a bug."""
     from flax import nnx
 
     from dsd_jax import models
     i = next(j for j, d in enumerate(div) if d is not None)
-    seq = list(prompts[i]) + res["tokens"]["xla"]["greedy"][i][:div[i]]
+    seq = list(prompts[i]) + tokens[i][:div[i]]
     n = len(seq)
     graph, params = nnx.split(target)
     cfg = target.config
@@ -117,7 +146,7 @@ def _divergence_gap(target, prompts, res, div, s: Settings) -> dict:
         return logits[0, -1]
 
     top = np.sort(np.asarray(last_logits(params, jnp.asarray(seq, jnp.int32)), np.float64))[-2:]
-    return {"request": i, "position": div[i], **top2_gap(top[1], top[0], s.e2e_dtype)}
+    return {"request": i, "position": div[i], **top2_gap(top[1], top[0], dtype)}
 
 
 def e2e_builtin(s: Settings) -> dict:
@@ -125,9 +154,10 @@ def e2e_builtin(s: Settings) -> dict:
     target, draft, tok = models.builtin(dtype="float32")
     prompts = [tok.encode(p).ids[-48:] for p in models.heldout_prompts(s.e2e_batch)]
     # both backends exact float32 (XLA on a GPU would run f32 dots in TF32, the kernel does not)
+    max_seq_len = 48 + s.e2e_max_tokens + 8
     with jax.default_matmul_precision("highest"):
-        res = _generate_both(target, draft, prompts, s, ("xla", s.backend),
-                             48 + s.e2e_max_tokens + 8, tok)
+        res = _generate_both(target, draft, prompts, s, ("xla", s.backend), max_seq_len, tok)
+    res["spec_vs_plain"] = _guard(spec_vs_plain, target, draft, prompts, s, max_seq_len, tok)
     return {"pair": "builtin (float32, matmul precision highest)", **res}
 
 
@@ -146,7 +176,8 @@ def e2e_synthetic(s: Settings) -> dict:
                              s.e2e_prompt_len + s.e2e_max_tokens + 8)
         div = (res.get("first_divergence") or {}).get(f"{s.backend}/greedy")
         if div:
-            res["greedy_divergence_top2_gap"] = _guard(_divergence_gap, target, prompts, res, div, s)
+            res["greedy_divergence_top2_gap"] = _guard(_divergence_gap, target, prompts,
+                                                       res["tokens"]["xla"]["greedy"], div, s.e2e_dtype)
     del target, draft
     gc.collect()
     suffix = ", matmul precision highest" if s.e2e_dtype == "float32" else ""

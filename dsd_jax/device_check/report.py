@@ -17,6 +17,13 @@ def _not_run(row: dict) -> str:
     return f"skipped ({row['skipped']})" if "skipped" in row else f"ERROR {row.get('error')}"
 
 
+def _verdict(gap: dict) -> str:
+    if "near_tie" not in gap:
+        return ""
+    return (" -> a near-tie (rounding), not a kernel bug" if gap["near_tie"]
+            else " -> NOT a near-tie: look for a kernel bug")
+
+
 def format_report(results: dict) -> str:
     info = results.get("device", {})
     lines = [f"device_check: {info.get('device_kind')} ({info.get('platform')}), jax {info.get('jax')}, "
@@ -96,7 +103,7 @@ def format_report(results: dict) -> str:
             lines.append(f"  {r['pair']}: K={r['k']}, {r['prompts']} prompts x {r['max_tokens']} tokens; "
                          f"identical {r.get('identical')}")
             for be, v in r.items():
-                if isinstance(v, dict) and "kernel_backends" in v:
+                if isinstance(v, dict) and "kernel_backends" in v and "greedy" in v:  # a backend's runs
                     lines.append(f"    {be}: kernels {v['kernel_backends']}; greedy "
                                  f"{v['greedy']['second_call_s']} s, sampled {v['sampled']['second_call_s']} s "
                                  f"(first calls {v['greedy']['first_call_s']} / {v['sampled']['first_call_s']} s)")
@@ -104,9 +111,17 @@ def format_report(results: dict) -> str:
                 lines.append(f"    first divergence per prompt: {r['first_divergence']}")
             gap = r.get("greedy_divergence_top2_gap")
             if gap:
-                verdict = ("" if "near_tie" not in gap else " -> a near-tie (rounding), not a kernel bug"
-                           if gap["near_tie"] else " -> NOT a near-tie: look for a kernel bug")
-                lines.append(f"    target's top-2 logit gap at the first greedy divergence: {gap}{verdict}")
+                lines.append(f"    target's top-2 logit gap at the first greedy divergence: {gap}{_verdict(gap)}")
+            sp = r.get("spec_vs_plain")
+            if sp:
+                if "identical" not in sp:
+                    lines.append(f"    speculative against plain greedy: {_not_run(sp)}")
+                else:
+                    lines.append(f"    speculative (K={sp['k']}, kernels {sp['kernel_backends']}) against plain "
+                                 f"greedy at matmul precision {sp['matmul_precision']} (what the demo checks): "
+                                 f"identical {sp['identical']}"
+                                 + (f"; first divergence {sp['first_divergence']}, top-2 gap {sp.get('top2_gap')}"
+                                    f"{_verdict(sp.get('top2_gap') or {})}" if not sp["identical"] else ""))
         lines.append("")
     p = results.get("profile")
     if p:

@@ -169,7 +169,8 @@ class SpecEngine:
             # (fingerprints hash every weight: only computed when there is a profile)
             from dsd_jax.profiler import device_kind
             expect = lambda: dict(expect_fingerprints=self.fingerprints(), expect_device_kind=device_kind(),
-                                  expect_mesh=self.placement.sizes)
+                                  expect_mesh=self.placement.sizes,
+                                  expect_kernel_backends=backends._asdict())
             if isinstance(profile, str):
                 profile = Profile.load(profile, **expect())
             elif profile is None and spec.dynamic is not None and spec.dynamic.profile:

@@ -415,6 +415,13 @@ class Profile:
         return {"data": 1, "model": 1, **mesh} if isinstance(mesh, dict) else {"data": 1, "model": 1}
 
     @property
+    def kernel_backends(self) -> dict | None:
+        """{"attention": ..., "rejection": ...} the steps were timed with (None: not recorded)."""
+        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
+        backends = engine.get("kernel_backends") if isinstance(engine, dict) else None
+        return dict(backends) if isinstance(backends, dict) else None
+
+    @property
     def max_seq_len(self) -> int | None:
         """The engine max_seq_len the profile was measured at (None: not recorded)."""
         engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
@@ -449,12 +456,14 @@ class Profile:
         expect_fingerprints: Mapping[str, str] | None = None,
         expect_device_kind: str | None = None,
         expect_mesh: Mapping[str, int] | None = None,
+        expect_kernel_backends: Mapping[str, str] | None = None,
     ) -> "Profile":
         """Read and validate a profile file.
 
         Raises ValueError (naming the file) for unreadable/invalid JSON or any
         invalid content. Emits `ProfileMismatchWarning` when a fingerprint in
-        `expect_fingerprints`, `expect_device_kind` or `expect_mesh` differs from the file's.
+        `expect_fingerprints`, `expect_device_kind`, `expect_mesh` or `expect_kernel_backends`
+        differs from the file's.
         """
         src = f"profile file {os.fspath(path)!r}"
         try:
@@ -467,7 +476,8 @@ class Profile:
         except (json.JSONDecodeError, RecursionError) as e:
             raise ValueError(f"{src} is not valid JSON: {e}") from None
         prof = cls.from_dict(d, source=src)
-        prof.check_compatible(expect_fingerprints, expect_device_kind, expect_mesh, source=src)
+        prof.check_compatible(expect_fingerprints, expect_device_kind, expect_mesh, source=src,
+                              expect_kernel_backends=expect_kernel_backends)
         return prof
 
     def check_compatible(
@@ -477,9 +487,20 @@ class Profile:
         expect_mesh: Mapping[str, int] | None = None,
         *,
         source: str = "profile",
+        expect_kernel_backends: Mapping[str, str] | None = None,
     ) -> bool:
-        """Warn (ProfileMismatchWarning) on model/device/mesh mismatch; True if all match."""
+        """Warn (ProfileMismatchWarning) on model/device/mesh/kernel mismatch; True if all match
+        (a profile that does not record its kernels is not checked for them)."""
         ok = True
+        timed = self.kernel_backends
+        if expect_kernel_backends is not None and timed is not None and dict(expect_kernel_backends) != timed:
+            ok = False
+            warnings.warn(
+                f"{source} was timed with kernels {timed} but this run uses {dict(expect_kernel_backends)}: "
+                "a step's latency depends on them; re-run the profiler",
+                ProfileMismatchWarning,
+                stacklevel=3,
+            )
         if expect_mesh is not None and dict(expect_mesh) != self.mesh:
             ok = False
             warnings.warn(

@@ -158,6 +158,27 @@ def test_mesh_mismatch_warns(tmp_path):
         assert Profile.load(path, expect_mesh={"data": 1, "model": 4}).mesh == {"data": 1, "model": 4}
 
 
+def test_kernel_backends_checked_when_recorded(tmp_path):
+    """A profile timed with other kernels (the H200's first profile ran Pallas rejection,
+    "auto" now runs XLA's) warns; one that does not record them is not checked."""
+    path = tmp_path / "prof.json"
+    here = {"attention": "pallas", "rejection": "xla"}
+    make().save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Profile.load(path, expect_kernel_backends=here).kernel_backends is None
+    p = make()
+    p.meta["engine"] = {"kernel_backends": {"attention": "pallas", "rejection": "pallas"}}
+    p.save(path)
+    with pytest.warns(ProfileMismatchWarning, match="timed with kernels .*'rejection': 'pallas'"):
+        Profile.load(path, expect_kernel_backends=here)
+    p.meta["engine"]["kernel_backends"] = here
+    p.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Profile.load(path, expect_kernel_backends=here).kernel_backends == here
+
+
 def test_unreadable_files_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="nope.json"):
         Profile.load(tmp_path / "nope.json")

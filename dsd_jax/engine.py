@@ -64,6 +64,18 @@ def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
     return placement
 
 
+def _matmul_precision(value: str | None) -> str | None:
+    """`value` checked, or the precision in effect now when it is None."""
+    if value is None:
+        return jax.config.jax_default_matmul_precision
+    try:
+        with jax.default_matmul_precision(value):
+            pass
+    except ValueError as e:
+        raise ValueError(f"matmul_precision {value!r} is not a jax.default_matmul_precision value: {e}") from None
+    return value
+
+
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -87,6 +99,10 @@ class SpecEngine:
     `multihost_strategy` "broadcast" (process 0 decides) or "allgather" (every controller
     sees the slowest process's step times); see `dsd_jax.multihost`. An engine on one
     process's own devices (no mesh, or a local mesh) runs alone.
+    `matmul_precision`: what the engine's programs compile at (a `jax.default_matmul_precision`
+    value, e.g. "highest": float32 dots that a GPU would otherwise run in TF32); None: the one
+    in effect when the engine is built. Fixed then, since the programs are compiled once and
+    kept: a precision context around a later `generate` does not change them.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
@@ -94,7 +110,7 @@ class SpecEngine:
                  batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
                  profile=None, controller=None, backend: str = "auto",
                  compilation_cache_dir: str | None = None, seed: int = 0, mesh=None,
-                 multihost_strategy: str = "broadcast"):
+                 multihost_strategy: str = "broadcast", matmul_precision: str | None = None):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, collections.abc.Mapping) else spec
         if not isinstance(spec, SpecConfig):
@@ -163,7 +179,8 @@ class SpecEngine:
         prefill_chunks = chunk_buckets(self.prefill_chunk)
         self.programs = Programs(target_graph, self.drafter, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
-                                 prefill_rows, prefill_chunks, self.placement, fallback=fallback)
+                                 prefill_rows, prefill_chunks, self.placement, fallback=fallback,
+                                 matmul_precision=_matmul_precision(matmul_precision))
         if controller is None:
             # warns loudly when the profile was measured for other models, hardware or mesh
             # (fingerprints hash every weight: only computed when there is a profile)

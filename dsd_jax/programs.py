@@ -28,10 +28,14 @@ from dsd_jax.state import MAX_STOP_IDS, DecodeState
 class Programs:
     def __init__(self, target_graph, drafter, opts: step_lib.StepOptions, target_params,
                  draft_params, state: DecodeState, batch_buckets, max_k: int, prefill_rows,
-                 prefill_chunks, placement: Placement | None = None, fallback: bool = False):
+                 prefill_chunks, placement: Placement | None = None, fallback: bool = False,
+                 matmul_precision: str | None = None):
         """`fallback`: a program that fails to lower or compile with a Pallas kernel in it
         switches that kernel to its XLA path, with a `kernels.PallasFallbackWarning` (the
-        engine sets it for backend="auto" on GPU/TPU)."""
+        engine sets it for backend="auto" on GPU/TPU). `matmul_precision`: every program is
+        traced under it (a `jax.default_matmul_precision` value; None: the platform's default),
+        whatever the context of the call that first needs it (a thread, say)."""
+        self.matmul_precision = matmul_precision
         self.batch_buckets = tuple(batch_buckets)
         self.max_k = max_k
         self.prefill_rows = tuple(prefill_rows)
@@ -92,9 +96,11 @@ class Programs:
         if exe is None:
             # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`);
             # without one under no mesh at all, not a caller's `jax.set_mesh` around the call;
-            # and in 32 bits whatever a caller's jax_enable_x64 (the programs are int32 throughout)
+            # in 32 bits whatever a caller's jax_enable_x64 (the programs are int32 throughout);
+            # and at the engine's matmul precision, not the calling thread's
             try:
-                with jax.set_mesh(self.placement.mesh), jax.enable_x64(False):
+                with (jax.set_mesh(self.placement.mesh), jax.enable_x64(False),
+                      jax.default_matmul_precision(self.matmul_precision)):
                     lowered = lower()
                 exe = lowered.compile()
             except Exception as err:  # noqa: BLE001  (Triton/Mosaic raise many kinds)

@@ -683,6 +683,20 @@ def _stub_demo(monkeypatch, shipped):
     return calls
 
 
+def test_demo_builds_its_engines_at_float32_precision(monkeypatch, tmp_path):
+    """The demo's lossless check on its float32 pair compares algorithms, not two roundings:
+    its engines (which keep the precision they are built under) are built at "highest", so a
+    GPU runs their dots in float32, not TF32."""
+    import jax
+
+    import dsd_jax.bench.commands as C
+    _stub_demo(monkeypatch, shipped="shipped.json")
+    seen = []
+    monkeypatch.setattr(C, "run_bench", lambda *a, **k: seen.append(jax.config.jax_default_matmul_precision) or [])
+    assert cli.main(["demo", "--out-dir", str(tmp_path / "demo")]) == 0
+    assert seen == ["highest"] and jax.config.jax_default_matmul_precision != "highest"
+
+
 def test_demo_refuses_to_replace_its_outputs(monkeypatch, tmp_path, capsys):
     """`dsd-jax demo --out-dir DIR` replaced an earlier DIR/bench.json (as `dsd-jax bench
     --json bench.json` leaves), bench.png and the profiles without --overwrite or a word. The

@@ -169,7 +169,7 @@ def test_report_names_a_speculative_divergence_and_its_gap():
                              "first_divergence": [None, 7, None, None],
                              "top2_gap": {"request": 1, "position": 7, "near_tie": True}}}
     text = dc.format_report({"e2e": {"builtin": row}})
-    assert "against plain greedy at matmul precision default (what the demo checks): identical False" in text
+    assert "against plain greedy at matmul precision default: identical False" in text
     assert "first divergence [None, 7, None, None]" in text and "a near-tie (rounding)" in text
     row["spec_vs_plain"] = {"error": "boom"}
     assert "speculative against plain greedy: ERROR boom" in dc.format_report({"e2e": {"builtin": row}})
@@ -248,28 +248,44 @@ def test_e2e_builtin_pair_plumbing():
     s = dc.Settings.cpu_smoke(backend="xla", e2e_batch=1, e2e_max_tokens=2, e2e_k=1)
     r = dc.e2e_builtin(s)
     assert r["tokens_identical"] is True and r["xla"]["greedy"]["tokens"] == 2
-    # what the demo checks, at the default precision: lossless on this CPU
+    # speculative against plain greedy at the default precision: lossless on this CPU
     sp = r["spec_vs_plain"]
     assert sp["identical"] is True and sp["k"] == 1 and "first_divergence" not in sp, sp
     assert "speculative (K=1" in dc.format_report({"e2e": {"builtin": r}})
     assert r["xla"]["precompiled"].endswith("threads")
 
 
-def test_precompile_keeps_the_callers_matmul_precision():
-    """`jax.default_matmul_precision` is thread-local: programs compiled in the worker
-    threads lost it (a GPU's f32 dots then run in TF32 in one backend's prefill only)."""
+def test_programs_keep_the_engines_matmul_precision():
+    """An engine's programs compile at the matmul precision in effect when it was built (or
+    its `matmul_precision=`): in precompile's worker threads too (the context is
+    thread-local: they had lost it, and a GPU's f32 dots ran in TF32 in one backend's prefill
+    only), and whatever context a later call runs in (programs are compiled once and kept:
+    a context around `generate` after `warmup` was silently ignored)."""
     import jax
 
     import dsd_jax as dsd
     from dsd_jax.models import synthetic
     target = synthetic("tiny-llama", seed=0, dtype="float32")
-    engine = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), max_batch_size=2,
-                            max_seq_len=22, batch_buckets=(1, 2))
+    kw = dict(max_batch_size=2, max_seq_len=22, batch_buckets=(1, 2))
+    highest = "operand_precision={highest,highest}"
+
+    def hlo(engine, b=1):
+        return engine.programs._compiled[("step", 0, b)].as_text()
+
     with jax.default_matmul_precision("highest"):
-        assert dc.precompile_steps(engine, range(1), (1, 2), threads=2) == "2 programs, 2 threads"
+        built_under = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
+    assert dc.precompile_steps(built_under, range(1), (1, 2), threads=2) == "2 programs, 2 threads"
     for b in (1, 2):  # bucket 2 compiled in a worker thread
-        hlo = engine.programs._compiled[("step", 0, b)].as_text()
-        assert "dot(" in hlo and "operand_precision={highest,highest}" in hlo, b
+        assert "dot(" in hlo(built_under, b) and highest in hlo(built_under, b), b
+    plain = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
+    with jax.default_matmul_precision("highest"):
+        plain.programs.step(0, 1)
+    assert "dot(" in hlo(plain) and highest not in hlo(plain)
+    explicit = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), matmul_precision="highest", **kw)
+    explicit.programs.step(0, 1)
+    assert highest in hlo(explicit)
+    with pytest.raises(ValueError, match="matmul_precision 'bogus' is not a jax.default_matmul_precision"):
+        dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), matmul_precision="bogus", **kw)
 
 
 def test_run_creates_the_output_folder_first(tmp_path):

@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import jax
+
 from dsd_jax.bench.profiles import shipped_profile
 from dsd_jax.bench.report import check_plot_path, format_hist, format_table, summarize, write_json, write_plot
 from dsd_jax.bench.run import run_bench
@@ -235,11 +237,16 @@ def demo(args) -> int:
     prompts = _builtin_prompts(max(_prompts_needed(quick, mode(quick)["batch_sizes"]), DEMO_PROMPT_INDEX) + 1)
     demo_prompt = prompts.pop(DEMO_PROMPT_INDEX)  # not among the benchmark's prompts
     e3 = DEMO_EAGLE3[quick]
-    rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=shipped, profile_out=profile_out,
-                     configs=list(mode(quick)["configs"]) + list(e3["configs"]), eagle3=head,
-                     eagle3_profile_out=e3_profile_out, eagle3_max_batch=e3["max_batch"],
-                     eagle3_max_k=e3["max_k"], runner_hook=lambda runner: _complete(runner, demo_prompt),
-                     compilation_cache_dir=str(out_dir / "xla_cache"), log=lambda s: print(s, flush=True))
+    # The built-in pair is float32. Its engines (they keep the precision they are built under)
+    # run its dots in float32 ("highest"), not in a GPU's default TF32: the lossless check
+    # then compares the algorithms, not two roundings of a near-tie (a K+1-token verify
+    # against a 1-token step). On a CPU it changes nothing.
+    with jax.default_matmul_precision("highest"):
+        rows = run_bench(target, draft, tokenizer, prompts, quick=quick, profile=shipped, profile_out=profile_out,
+                         configs=list(mode(quick)["configs"]) + list(e3["configs"]), eagle3=head,
+                         eagle3_profile_out=e3_profile_out, eagle3_max_batch=e3["max_batch"],
+                         eagle3_max_k=e3["max_k"], runner_hook=lambda runner: _complete(runner, demo_prompt),
+                         compilation_cache_dir=str(out_dir / "xla_cache"), log=lambda s: print(s, flush=True))
     write_json(rows, json_path)
     write_plot(rows, plot_path, title="dsd-jax demo: built-in pair and EAGLE-3 head, "
                + ("quick" if quick else "full") + " bench")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax
-
 from .settings import _expired, _first_line
 
 
@@ -24,15 +22,12 @@ def precompile(engine, jobs: Sequence[tuple], threads: int = 8, deadline: float 
     fallback = programs._fallback
     jobs = list(dict.fromkeys(tuple(j) for j in jobs))
     required_jobs = set(jobs[:max(1, required)])
-    # the caller's `jax.default_matmul_precision` is thread-local: the workers re-enter it,
-    # or their programs would compile at the default precision (TF32 dots on a GPU)
-    precision = jax.config.jax_default_matmul_precision
+    # (the workers compile at the engine's matmul precision: `Programs._get` enters it)
 
     def compile_job(job) -> bool:
         if job not in required_jobs and _expired(deadline):
             return False
-        with jax.default_matmul_precision(precision):
-            getattr(programs, job[0])(*job[1:])
+        getattr(programs, job[0])(*job[1:])
         return True
 
     try:

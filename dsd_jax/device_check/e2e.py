@@ -75,10 +75,11 @@ def _first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None
 
 
 def spec_vs_plain(target, draft, prompts, s: Settings, max_seq_len: int, tokenizer=None) -> dict:
-    """What `dsd-jax demo` checks, on this device at its default matmul precision: greedy
-    tokens of the speculative engine (K = `s.e2e_k`, backend "auto") against plain decoding
-    (method "none"). The two run different shapes (K + 1 tokens a row against 1), which a
-    GPU may sum in another order: a divergence reports the target's top-2 gap there."""
+    """Greedy tokens of the speculative engine (K = `s.e2e_k`, backend "auto") against plain
+    decoding (method "none"), on this device at the default matmul precision: what a user's
+    own float32 engine gives (the demo builds its engines at "highest"). The two run
+    different shapes (K + 1 tokens a row against 1), which a GPU may sum in another order,
+    in TF32: a divergence reports the target's top-2 gap there."""
     import dsd_jax as dsd
     kw = dict(max_batch_size=len(prompts), max_seq_len=max_seq_len, batch_buckets=(len(prompts),),
               prefill_chunk=64, tokenizer=tokenizer)

@@ -118,7 +118,7 @@ def format_report(results: dict) -> str:
                     lines.append(f"    speculative against plain greedy: {_not_run(sp)}")
                 else:
                     lines.append(f"    speculative (K={sp['k']}, kernels {sp['kernel_backends']}) against plain "
-                                 f"greedy at matmul precision {sp['matmul_precision']} (what the demo checks): "
+                                 f"greedy at matmul precision {sp['matmul_precision']}: "
                                  f"identical {sp['identical']}"
                                  + (f"; first divergence {sp['first_divergence']}, top-2 gap {sp.get('top2_gap')}"
                                     f"{_verdict(sp.get('top2_gap') or {})}" if not sp["identical"] else ""))

@@ -155,7 +155,7 @@ def model_fingerprint(model_or_config_params) -> str:
         arr = np.asarray(jax.device_get(leaf))
         h.update(jax.tree_util.keystr(path).encode())
         h.update(f"|{arr.dtype.name}|{arr.shape}|".encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))  # its bytes, not a copy of them
     return f"{cfg_hash}.{h.hexdigest()[:16]}"
 
 

@@ -406,26 +406,28 @@ class Profile:
             f.write("\n")
         atomic_write(path, write)
 
+    def _engine_meta(self, key: str):
+        """`meta["engine"][key]`, the engine the profile was measured with (None: not recorded)."""
+        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
+        return engine.get(key) if isinstance(engine, dict) else None
+
     @property
     def mesh(self) -> dict:
         """{"data": n, "model": m} the profile was measured on (one device when unrecorded)."""
-        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
-        mesh = engine.get("mesh") if isinstance(engine, dict) else None
+        mesh = self._engine_meta("mesh")
         # an axis the file leaves out has size 1, as in `sharding.axis_sizes`
         return {"data": 1, "model": 1, **mesh} if isinstance(mesh, dict) else {"data": 1, "model": 1}
 
     @property
     def kernel_backends(self) -> dict | None:
         """{"attention": ..., "rejection": ...} the steps were timed with (None: not recorded)."""
-        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
-        backends = engine.get("kernel_backends") if isinstance(engine, dict) else None
+        backends = self._engine_meta("kernel_backends")
         return dict(backends) if isinstance(backends, dict) else None
 
     @property
     def max_seq_len(self) -> int | None:
         """The engine max_seq_len the profile was measured at (None: not recorded)."""
-        engine = self.meta.get("engine") if isinstance(self.meta, dict) else None
-        return engine.get("max_seq_len") if isinstance(engine, dict) else None
+        return self._engine_meta("max_seq_len")
 
     def fit_problems(self, max_k: int, max_batch_size: int, max_seq_len: int,
                      min_batch_size: int = 1) -> list[str]:

@@ -22,9 +22,8 @@ def precompile(engine, jobs: Sequence[tuple], threads: int = 8, deadline: float 
     fallback = programs._fallback
     jobs = list(dict.fromkeys(tuple(j) for j in jobs))
     required_jobs = set(jobs[:max(1, required)])
-    # (the workers compile at the engine's matmul precision: `Programs._get` enters it)
 
-    def compile_job(job) -> bool:
+    def compile_job(job) -> bool:  # at the engine's matmul precision, in any thread (`Programs._get`)
         if job not in required_jobs and _expired(deadline):
             return False
         getattr(programs, job[0])(*job[1:])

@@ -90,7 +90,7 @@ def spec_vs_plain(target, draft, prompts, s: Settings, max_seq_len: int, tokeniz
     spec = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.e2e_k), **kw)
     got = [o.token_ids for o in spec.generate(prompts, sp)]
     out = {"k": s.e2e_k, "kernel_backends": spec.kernel_backends, "identical": got == want,
-           "matmul_precision": str(jax.config.jax_default_matmul_precision or "default")}
+           "matmul_precision": str(spec.programs.matmul_precision or "default")}  # what it compiled at
     del spec
     if got != want:
         div = _first_divergence(want, got)

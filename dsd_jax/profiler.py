@@ -40,6 +40,7 @@ for other weights or another device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -279,6 +280,51 @@ def _state_programs(engine) -> _StatePrograms:
                 **kw))
 
 
+class _Held:
+    """The engine's state while a measurement borrows it (`state`: the latest, since every
+    step program donates the one it is given)."""
+
+    def __init__(self, state):
+        self.state = state
+
+
+@contextlib.contextmanager
+def _borrowed_state(engine, programs: "_StatePrograms", seed: int, temperature: float):
+    """Lends the engine's state to timed steps, filled with random committed tokens (greedy
+    rows at temperature 0), and gives it back idle; a call that failed midway (its donated
+    buffers deleted) leaves the engine a fresh state instead."""
+    held = _Held(None)
+    state, engine.state = engine.state, None
+    try:
+        held.state = programs.fill(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
+                                   float(temperature))
+        yield held
+    finally:
+        if held.state is not None and _state_usable(held.state):
+            engine.state = programs.idle(held.state)
+        else:
+            engine.state = engine.new_state()
+
+
+def time_steps(engine, steps: dict, batch: int, context: int, repeats: int = 7, warmup_reps: int = 2,
+               rounds: int = 4, seed: int = 0) -> dict:
+    """Milliseconds a round of each of `steps` (name -> a program with the signature of
+    `engine.programs.step(k, b)`: the engine's, or `step_with_drafter`'s), `batch` greedy rows
+    live at `context`, on the engine's own state: `repeats` timed calls each, interleaved
+    (rep after rep, every program once), after `warmup_reps` untimed ones.
+    Returns {name: [ms, ...]}, the reps in order, so differences can be paired."""
+    engine._check_idle("time_steps", "timing runs on the device state holding the stream's requests")
+    programs = _state_programs(engine)
+    out = {name: [] for name in steps}
+    with _borrowed_state(engine, programs, seed, 0.0) as held:
+        for rep in range(int(warmup_reps) + int(repeats)):
+            for name, step in steps.items():
+                held.state, t = _time_step(engine, programs, step, held.state, batch, context, 0, rounds)
+                if rep >= warmup_reps:
+                    out[name].append(t * 1e3)
+    return out
+
+
 def _state_usable(state) -> bool:
     return not any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
 
@@ -429,11 +475,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     samples = np.full((len(context_lengths), len(order), int(passes) * reps, len(ks)), np.nan)
     timed = np.zeros((int(passes), len(order)), bool)  # every context of the row done
     programs = _state_programs(engine)
-    state = engine.state
-    engine.state = None  # borrowed: the step programs donate it
-    try:
-        state = programs.fill(state, jax.random.PRNGKey(seed), engine.target_config.vocab_size,
-                          float(latency_temperature))
+    with _borrowed_state(engine, programs, seed, latency_temperature) as held:
         for pass_, bi in itertools.product(range(int(passes)), range(len(order))):
             if deadline is not None and (pass_, bi) != (0, 0) and time.perf_counter() > deadline:
                 break
@@ -443,7 +485,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
                 for rep in range(warm + reps):
                     for k in ks:  # interleaved: drift hits every K of this row alike
                         start = _sample_start(engine, ctx, k, rounds)
-                        state, t = _time_step(engine, programs, steps[k], state, b, start, 0, rounds)
+                        held.state, t = _time_step(engine, programs, steps[k], held.state, b, start, 0,
+                                                   rounds)
                         if rep >= warm:
                             samples[ci, bi, pass_ * reps + rep - warm, k] = t * 1e3
                 for _ in ks:
@@ -457,13 +500,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
             "dropped_batch_sizes": sorted(order[bi] for bi in range(len(order)) if bi not in keep),
             "passes_timed": {str(order[bi]): int(timed[:, bi].sum()) for bi in keep}}
         table = paired_cells(samples[:, keep])
-        state, catchup = _measure_catchup(engine, programs, state, context_lengths[-1], reps, warm,
-                                          buckets)
-    finally:
-        if state is not None and _state_usable(state):
-            engine.state = programs.idle(state)
-        else:  # a failed call left the donated buffers deleted: start from a fresh state
-            engine.state = engine.new_state()
+        held.state, catchup = _measure_catchup(engine, programs, held.state, context_lengths[-1],
+                                               reps, warm, buckets)
     latency_s = time.perf_counter() - t_start
 
     # (b) acceptance with K = max_k at every step (unless given).

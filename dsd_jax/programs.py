@@ -9,6 +9,7 @@ indices are per shard, and a step's outputs are [rounds, data * bucket, ...].
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -91,16 +92,22 @@ class Programs:
         name and arguments)."""
         return tuple(key) in self._compiled
 
+    @contextlib.contextmanager
+    def _tracing(self):
+        """Where every program is traced: under the engine's mesh, so the Pallas kernels run
+        per device (`kernels`), without one under no mesh at all, not a caller's
+        `jax.set_mesh` around the call; in 32 bits whatever a caller's jax_enable_x64 (the
+        programs are int32 throughout); and at the engine's matmul precision, not the
+        calling thread's."""
+        with (jax.set_mesh(self.placement.mesh), jax.enable_x64(False),
+              jax.default_matmul_precision(self.matmul_precision)):
+            yield
+
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
-            # traced under the engine's mesh, so the Pallas kernels run per device (`kernels`);
-            # without one under no mesh at all, not a caller's `jax.set_mesh` around the call;
-            # in 32 bits whatever a caller's jax_enable_x64 (the programs are int32 throughout);
-            # and at the engine's matmul precision, not the calling thread's
             try:
-                with (jax.set_mesh(self.placement.mesh), jax.enable_x64(False),
-                      jax.default_matmul_precision(self.matmul_precision)):
+                with self._tracing():
                     lowered = lower()
                 exe = lowered.compile()
             except Exception as err:  # noqa: BLE001  (Triton/Mosaic raise many kinds)
@@ -137,9 +144,10 @@ class Programs:
         finally:
             self._fallback = True
 
-    def _rounds(self, k: int, b: int, target_params, draft_params, state, num_rounds):
-        """One data shard's dispatch: R rounds of K over its first b slots."""
-        new, outs, ran = step_lib.spec_rounds(self._graph, self._drafter, self.opts, k, b,
+    def _rounds(self, k: int, b: int, target_params, draft_params, state, num_rounds, drafter=None):
+        """One data shard's dispatch: R rounds of K over its first b slots (with `drafter`
+        in place of the engine's, if given)."""
+        new, outs, ran = step_lib.spec_rounds(self._graph, drafter or self._drafter, self.opts, k, b,
                                               target_params, draft_params, state, num_rounds,
                                               any_active=any_active(self.data))
         return summed_counters(self.data, state, new), step_lib.pack_rounds(outs, ran)
@@ -156,6 +164,18 @@ class Programs:
         return self._get(("step", k, b), lambda: jax.jit(
             self._step_shards(functools.partial(self._rounds, k, b)), donate_argnums=2,
             **self._step_outs).lower(*self._args, self._host(())))
+
+    def step_with_drafter(self, drafter, k: int, b: int):
+        """`step(k, b)` compiled with `drafter` in place of the engine's (one whose state has
+        the same layout, e.g. a measurement's stand-in: the floors' verify-only step). Not
+        cached, and no Pallas fallback: for measurements, not for serving."""
+        if not 0 <= k <= self.max_k or b not in self.batch_buckets:
+            raise ValueError(f"(K={k}, bucket {b}) is not a compiled step (K in 0..{self.max_k}, "
+                             f"buckets {self.batch_buckets})")
+        with self._tracing():
+            lowered = jax.jit(self._step_shards(functools.partial(self._rounds, k, b, drafter=drafter)),
+                              donate_argnums=2, **self._step_outs).lower(*self._args, self._host(()))
+        return lowered.compile()
 
     def _host(self, shape, dtype=jnp.int32):
         """A small host-side argument (replicated on a mesh)."""

@@ -41,12 +41,13 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert (target_floor["role"], target_floor["B"]) == ("target", 2)
     assert target_floor["measured_ms"] == loaded.meta["latency_ms_raw"][0][0][0]  # the K=0 step, raw
     assert draft_floor["role"] == "draft" and draft_floor["measured_ms"] is None  # max_k 1: no increment
+    assert draft_floor["in_step"]["K"] == 1 and "share_ms" in draft_floor["in_step"]  # B=2 was profiled
     for row in prof["floor"]:
         assert row["bare_forward_ms"] > 0 and row["roofline_ms"] is None  # no HBM peak on a CPU
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
                     "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain",
-                    "steps against their floors"):
+                    "steps against their floors", "the drafter's share of a K=1 step"):
         assert heading in report
 
 
@@ -361,3 +362,28 @@ def test_time_budget_cuts_items_and_the_report_says_so(tmp_path):
     assert "synthetic: skipped (time budget)" in report and "cut by the time budget" in report
     with pytest.raises(ValueError, match="distinct positive"):
         dc.bucket_order((2, 2))
+
+
+def test_verify_only_step_and_time_steps(tiny_pair):
+    """The floors' verify-only step is the engine's step without its drafter: the target's
+    matmuls only (those of a K = 0 step), none of the draft's; `time_steps` times programs
+    interleaved on the engine's state and gives the state back usable."""
+    from conftest import greedy_reference, make_engine
+    from dsd_jax import SamplingParams
+    from dsd_jax.device_check.floor import ZeroDrafts, draft_share_point
+    from dsd_jax.profiler import time_steps
+    target, draft = tiny_pair
+    eng = make_engine(target, draft, max_batch_size=2, batch_buckets=(2,), num_speculative_tokens=2)
+    verify = eng.programs.step_with_drafter(ZeroDrafts(inner=eng.drafter), 2, 2)
+    dots = lambda exe: len(re.findall(r" dot\(", exe.as_text()))
+    assert dots(verify) == dots(eng.programs.step(0, 2)) < dots(eng.programs.step(2, 2))
+    with pytest.raises(ValueError, match="not a compiled step"):
+        eng.programs.step_with_drafter(ZeroDrafts(inner=eng.drafter), 3, 2)
+    ms = time_steps(eng, {"step": eng.programs.step(2, 2), "verify_only": verify}, 2, 20, repeats=3,
+                    warmup_reps=1)
+    assert [len(v) for v in ms.values()] == [3, 3] and min(ms["step"] + ms["verify_only"]) > 0
+    share = draft_share_point(eng, 2, 20, 2)
+    assert share["K"] == 2 and share["per_draft_token_ms"] == pytest.approx(share["share_ms"] / 2)
+    prompt = [5, 9, 2, 7]
+    out = eng.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6))[0]
+    assert out.token_ids == greedy_reference(target, prompt, 6)

@@ -17,7 +17,8 @@ run cut short keeps what it finished) and DIR/device_check.txt (the report):
   "auto" with its per-kernel fallback), the acceptance given (the vLLM dynamic-SD PR's
   a_i), and the K schedule the goodput rule derives from it, beside the PR's H100 one; then
   the target's plain (K = 0) step and the draft's cost per draft token against their floors:
-  each model's weight roofline and a bare jitted forward of it (`floor.py`).
+  each model's weight roofline and a bare jitted forward of it, and the drafter's own share
+  of a step (the step against a verify-only one, `floor.py`).
 
 ``--time-budget S`` keeps the whole run within about S seconds, so that one call of a lent
 machine's limited time always returns a report: a section, or an item inside one (a kernel
@@ -48,7 +49,8 @@ from .timings import (
 from .compile import precompile, precompile_steps
 from .e2e import NEAR_TIE, _divergence_gap, top2_gap, e2e_builtin, e2e_synthetic, end_to_end
 from .floor import (
-    bare_loop, bare_step, floor_point, format_floor, kv_bytes, time_bare_forward, weight_bytes)
+    ZeroDrafts, bare_loop, bare_step, draft_share_point, floor_point, format_floor, kv_bytes,
+    time_bare_forward, weight_bytes)
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
@@ -63,7 +65,7 @@ __all__ = [
     "chained_calls", "rejection_chain_step", "rejection_roofline", "time_attention", "time_chain",
     "time_kernels", "time_rejection", "precompile", "precompile_steps", "NEAR_TIE", "top2_gap",
     "_divergence_gap", "e2e_builtin", "e2e_synthetic", "end_to_end", "bucket_order",
-    "bare_loop", "bare_step", "floor_point", "format_floor", "kv_bytes", "time_bare_forward",
+    "ZeroDrafts", "bare_loop", "bare_step", "draft_share_point", "floor_point", "format_floor", "kv_bytes", "time_bare_forward",
     "weight_bytes",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
     "format_report", "write_results", "build_parser", "main", "run", "section_deadline"

@@ -11,7 +11,11 @@ Two floors per model and batch size B at the profile's shortest context:
 
 They stand beside what the profile measured (its raw cells, not the table made monotone in
 K): for the target, the K = 0 step; for the draft, what one more draft token adds to a step
-(ITL(K+1) - ITL(K) for K >= 1, the mean: one more verified token and its sampling included).
+(ITL(K+1) - ITL(K) for K >= 1, the mean: one more verified token and its sampling included)
+and, apart from that, the drafter's own share of a step: the step at the largest K against
+the same step with zero drafts and no drafter (`draft_share_point`), timed interleaved.
+(On a 2-core CPU the first read 0.48 ms a token and the second 0.17: a verified token
+costs there what a draft token does, `benchmarks/results/h200/cpu_floor/`.)
 A measurement far above the bare forward is the engine's own work (attention, cache writes,
 bookkeeping); a bare forward far above the roofline is XLA's matmuls, or the launches of
 many small kernels, at that batch size.
@@ -19,12 +23,16 @@ many small kernels, at that batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from dsd_jax.drafters.base import Drafter, Proposal
 
 ROUNDS = 4  # one-token steps per timed call, as the profile's rounds_per_sample
 
@@ -123,4 +131,49 @@ def format_floor(rows) -> list[str]:
         lines.append(f"  {r['role']:<6} {r['B']:>3} | {f(r['measured_ms']):>11} | {f(r['bare_forward_ms']):>15} | "
                      f"{f(r['roofline_ms']):>11} | {f(r.get('measured_over_bare'), '.2f'):>13} | "
                      f"{f(r.get('bare_over_roofline'), '.2f'):>13}")
+        share = r.get("in_step")
+        if share and "share_ms" in share:
+            lines.append(f"         the drafter's share of a K={share['K']} step: {share['share_ms']:.3f} ms "
+                         f"({share['step_ms']:.3f} against {share['verify_only_ms']:.3f} verify-only), "
+                         f"{share['per_draft_token_ms']:.3f} ms a draft token = "
+                         f"{share['per_draft_token_ms'] / r['bare_forward_ms']:.2f}x the bare forward")
+        elif share:
+            lines.append(f"         the drafter's share of a step: not run: {share.get('error') or share.get('skipped')}")
     return lines
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ZeroDrafts(Drafter):
+    """A drafter's stand-in that proposes zeros and never runs: its step is the real one's
+    target work (K + 1 tokens verified, acceptance, commit) without the drafter's."""
+
+    inner: Drafter = None
+
+    def bind_params(self, draft_params, target_graph, target_params):
+        return self.inner.bind_params(draft_params, target_graph, target_params)
+
+    def propose(self, params, state, ctx, K):
+        return Proposal(jnp.zeros((ctx.length.shape[0], K), jnp.int32), None, state)
+
+    def commit(self, state, ctx, K, n_accepted, new_length):
+        return self.inner.commit(state, ctx, K, n_accepted, new_length)
+
+
+def draft_share_point(engine, batch: int, context: int, reps: int) -> dict:
+    """The drafter's share of a step at K = max_k, `batch` greedy rows at `context`: the
+    engine's step program against the same step with `ZeroDrafts` (the verify-only step),
+    timed interleaved, the share the median of the paired differences. Per draft token:
+    the share / K (the first token's two-token window read included)."""
+    from dsd_jax.profiler import time_steps
+    if engine.drafter.needs_features:
+        raise ValueError("the verify-only step needs a drafter that its target forward does not feed")
+    K = engine.max_k
+    if K < 1:
+        raise ValueError("the drafter's share needs max_k >= 1")
+    steps = {"step": engine.programs.step(K, batch),
+             "verify_only": engine.programs.step_with_drafter(ZeroDrafts(inner=engine.drafter), K, batch)}
+    ms = time_steps(engine, steps, batch, context, repeats=reps)
+    share = statistics.median(np.subtract(ms["step"], ms["verify_only"]).tolist())
+    return {"role": "draft in step", "B": batch, "context": context, "K": K,
+            "step_ms": statistics.median(ms["step"]), "verify_only_ms": statistics.median(ms["verify_only"]),
+            "share_ms": share, "per_draft_token_ms": share / K}

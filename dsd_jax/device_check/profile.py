@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from .compile import precompile_steps
-from .floor import floor_point
+from .floor import draft_share_point, floor_point
 from .settings import (FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, VLLM_H100_SCHEDULE,
                        Settings, _unless_expired, device_info)
 
@@ -115,7 +115,8 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
     `PROFILE_COMPILE_SHARE` of the time, the compiled buckets are timed until
     `PROFILE_RESERVE_S` before it, and the profile holds those timed (its meta says what
     was cut). Then, in the last `FLOOR_RESERVE_S`, the target's K = 0 step and the draft's
-    cost per draft token against their floors at `s.floor_batch_sizes` (`floor.floor_point`)."""
+    cost per draft token against their floors at `s.floor_batch_sizes` (`floor.floor_point`),
+    with the drafter's share of a step where one was profiled (`floor.draft_share_point`)."""
     import dsd_jax as dsd
     from dsd_jax.models import synthetic
     from dsd_jax.profiler import format_profile
@@ -153,10 +154,16 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
         prof.save(path)
     bw = device_info().get("hbm_bytes_per_s")
     # by batch size, target then draft: a cut keeps both models at the first sizes
-    floor = [_unless_expired(deadline, floor_point, model, role, b, prof.context_lengths[0],
-                             measured(prof, b), s.profile_repeats, bw)
-             for b in s.floor_batch_sizes
-             for role, model, measured in (("target", target, _k0_ms), ("draft", draft, _draft_token_ms))]
+    ctx = prof.context_lengths[0]
+    floor = []
+    for b in s.floor_batch_sizes:
+        floor.append(_unless_expired(deadline, floor_point, target, "target", b, ctx, _k0_ms(prof, b),
+                                     s.profile_repeats, bw))
+        floor.append(_unless_expired(deadline, floor_point, draft, "draft", b, ctx,
+                                     _draft_token_ms(prof, b), s.profile_repeats, bw))
+        if b in prof.batch_sizes and "bare_forward_ms" in floor[-1]:  # where a step is compiled
+            floor[-1]["in_step"] = _unless_expired(deadline, draft_share_point, engine, b, ctx,
+                                                   s.profile_repeats)
     schedules = {str(c): k_schedule(prof, s.acceptance, c) for c in prof.context_lengths}
     res = {"pair": f"{t_name} + {d_name} ({s.dtype})", "kernel_backends": engine.kernel_backends,
            "seconds": round(time.perf_counter() - t0, 1), "compile_seconds": round(t_compile, 1),

@@ -166,8 +166,9 @@ class SpecEngine:
         self.capacity = max_seq_len + self.max_k + 1
         # each kernel's backend, resolved once; under "auto" on GPU/TPU a Pallas kernel that
         # fails to compile falls back to XLA (`Programs`, `kernels.PallasFallbackWarning`)
-        backends = kernels.resolve_backends(backend)
-        fallback = backend == "auto" and kernels.default_platform() in ("gpu", "tpu")
+        platform = kernels.default_platform(self.placement.device)
+        backends = kernels.resolve_backends(backend, platform)
+        fallback = backend == "auto" and platform in ("gpu", "tpu")
         self.drafter = drafter_cls.build(
             spec, None if draft is None else (draft_graph, draft.config), backends)
         self.drafter.feature_layers(target.config)  # a head for another target fails now, not in generate
@@ -185,7 +186,7 @@ class SpecEngine:
             # warns loudly when the profile was measured for other models, hardware or mesh
             # (fingerprints hash every weight: only computed when there is a profile)
             from dsd_jax.profiler import device_kind
-            expect = lambda: dict(expect_fingerprints=self.fingerprints(), expect_device_kind=device_kind(),
+            expect = lambda: dict(expect_fingerprints=self.fingerprints(), expect_device_kind=device_kind(self.placement.device),
                                   expect_mesh=self.placement.sizes,
                                   expect_kernel_backends=backends._asdict())
             if isinstance(profile, str):

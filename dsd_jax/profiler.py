@@ -168,8 +168,9 @@ def engine_fingerprints(engine) -> dict[str, str]:
     return out
 
 
-def device_kind() -> str:
-    return jax.devices()[0].device_kind
+def device_kind(device=None) -> str:
+    """`device`'s kind (an engine's: `engine.placement.device`), else the first device's."""
+    return (device or jax.devices()[0]).device_kind
 
 
 # --------------------------------------------------------------------------- latency
@@ -532,8 +533,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     acceptance_s = time.perf_counter() - t_acc
 
     return Profile(
-        device_kind=device_kind(),
-        platform=jax.devices()[0].platform,
+        device_kind=device_kind(engine.placement.device),
+        platform=engine.placement.device.platform,
         jax_version=jax.__version__,
         method=engine.spec.method,
         fingerprints=engine_fingerprints(engine),

@@ -136,7 +136,7 @@ class Programs:
                     getattr(self, key[0])(*key[1:])
                 except Exception:  # noqa: BLE001
                     continue
-                _warn_fallback(trial, err)
+                _warn_fallback(trial, err, self.placement.device)
                 return
             self._build(*saved[:2])
             self._compiled = saved[2]
@@ -238,8 +238,7 @@ def with_backend(drafter, backend):
     return drafter
 
 
-def _warn_fallback(names, err: Exception) -> None:
-    dev = jax.devices()[0]
+def _warn_fallback(names, err: Exception, dev) -> None:
     lines = str(err).strip().splitlines()
     first = f"{type(err).__name__}: {lines[0] if lines else ''}"
     for name in names:

@@ -148,6 +148,11 @@ class Placement:
         self.kv_heads = {"target": target_kv_heads, "draft": draft_kv_heads}
 
     @property
+    def device(self):
+        """A device the engine's programs run on (the mesh's first, or the default device)."""
+        return default_device() if self.mesh is None else self.mesh.devices.flat[0]
+
+    @property
     def replicated(self) -> NamedSharding | None:
         return None if self.mesh is None else NamedSharding(self.mesh, P())
 

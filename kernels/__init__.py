@@ -47,14 +47,17 @@ AUTO = {"gpu": KernelBackends(attention="pallas", rejection="xla"),
         "tpu": KernelBackends(attention="pallas", rejection="pallas")}
 
 
-def default_platform() -> str:
-    """The platform "auto" resolves against ("cpu" | "gpu" | "tpu"); tests patch it."""
-    return jax.default_backend()
+def default_platform(device=None) -> str:
+    """The platform "auto" resolves against ("cpu" | "gpu" | "tpu"): `device`'s (an engine
+    passes the device its programs run on, which `jax.default_device` may have made a CPU
+    beside a GPU), else the default backend's; tests patch it."""
+    return jax.default_backend() if device is None else device.platform
 
 
-def resolve_backend(backend, kernel: str | None = None) -> str:
-    """The backend `kernel` (one of KERNELS) runs on: "auto" is `AUTO`'s entry for the
-    default platform (XLA where it has none); a `KernelBackends` gives that kernel's entry."""
+def resolve_backend(backend, kernel: str | None = None, platform: str | None = None) -> str:
+    """The backend `kernel` (one of KERNELS) runs on: "auto" is `AUTO`'s entry for
+    `platform` (None: `default_platform()`; XLA where it has none); a `KernelBackends`
+    gives that kernel's entry."""
     if isinstance(backend, KernelBackends) or backend == "auto":
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -63,16 +66,17 @@ def resolve_backend(backend, kernel: str | None = None) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        auto = AUTO.get(default_platform())
+        auto = AUTO.get(platform or default_platform())
         return "xla" if auto is None else getattr(auto, kernel)
     return backend
 
 
-def resolve_backends(backend) -> KernelBackends:
-    """Every kernel's backend for a backend string (or a `KernelBackends`, returned as is)."""
+def resolve_backends(backend, platform: str | None = None) -> KernelBackends:
+    """Every kernel's backend for a backend string (or a `KernelBackends`, returned as is),
+    "auto" resolved for `platform` (None: `default_platform()`)."""
     if isinstance(backend, KernelBackends):
         return backend
-    return KernelBackends(*(resolve_backend(backend, k) for k in KERNELS))
+    return KernelBackends(*(resolve_backend(backend, k, platform) for k in KERNELS))
 
 
 def verify_attention(q, k_cache, v_cache, q_positions, rows=None, *, backend: str = "auto",

@@ -41,7 +41,7 @@ def fake_gpu(monkeypatch):
     def interpreted(*args, **kw):
         return real(*args, **{**kw, "interpret": True, "platform": "gpu"})
 
-    monkeypatch.setattr(kernels, "default_platform", lambda: "gpu")
+    monkeypatch.setattr(kernels, "default_platform", lambda device=None: "gpu")
     monkeypatch.setitem(kernels.AUTO, "gpu", kernels.KernelBackends("pallas", "pallas"))
     monkeypatch.setattr(attention_pallas, "verify_attention", broken)
     monkeypatch.setattr(rejection_pallas, "rejection_sample", interpreted)
@@ -97,7 +97,7 @@ def test_unrelated_error_is_not_masked(tiny_pair, fake_gpu, monkeypatch):
     ("tpu", {"attention": "pallas", "rejection": "pallas"}),
     ("cpu", {"attention": "xla", "rejection": "xla"})])
 def test_auto_picks_per_kernel_and_platform(platform, expected, monkeypatch):
-    monkeypatch.setattr(kernels, "default_platform", lambda: platform)
+    monkeypatch.setattr(kernels, "default_platform", lambda device=None: platform)
     assert kernels.resolve_backends("auto")._asdict() == expected
     with pytest.raises(ValueError, match="kernel must be one of"):
         kernels.resolve_backend("auto")
@@ -123,3 +123,15 @@ def test_both_kernels_fall_back_when_each_alone_is_not_enough(tiny_pair, fake_gp
     assert len(msgs) == 2 and "'attention'" in msgs[0] and "'rejection'" in msgs[1]
     assert engine.kernel_backends == {"attention": "xla", "rejection": "xla"}
     assert list(engine.programs._compiled) == [("step", 1, 2)]
+
+
+def test_auto_resolves_for_the_engines_device(tiny_pair, monkeypatch):
+    """"auto" follows the device the engine runs on, not the default backend: a GPU as the
+    default backend with the engine on a CPU (`jax.default_device`) runs XLA, no fallback."""
+    import jax
+    from conftest import make_engine
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert kernels.resolve_backends("auto")._asdict() == {"attention": "pallas", "rejection": "xla"}
+    eng = make_engine(*tiny_pair, max_batch_size=2, batch_buckets=(2,), num_speculative_tokens=1)
+    assert eng.kernel_backends == {"attention": "xla", "rejection": "xla"}
+    assert eng.programs._fallback is False

@@ -51,7 +51,7 @@ def _measure(engine, method: str, s: Settings, prompts: list[list[int]], log) ->
 def _check(engine, profile: Profile, path: str | None, log) -> str:
     from dsd_jax.profiler import device_kind, engine_fingerprints
     source = f"loaded from {portable_path(path)}" if path else "given"
-    profile.check_compatible(engine_fingerprints(engine), device_kind(), engine.placement.sizes, source=source,
+    profile.check_compatible(engine_fingerprints(engine), device_kind(engine.placement.device), engine.placement.sizes, source=source,
                              expect_kernel_backends=engine.kernel_backends)
     for problem in profile_fit_problems(profile, engine):
         log(f"  WARNING: {problem}")

@@ -25,14 +25,13 @@ this module.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import sys
 from typing import Any
 
-from dsd_jax import loading
+from dsd_jax import loading, records
 from dsd_jax.models.argtypes import int_at_least, nonneg_int, positive_int
 
 __all__ = ["main", "build_parser"]
@@ -214,12 +213,12 @@ def _spec_json(args) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
+def _check_outputs(cmd: str, args, outputs, inputs=(), keep=()) -> None:
     """Output paths up front, before any model is loaded: each a file name in a writable
     directory, none the same file as another output or an input (the inputs of every command:
     --speculative-config and the EAGLE-3 head it names, the model flags, and `inputs`), none in
     a checkpoint directory or in --compilation-cache-dir, and none an existing file unless
-    --overwrite."""
+    --overwrite (or in `keep`: what a resumed run continues)."""
     for flag, path in outputs:
         if path is not None:
             loading.output_file(flag, path)
@@ -230,7 +229,7 @@ def _check_outputs(cmd: str, args, outputs, inputs=()) -> None:
     common = [("--speculative-config", _spec_file(args)),
               ("--speculative-config's model", head if isinstance(head, str) and head != "builtin" else None)]
     loading.check_outputs(outputs, list(inputs) + common + loading.model_inputs(args), overwrite=args.overwrite,
-                          dirs=[("--compilation-cache-dir", cache)])
+                          dirs=[("--compilation-cache-dir", cache)], keep=keep)
 
 
 def _check_backend(cmd: str, args) -> None:
@@ -478,69 +477,36 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         _fail(cmd, None, f"invalid sampling flags: {e}")
 
 
-PARTIAL = ".partial"  # --out's records while the run goes on: renamed to --out at the end
-
-
-class _InOrder:
-    """`generate(on_output=)` writing one JSON line per request in prompt order as they
-    finish: a request finishing early waits for those before it; each line is flushed, so a
-    run that stops midway has written every record before the first unfinished one."""
-
-    def __init__(self, args, raw_prompts, prompts, f, out: str | None = None):
-        self.args, self.raw_prompts, self.prompts, self.f = args, raw_prompts, prompts, f
-        self.out = out  # --out (a failed write names it); None: stdout, whose errors pass as they are
-        self.next, self.waiting = 0, {}
-
-    def __call__(self, i: int, out) -> None:
-        self.waiting[i] = out
-        while self.next in self.waiting:
-            with loading.writing("--out", self.out) if self.out else contextlib.nullcontext():
-                self.f.write(self.line(self.next, self.waiting.pop(self.next)))
-                self.f.flush()
-            self.next += 1
-
-    def line(self, i: int, o) -> str:
-        rec: dict[str, Any] = {"prompt": self.raw_prompts[i].get("prompt"), "prompt_token_ids": self.prompts[i],
-                               "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
-        if self.args.logprobs:
-            rec["logprobs"] = o.logprobs
-            rec["raw_logprobs"] = o.raw_logprobs
-        return json.dumps(rec, ensure_ascii=False) + "\n"
-
-
-def _generate_records(args, engine, raw_prompts, prompts, sampling) -> None:
-    """Generates, writing the records as they finish: to stdout, to a device or FIFO --out
-    directly, else to --out + PARTIAL, renamed to --out once every record is there (a run
-    that fails or is killed leaves the earlier --out whole and the finished records in the
-    partial file, never a half-written --out)."""
+def _generate_records(args, engine, raw_prompts, prompts, sampling, settings=None, first: int = 0) -> None:
+    """Generates prompts[first:] (the earlier ones' records kept by a resumed run), writing
+    the records as they finish: to stdout, to a device or FIFO --out directly, else to --out
+    + `records.PARTIAL` (after the run's `settings` beside it, unless resumed), renamed to --out once
+    every record is there (a run that fails or is killed leaves the earlier --out whole and
+    the finished records in the partial file, never a half-written --out; `records`)."""
+    todo, todo_sampling = prompts[first:], sampling[first:] if sampling is not None else None
     if not args.out:
-        _run_generate(args, engine, prompts, sampling, _InOrder(args, raw_prompts, prompts, _stdout_lines()))
+        _run_generate(args, engine, todo, todo_sampling,
+                      records.InOrder(args.logprobs, raw_prompts, prompts, _stdout_lines()))
         return
-    partial = _partial_path(args.out)
+    partial = records.partial_path(args.out)
+    if partial and first == 0:
+        records.write_settings(args.out, settings or {})
     with loading.writing("--out", args.out):  # /dev/stdout, a FIFO: appended to in place
-        f = open(partial or args.out, "w" if partial else "a", encoding="utf-8")
-    write = _InOrder(args, raw_prompts, prompts, f, args.out)
+        f = open(partial or args.out, "w" if partial and first == 0 else "a", encoding="utf-8")
+    write = records.InOrder(args.logprobs, raw_prompts, prompts, f, args.out, first)
     try:
         with f:
-            _run_generate(args, engine, prompts, sampling, write)
+            if todo:
+                _run_generate(args, engine, todo, todo_sampling, write)
     except BaseException:
         if partial and write.next == 0:
-            os.remove(partial)  # nothing finished: nothing to keep
+            records.discard(args.out)  # nothing finished: nothing to keep
         elif partial:
-            print(f"dsd-jax generate: the run stopped; its first {write.next} records are in {partial}",
-                  file=sys.stderr)
+            print(f"dsd-jax generate: the run stopped; its first {write.next} records are in {partial} "
+                  "(--resume continues it)", file=sys.stderr)
         raise
     if partial:
-        with loading.writing("--out", args.out):
-            os.replace(partial, os.path.realpath(args.out))
-
-
-def _partial_path(out: str | None) -> str | None:
-    """Where `generate --out` keeps its records until the run ends (beside the file a symlink
-    names), or None: no --out, or one written in place (`layout.writes_through`)."""
-    if not out or loading.writes_through(out):
-        return None
-    return os.path.realpath(out) + PARTIAL
+        records.finish(args.out)
 
 
 class _Utf8Lines:
@@ -584,18 +550,58 @@ def _run_generate(args, engine, prompts, sampling, on_output):
         bar.close()
 
 
+def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
+    """--resume checked against the other flags: the outputs a resumed run continues (its
+    partial file, its settings, and --out itself when the run being resumed was to replace
+    it), or [] without --resume."""
+    if not args.resume:
+        return []
+    if not args.out:
+        _fail(cmd, "--resume", "continues an interrupted --out FILE run; give its --out")
+    if partial is None:
+        _fail(cmd, "--resume", f"--out {args.out!r} is written in place (a device or FIFO), so no run of it "
+              "can be resumed")
+    if args.overwrite:
+        _fail(cmd, "--resume", "--overwrite starts the run over and --resume continues it; give one of them")
+    if not os.path.exists(partial) and os.path.exists(args.out):
+        _fail(cmd, "--resume", f"{args.out!r} exists and no run of it is unfinished ({partial!r} is not "
+              "there): nothing to resume; pass --overwrite to generate it again")
+    return [partial, records.settings_path(args.out)] + ([args.out] if os.path.exists(partial) else [])
+
+
+# flags whose values decide a generate run's records: a resumed run must have them all alike
+_RECORD_FLAGS = ("temperature", "top_k", "top_p", "max_tokens", "seed", "logprobs", "max_seq_len", "dtype",
+                 "method", "prompt_format")
+_MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
+
+
+def _run_settings(args, sampling) -> dict:
+    """What a generate run's records depend on, as JSON: the flags of `_RECORD_FLAGS`, the
+    models' paths (resolved), the stop ids (the tokenizer's included) and the speculative
+    config given."""
+    out = {flag: getattr(args, flag) for flag in _RECORD_FLAGS}
+    out.update({flag: None if getattr(args, flag) is None else os.path.realpath(getattr(args, flag))
+                for flag in _MODEL_FLAGS})
+    out["stop_token_ids"] = list(sampling[0].stop_token_ids) if sampling else None
+    out["speculative_config"] = _spec_value(args)[0]
+    return json.loads(json.dumps(out))  # as the settings file will read back (tuples as lists)
+
+
 def cmd_generate(args) -> int:
     cmd = "generate"
     from dsd_jax import DynamicConfig
     from dsd_jax.profile import Profile
-    outputs = [("--out", args.out), ("--out", _partial_path(args.out)),  # (written as it goes)
+    partial = records.partial_path(args.out)
+    outputs = [("--out", args.out), ("--out the records of an unfinished run: --resume continues it", partial),
+               ("--out", records.settings_path(args.out)),  # (written as it goes)
                ("--stats", args.stats), ("--trace", args.trace)]
+    keep = _resume_keeps(cmd, args, partial)
     dyn = (_spec_json(args) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
     _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts),
                                         ("--profile", args.profile),
                                         ("--speculative-config's dynamic.profile",
-                                         dyn_profile if isinstance(dyn_profile, str) else None)])
+                                         dyn_profile if isinstance(dyn_profile, str) else None)], keep)
     _check_backend(cmd, args)
     if args.profile:
         loading.existing_file("--profile", args.profile)
@@ -637,8 +643,16 @@ def cmd_generate(args) -> int:
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
 
     sampling = _sampling(cmd, args, tokenizer, len(prompts), target.config.vocab_size)
+    settings = _run_settings(args, sampling)
+    first = records.resumable(args.out, settings, prompts) if args.resume else 0
+    if first == len(prompts):  # every record was kept: nothing to generate, no engine
+        _generate_records(args, None, raw_prompts, prompts, sampling, settings, first)
+        if args.stats or args.trace:
+            print("dsd-jax generate: every record was already generated; no --stats or --trace written",
+                  file=sys.stderr)
+        return 0
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec, profile=profile)
-    _generate_records(args, engine, raw_prompts, prompts, sampling)
+    _generate_records(args, engine, raw_prompts, prompts, sampling, settings, first)
     if args.stats:
         text = json.dumps(engine.metrics(), indent=1, default=float) + "\n"
         _write_file("--stats", args.stats, lambda f: f.write(text))
@@ -743,7 +757,8 @@ def _add_generate(sub) -> None:
     _add_prompt_format_flag(g)
     g.add_argument("--out", metavar="FILE", help="JSONL output (default stdout), one record per prompt in "
                    "prompt order, written as they finish to FILE.partial and renamed to FILE at the end: "
-                   "an interrupted run leaves FILE as it was and its finished records in FILE.partial")
+                   "an interrupted run leaves FILE as it was and its finished records in FILE.partial "
+                   "(--resume continues it)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     g.add_argument("--top-k", type=nonneg_int, default=0, help="0 = off (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")
@@ -756,6 +771,10 @@ def _add_generate(sub) -> None:
     g.add_argument("--warmup", action="store_true", help="compile every program before generating")
     g.add_argument("--stats", metavar="FILE", help="write engine.metrics() as JSON")
     g.add_argument("--trace", metavar="FILE", help="write the per-step trace as JSON")
+    g.add_argument("--resume", action="store_true",
+                   help="continue an interrupted --out FILE run: keep the records in FILE.partial (each "
+                        "checked against its prompt, the flags against those the run started with) and "
+                        "generate the prompts after them (request i is seeded --seed + i either way)")
     _add_overwrite_flag(g, "--out, --stats or --trace")
     g.set_defaults(func=cmd_generate)
 

@@ -117,7 +117,7 @@ def _inside(path: str, directory: str) -> bool:
     return os.path.commonpath([path, directory]) == directory
 
 
-def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=()) -> None:
+def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=(), keep=()) -> None:
     """Refuses an output file that is also another output or an input of the run, or lies in
     an input directory (a checkpoint) or in an output directory (`dirs`), and (unless
     `overwrite`) one that exists: a run must not destroy its own input or an earlier result.
@@ -126,7 +126,8 @@ def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=()) -> None:
     that is a directory counts with everything under it. dirs: directories the run writes
     into (a compilation cache); none may lie in an input directory. An output's flag may be
     followed by a note on what is written there ("--json the profile saved beside it"); the
-    error names the flag and quotes the note."""
+    error names the flag and quotes the note. keep: output paths the run continues (a
+    resumed run's records), which may exist."""
     inputs = [(flag, path) for flag, path in inputs if path is not None]
     in_dirs = [(flag, path) for flag, path in inputs if os.path.isdir(path)]
     in_files = [(flag, _file_key(path)) for flag, path in inputs if not os.path.isdir(path)]
@@ -160,7 +161,8 @@ def check_outputs(outputs, inputs=(), overwrite: bool = False, dirs=()) -> None:
                                     "a file of its own")
         earlier.append((flag, key))
     for label, path in outputs:  # (a descriptor or device is appended to: nothing is replaced)
-        if path is not None and not overwrite and os.path.exists(path) and not writes_through(path):
+        if (path is not None and not overwrite and os.path.exists(path) and not writes_through(path)
+                and path not in keep):
             flag, where = _output_label(label, path)
             raise ArgumentError(flag, f"{where} exists; pass --overwrite to replace it")
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from dsd_jax import DynamicConfig, SamplingParams, SpecConfig, SpecEngine, cli, models
+from dsd_jax import DynamicConfig, SamplingParams, SpecConfig, SpecEngine, cli, models, records
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.profiler import device_kind, model_fingerprint
 from conftest import scaled
@@ -775,15 +775,14 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     assert loading.read_prompts("--prompts", "-") == [{"prompt": "w1"}]
 
     out = types.SimpleNamespace(text="\u2192 done", token_ids=[1], finish_reason="length")
-    args = types.SimpleNamespace(out=None, logprobs=False)
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
-    cli._InOrder(args, [{"prompt": "x = \u2192"}], [[1, 2]], cli._stdout_lines())(0, out)
+    records.InOrder(False, [{"prompt": "x = \u2192"}], [[1, 2]], cli._stdout_lines())(0, out)
     rec = json.loads(raw.getvalue().decode("utf-8"))
     assert rec["prompt"] == "x = \u2192" and rec["text"] == "\u2192 done"
     text = io.StringIO()  # a stdout without .buffer (a test's capture) takes text
     monkeypatch.setattr(sys, "stdout", text)
-    cli._InOrder(args, [{"prompt": "x"}], [[1, 2]], cli._stdout_lines())(0, out)
+    records.InOrder(False, [{"prompt": "x"}], [[1, 2]], cli._stdout_lines())(0, out)
     assert json.loads(text.getvalue())["text"] == "\u2192 done"
 
 
@@ -826,8 +825,7 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
     out = types.SimpleNamespace(text="t", token_ids=[1], finish_reason="length")
 
     def generate(args):
-        write = cli._InOrder(types.SimpleNamespace(out=None, logprobs=False), [{"prompt": "p"}] * 3,
-                             [[1]] * 3, cli._stdout_lines())
+        write = records.InOrder(False, [{"prompt": "p"}] * 3, [[1]] * 3, cli._stdout_lines())
         for i in range(3):
             write(i, out)
         return 0
@@ -882,5 +880,69 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]  # no empty partial to refuse next time
     # a symlinked --out: the partial file checked up front is the one written, beside the target
     (tmp_path / "link.jsonl").symlink_to(out)
-    assert cli._partial_path(str(tmp_path / "link.jsonl")) == os.path.realpath(out) + ".partial"
-    assert cli._partial_path("/dev/stdout") is None and cli._partial_path(None) is None
+    assert records.partial_path(str(tmp_path / "link.jsonl")) == os.path.realpath(out) + ".partial"
+    assert records.partial_path("/dev/stdout") is None and records.partial_path(None) is None
+
+
+def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypatch):
+    """`generate --out F --resume` after a run stopped midway (and a record torn by the
+    kill): keeps the finished records, generates the rest, and F is what one uninterrupted
+    run writes, sampled records included (drafter-invariant, request i seeded --seed + i);
+    what cannot be resumed is a clear error before any model loads."""
+    spec = json.dumps({"num_speculative_tokens": 2, "acceptance": "drafter_invariant"})
+    argv = lambda out, *more: ["generate", "--target", files.target, "--draft", files.draft,  # noqa: E731
+                               "--speculative-config", spec, *ENGINE_FLAGS, "--prompts", files.jsonl,
+                               "--temperature", "0.9", "--seed", "5", "--max-tokens", "8", "--out", str(out),
+                               *more]
+    whole = tmp_path / "whole.jsonl"
+    assert cli.main(argv(whole)) == 0
+    out = tmp_path / "out.jsonl"
+    partial, settings = tmp_path / "out.jsonl.partial", tmp_path / "out.jsonl.partial.settings.json"
+
+    real_call = records.InOrder.__call__
+
+    def stop_after_one(self, i, o):  # the run is killed once its first record is out
+        real_call(self, i, o)
+        if self.next >= 1:
+            raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(records.InOrder, "__call__", stop_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(argv(out))
+    assert not out.exists() and partial.read_text().count("\n") == 1 and settings.exists()
+    with partial.open("a") as f:
+        f.write('{"prompt": null, "prompt_tok')  # the second record, cut short by the kill
+
+    m = _err(argv(out))  # not resumed: the unfinished run is not replaced silently
+    assert "--out" in m and "exists" in m and "--resume continues it" in m
+    m = _err(argv(out, "--resume", "--temperature", "0.5"))
+    assert "--resume" in m and "temperature 0.9 (now 0.5)" in m
+    assert "--resume" in _err(argv(out, "--resume", "--overwrite"))
+    assert "give its --out" in _err([a for a in argv(out) if a not in ("--out", str(out))] + ["--resume"])
+
+    stats = tmp_path / "stats.json"
+    assert cli.main(argv(out, "--resume", "--stats", str(stats))) == 0
+    assert out.read_text() == whole.read_text()
+    assert json.loads(stats.read_text())["tokens"] == 2 * 8  # the two prompts after the kept record
+    stats.unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "whole.jsonl"]
+    m = _err(argv(out, "--resume"))  # finished: nothing to resume
+    assert "nothing to resume" in m and "--overwrite" in m
+
+    # a partial file of other prompts is refused, not appended to
+    other = tmp_path / "other.jsonl"
+    (tmp_path / "other.jsonl.partial").write_text(json.dumps({"prompt_token_ids": [9, 9]}) + "\n")
+    (tmp_path / "other.jsonl.partial.settings.json").write_text(json.dumps(_settings_of(argv(other))))
+    m = _err(argv(other, "--resume"))
+    assert "record 1" in m and "not for prompt 1" in m, m
+    assert (tmp_path / "other.jsonl.partial").read_text().count("\n") == 1
+    # --resume with nothing begun runs from the start
+    fresh = tmp_path / "fresh.jsonl"
+    assert cli.main(argv(fresh, "--resume")) == 0 and fresh.read_text() == whole.read_text()
+
+
+def _settings_of(argv) -> dict:
+    """The settings a generate run with `argv` records (no model loaded)."""
+    args = cli.build_parser().parse_args(argv)
+    sampling = [SamplingParams(stop_token_ids=[])]
+    return cli._run_settings(args, sampling)

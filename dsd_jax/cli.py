@@ -85,8 +85,10 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hf-draft", metavar="DIR", help="draft: local Hugging Face safetensors directory")
     g.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json (default: the HF dir's or the "
                    "built-in one)")
-    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="parameter dtype (default float32)")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="parameter dtype (default auto: each checkpoint's own, bfloat16 where its config "
+                        "says so; float32 for the built-in pair, bfloat16 for --synthetic; an EAGLE-3 head "
+                        "takes the target's)")
 
 
 def _mesh_shape(text: str) -> tuple[int, int]:
@@ -253,21 +255,22 @@ def _needs_draft_flag(spec) -> bool:
     return _needs_draft(spec) and not hasattr(drafters.get(spec.method), "load_model")
 
 
-def _engine_draft(args, spec, draft):
+def _engine_draft(args, spec, draft, target):
     """The engine's `draft=`: for method "eagle3" the head the spec names (the built-in one by
-    default), loaded here unless `draft` is it already; else the draft model."""
+    default, in the target's dtype), loaded here unless `draft` is it already; else the draft
+    model."""
     from dsd_jax.models.eagle3 import Eagle3Config
     if spec.method != "eagle3" or isinstance(getattr(draft, "config", None), Eagle3Config):
         return draft
     custom = args.target or args.hf_target or getattr(args, "synthetic", None)
     return loading.draft_for(spec, draft, "custom" if custom else "builtin", "--speculative-config",
-                             args.dtype or "float32")
+                             target.config.dtype)
 
 
 def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
     from dsd_jax import SpecEngine
     from dsd_jax.sharding import make_mesh
-    draft = _engine_draft(args, spec, draft)
+    draft = _engine_draft(args, spec, draft, target)
     try:
         mesh = None if args.mesh is None else make_mesh(*args.mesh)
     except ValueError as e:
@@ -355,7 +358,7 @@ def _synthetic_models(cmd: str, args):
     if args.draft_synthetic and family[args.draft_synthetic] != family[args.synthetic]:
         _fail(cmd, "--draft-synthetic", f"{args.draft_synthetic} is a {family[args.draft_synthetic]} "
               f"model with another tokenizer than {args.synthetic}'s; pick a draft of the same family")
-    dtype = args.dtype = args.dtype or "bfloat16"
+    dtype = args.dtype = "bfloat16" if args.dtype in (None, "auto") else args.dtype
     target = synthetic(args.synthetic, dtype=dtype, seed=0)
     draft = None if args.draft_synthetic is None else synthetic(args.draft_synthetic, dtype=dtype, seed=1)
     return target, draft, None, "synthetic"
@@ -374,7 +377,6 @@ def cmd_profile(args) -> int:
     if args.synthetic or args.draft_synthetic:
         target, draft, tokenizer, source = _synthetic_models(cmd, args)
     else:
-        args.dtype = args.dtype or "float32"
         target, draft, tokenizer, source = loading.load_models(args)
     if spec.dynamic is not None:
         spec = spec.replace(dynamic=None)  # profiling runs fixed Ks; no profile needed yet
@@ -614,7 +616,7 @@ def cmd_generate(args) -> int:
               f"(the last of {len(raw_prompts)} prompts) is past 2**32 - 1; give a smaller --seed")
     spec = _load_spec(cmd, args)
     target, draft, tokenizer, _ = loading.load_models(args)
-    draft = _engine_draft(args, spec, draft)
+    draft = _engine_draft(args, spec, draft, target)
     prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
     for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
         if len(ids) >= args.max_seq_len:
@@ -737,7 +739,7 @@ def _add_profile(sub) -> None:
                         "acceptance-run flags (--prompts, ...) do not apply")
     p.add_argument("--out", default="profile.json", metavar="FILE.json", help="output (default profile.json)")
     _add_overwrite_flag(p, "--out")
-    p.set_defaults(func=cmd_profile, dtype=None)  # float32, or bfloat16 for --synthetic
+    p.set_defaults(func=cmd_profile)
 
 
 def _add_prompt_format_flag(p) -> None:

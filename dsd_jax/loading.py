@@ -192,7 +192,9 @@ def _load_checkpoint(flag: str, path: str, hf: bool, dtype: str):
     from dsd_jax import models
     existing_dir(flag, path)
     try:
-        return models.load_hf(path, dtype=dtype) if hf else models.restore(path, dtype=dtype)
+        if hf:
+            return models.load_hf(path, dtype=dtype)
+        return models.restore(path, dtype=None if dtype == "auto" else dtype)  # None: as saved
     except (OSError, ValueError, TypeError) as e:
         raise ArgumentError(flag, f"cannot load the model in {path!r}: {e}") from e
 
@@ -239,7 +241,9 @@ def load_models(options):
     options: anything with the CLI's model attributes ``target``, ``draft`` (directories
     of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
     directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
-    (dtype float32). Neither target given: the built-in pair."""
+    (dtype float32). dtype "auto": each checkpoint's own (an HF config's torch_dtype, see
+    `models.hf.checkpoint_dtype`; a saved checkpoint's), the built-in pair's float32.
+    Neither target given: the built-in pair."""
     target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (getattr(options, k, None) for k in MODEL_FLAGS)
     dtype = getattr(options, "dtype", None) or "float32"
     if target_dir and hf_target:
@@ -255,7 +259,7 @@ def load_models(options):
     else:
         if draft_dir or hf_draft:
             raise ArgumentError("--target", "a custom draft needs a custom target (--target or --hf-target)")
-        target, draft, tokenizer = _builtin_pair(dtype)
+        target, draft, tokenizer = _builtin_pair("float32" if dtype == "auto" else dtype)
         source = "builtin"
     if draft_dir or hf_draft:
         hf = bool(hf_draft)

@@ -204,14 +204,23 @@ def _check_tied_head(reader, path: str) -> None:
                          "or remove lm_head.weight to tie the head to the embedding")
 
 
+def checkpoint_dtype(hf_cfg: dict) -> str:
+    """The dtype a checkpoint loads in under dtype "auto": "bfloat16" where its config.json says
+    so (`torch_dtype`, or transformers 5's `dtype`), else "float32" (a float16 checkpoint
+    widens exactly; bfloat16 would drop 3 of its mantissa bits)."""
+    return "bfloat16" if (hf_cfg.get("torch_dtype") or hf_cfg.get("dtype")) == "bfloat16" else "float32"
+
+
 def load_hf(path, dtype: str = "float32") -> Transformer:
     """Loads a local Llama / Qwen2 / Qwen3 safetensors checkpoint directory as a `Transformer`.
 
     dtype: "float32" or "bfloat16", the parameter and activation dtype (the checkpoint's
-    own dtype, e.g. bf16, is cast to it).
+    own dtype, e.g. bf16, is cast to it), or "auto": the checkpoint's (`checkpoint_dtype`).
     """
     hf_cfg = read_hf_config(path)
     path = os.fspath(path)
+    if dtype == "auto":
+        dtype = checkpoint_dtype(hf_cfg)
     cfg = ModelConfig.from_hf(hf_cfg, dtype=dtype)
     files = _weight_files(path)
 

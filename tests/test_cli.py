@@ -946,3 +946,30 @@ def _settings_of(argv) -> dict:
     args = cli.build_parser().parse_args(argv)
     sampling = [SamplingParams(stop_token_ids=[])]
     return cli._run_settings(args, sampling)
+
+
+def test_dtype_auto_is_each_checkpoints_own(files, tmp_path):
+    """--dtype defaults to "auto": an HF checkpoint in the dtype its config.json names
+    (bfloat16; float16 and none widen to float32), a saved checkpoint as saved, the
+    built-in pair float32; an explicit --dtype casts them all."""
+    from dsd_jax import loading
+    bf16 = models.save_hf(models.restore(files.target, dtype="bfloat16"), tmp_path / "bf16")
+    load = lambda **kw: loading.load_models(types.SimpleNamespace(**kw))[0].config.dtype  # noqa: E731
+    assert cli.build_parser().parse_args(["generate"]).dtype == "auto"
+    assert load(hf_target=bf16, dtype="auto") == "bfloat16"
+    assert load(hf_target=bf16, dtype="float32") == "float32"
+    cfg_path = os.path.join(bf16, "config.json")
+    for name, want in (("float16", "float32"), (None, "float32")):
+        cfg = json.loads(open(cfg_path).read())
+        cfg.pop("torch_dtype", None)
+        cfg.pop("dtype", None)
+        if name:
+            cfg["torch_dtype"] = name
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        assert load(hf_target=bf16, dtype="auto") == want, name
+    saved = tmp_path / "saved"
+    models.save(models.restore(files.target, dtype="bfloat16"), saved)
+    assert load(target=str(saved), dtype="auto") == "bfloat16"
+    assert load(target=files.target, dtype="auto") == "float32"
+    assert load(dtype="auto") == "float32"  # the built-in pair

@@ -137,8 +137,8 @@ def main(args) -> int:
     if source != "builtin" and tokenizer is None:
         raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "
                             "(the prompts are the built-in held-out code prompts; pass --tokenizer)")
-    head = (load_eagle3_head("--eagle3", getattr(args, "eagle3", None), source, getattr(args, "dtype", None)
-                             or "float32") if "eagle3" in methods_of(configs) else None)
+    head = (load_eagle3_head("--eagle3", getattr(args, "eagle3", None), source, target.config.dtype)
+            if "eagle3" in methods_of(configs) else None)
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
     rows = run_bench(target, draft, tokenizer, prompts,
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),

@@ -69,8 +69,8 @@ def main():
                   configs, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
     decode_ms = collections.defaultdict(list)
 
-    def run(config, p, prompts):
-        result = runner.run(config, prompts, p.sampling)
+    def run(config, p, u):
+        result = runner.run(config, p.units[u], p.sampling)
         engine = runner.vanilla if config == "vanilla" else runner.spec
         decode = [t for t in engine.stats.trace if not t["after_prefill"]]  # the rest include the prefill
         ms, line = describe(config, decode, args.batch_size)

@@ -809,6 +809,9 @@ def _add_bench(sub) -> None:
                         "The intervals resample the groups, so a point of one group has none; resolving 5%% "
                         "at B=1 needs about 16 groups, by the spread of the committed benches (repeats "
                         "do not replace them)"),
+    b.add_argument("--rollout-units", type=positive_int, metavar="N",
+                   help="rollouts of 64 requests, each with its own prompts and lengths (default 3; --quick 1): "
+                        "the rollout's interval resamples them, so 1 gives none")
     b.add_argument("--max-tokens", type=positive_int, help="tokens per request of the batch-size sweep (the "
                    "rollout draws its own heavy-tailed lengths)")
     b.add_argument("--compilation-cache-dir", metavar="DIR",

@@ -22,8 +22,8 @@ def _prompts(n, vocab=64, seed=0):
 
 TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=2, max_tokens=8, quick=True,
             prompt_len=12, rows_per_point=2, rollout_requests=4, rollout_prompt_len=8,
-            rollout_median_tokens=4, rollout_max_tokens=12, max_seq_len=32, max_k=2, batch_buckets=[4],
-            log=None)
+            rollout_median_tokens=4, rollout_max_tokens=12, rollout_units=2, max_seq_len=32, max_k=2,
+            batch_buckets=[4], log=None)
 
 
 SWEEP_CALLS: list[tuple[str, tuple]] = []  # (config, prompts) of every timed sweep run, in order
@@ -71,8 +71,8 @@ def test_every_configuration_runs_every_unit_first_equally_often(configs, units)
     points = [Point("sweep", b, [[[b, u]] for u in range(n)], names) for b, n in enumerate(units)]
     orders: dict[tuple, list[str]] = {}
 
-    def run(config, point, unit):
-        orders.setdefault((point.batch_size, unit[0][1]), []).append(config)
+    def run(config, point, u):
+        orders.setdefault((point.batch_size, point.units[u][0][1]), []).append(config)
         return 1.0, [[1]], None
 
     run_interleaved(points, run, repeats=configs)
@@ -98,8 +98,8 @@ def test_every_configuration_leads_a_point_equally_often(configs, repeats, units
     points = [Point("sweep", b, [[[b, u]] for u in range(n)], names) for b, n in enumerate(units)]
     runs: dict[tuple, list[str]] = {}
 
-    def run(config, point, unit):
-        runs.setdefault((point.batch_size, unit[0][1]), []).append(config)
+    def run(config, point, u):
+        runs.setdefault((point.batch_size, point.units[u][0][1]), []).append(config)
         return 1.0, [[1]], None
 
     run_interleaved(points, run, repeats=repeats)
@@ -145,10 +145,10 @@ def test_rows_schema_and_lossless(bench_rows):
             assert set(hist) <= {0, 1, 2} and "itl_mape" in r["controller"]
     roll = [r for r in rows if r["workload"] == "rollout"]
     assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
-    # one paired sample per (repeat, prompt group): B=1 runs 2 groups, B=4 and the rollout 1;
-    # the intervals rest on the groups: a t interval on 2, none on 1
+    # one paired sample per (repeat, prompt group): B=1 runs 2 groups, B=4 1, the rollout 2
+    # rollouts; the intervals rest on the groups: a t interval on 2, none on 1
     for r in sweep + roll:
-        groups = 2 if r.get("batch_size") == 1 else 1
+        groups = 2 if r.get("batch_size") in (1, None) else 1
         assert len(r["tokens_per_s_pairs"]) == 2 * groups and all(x > 0 for x in r["tokens_per_s_pairs"])
         for key in ("vs_vanilla", "vs_best_static"):
             ci = r[key]
@@ -162,11 +162,12 @@ def test_rows_schema_and_lossless(bench_rows):
             assert r["vs_vanilla"]["lo"] == pytest.approx(1.0) == r["vs_vanilla"]["hi"]
         if r["config"] == "static-2":
             assert r["vs_best_static"]["ratio"] == pytest.approx(1.0)
-    lengths = meta[0]["rollout"]["lengths"]
-    assert len(lengths) == 4 and all(1 <= n <= 12 for n in lengths)
+    lengths = meta[0]["rollout"]["lengths"]  # per rollout, each its own draw
+    assert [len(x) for x in lengths] == [4, 4] and lengths[0] != lengths[1]
+    assert all(1 <= n <= 12 for x in lengths for n in x) and meta[0]["rollout"]["units"] == 2
     for r in roll:
         assert r["makespan_s"] > 0 and r["tokens_per_s"] > 0 and r["lossless"] is True
-        assert r["tokens"] == sum(lengths) and r["num_requests"] == 4
+        assert r["tokens"] == sum(map(sum, lengths)) and r["num_requests"] == 4 and r["rollouts"] == 2
     json.dumps(rows)  # JSON-ready
 
 
@@ -181,8 +182,8 @@ def test_json_plot_and_table(bench_rows, tmp_path):
     assert "dynamic_vs_best_other" in s["sweep"][0] and "dynamic_vs_best_other" in s["rollout"]
     ci = s["sweep"][0]["dynamic_vs_best_other_ci"]
     assert ci["n"] == 2 and ci["pairs"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]
-    assert s["rollout"]["dynamic_vs_best_other_ci"]["n"] == 1  # one prompt group: no interval
-    assert s["rollout"]["dynamic_configs"]["dynamic"]["verdict"] == "unresolved"
+    ci = s["rollout"]["dynamic_vs_best_other_ci"]  # two rollouts: a t interval
+    assert ci["n"] == 2 and ci["method"] == "t" and ci["lo"] <= ci["ratio"] <= ci["hi"]
     assert s["sweep"][1]["resolves_5pct"] is False
     # every configuration against vanilla and the best static K, with a verdict
     diffs = {(d["workload"], d["batch_size"], d["config"], d["baseline"]) for d in s["differences"]}
@@ -494,8 +495,9 @@ def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
     with pytest.raises(ValueError, match=r"rows_per_point 16 at batch size 1 takes 16 prompt groups of 1, "
                                          r"16 distinct prompts, but 12 were given"):
         check_distinct_groups([1], 16, 12)
-    assert _prompts_needed(False, [1, 2], 96) == 96 + 16 and _prompts_needed(False, [1, 2]) == 64 + 16
-    assert _prompts_needed(False, [1, 16, 48], 70) == 2 * 48 + 16  # groups of 48 take 96, not 70
+    assert _prompts_needed(False, [1, 2], 96, 1) == 96 + 16 and _prompts_needed(False, [1, 2], None, 1) == 64 + 16
+    assert _prompts_needed(False, [1, 16, 48], 70, 1) == 2 * 48 + 16  # groups of 48 take 96, not 70
+    assert _prompts_needed(False, [1, 2]) == 3 * 64 + 16  # FULL's three rollouts of 64, each its own prompts
     from dsd_jax.bench.settings import resolve
     from dsd_jax.bench.workloads import profile_prompts, sweep
     s = resolve(False, dict(batch_sizes=[1, 3], rows_per_point=100, workloads=("sweep",)))

@@ -24,13 +24,15 @@ def _builtin_prompts(n: int) -> list[str]:
     return heldout_prompts(n)
 
 
-def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None) -> int:
-    """Held-out prompts for the sweep's largest batch, its prompt groups or the rollout, and
+def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None,
+                    rollout_units: int | None = None) -> int:
+    """Held-out prompts for the sweep's largest batch, its prompt groups or the rollouts, and
     the profile's own."""
     d = mode(quick)
     sizes = int_list("batch_sizes", batch_sizes)
     groups = sweep_prompts(sizes, rows_per_point or d["rows_per_point"])
-    return max(max(sizes), d["rollout_requests"], groups) + d["profile_prompts"]
+    rollouts = d["rollout_requests"] * (rollout_units or d["rollout_units"])
+    return max(max(sizes), rollouts, groups) + d["profile_prompts"]
 
 
 def default_configs(quick: bool, method: str = "draft_model") -> list[str]:
@@ -128,11 +130,12 @@ def main(args) -> int:
     _check_paths(args, outputs)
     d = mode(quick)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
-    rows_per_point = getattr(args, "rows_per_point", None)
+    rows_per_point, rollout_units = getattr(args, "rows_per_point", None), getattr(args, "rollout_units", None)
     try:  # before any model loads
-        prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point))
+        prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point, rollout_units))
     except ValueError as e:  # more than the held-out set holds
-        raise ArgumentError("--rows-per-point" if rows_per_point else "--batch-sizes", str(e)) from e
+        flag = "--rows-per-point" if rows_per_point else "--rollout-units" if rollout_units else "--batch-sizes"
+        raise ArgumentError(flag, str(e)) from e
     target, draft, tokenizer, source = load_models(args)
     if source != "builtin" and tokenizer is None:
         raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "
@@ -142,7 +145,7 @@ def main(args) -> int:
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
     rows = run_bench(target, draft, tokenizer, prompts,
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
-                     rows_per_point=rows_per_point,
+                     rows_per_point=rows_per_point, rollout_units=rollout_units,
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
                      profile_out=outputs[PROFILE_OUT], eagle3=head, eagle3_profile=eagle3_profile,
                      eagle3_profile_out=outputs[EAGLE3_PROFILE_OUT],

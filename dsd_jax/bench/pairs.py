@@ -1,13 +1,13 @@
 """Paired comparisons between the bench's configurations (`dsd_jax.stats` on result rows).
 
-Every (prompt group, repeat) of the sweep and every repeat of the rollout is a *pair
-unit*: all configurations ran it back to back, so their tokens/s are compared pair by
+Every (prompt group, repeat) of the sweep and every (rollout, repeat) of the rollout
+point is a *pair unit*: all configurations ran it back to back, so their tokens/s are compared pair by
 pair (``tokens_per_s_pairs``), and each configuration's ratio to vanilla and to the
 best static K carries a paired 95% interval. The repeats of one prompt group share its
 prompts' acceptance, so the interval resamples prompt groups, not pairs
 (`pair_groups`, ``clusters=`` of `dsd_jax.stats.paired_ratio`): ``n`` is the number of
-groups, and a point with one group (the sweep at B >= rows_per_point, the rollout) has
-no interval. A difference is called real only when its interval excludes 1.
+groups (the rollouts, at the rollout point), and a point with one group (the sweep at
+B >= rows_per_point, a single rollout) has no interval. A difference is called real only when its interval excludes 1.
 """
 
 from __future__ import annotations

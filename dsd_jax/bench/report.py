@@ -229,8 +229,12 @@ def _rollout_lines(roll, meta) -> list[str]:
     if not roll:
         return []
     n = meta.get("rollout", {}) or {}
-    lines = [f"rollout: {n.get('num_requests', '?')} requests, heavy-tailed lengths "
-             f"(median {n.get('median_tokens', '?')}, max {max(n.get('lengths') or [0])})"]
+    units = n.get("units", 1)
+    lengths = n.get("lengths") or [[0]]
+    longest = max(max(x) if isinstance(x, list) else x for x in lengths)  # (one flat list before units)
+    lines = [f"rollout: {units} x {n.get('num_requests', '?')} requests, heavy-tailed lengths "
+             f"(median {n.get('median_tokens', '?')}, max {longest}); makespan: the mean of a rollout"
+             + ("" if units > 1 else "; one rollout: no interval")]
     for r in roll:
         lines.append(f"  {r['config']:>12}: makespan {r['makespan_s']:.2f} s, "
                      f"{r['tokens_per_s']:.1f} tok/s {_speedup_cell(r)}"
@@ -401,7 +405,8 @@ def _plot_rollout(ax, roll, configs, colors, meta) -> None:
         ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("makespan (s)")
-    ax.set_title(f"rollout of {(meta.get('rollout') or {}).get('num_requests', '')} heavy-tailed requests")
+    n = meta.get("rollout") or {}
+    ax.set_title(f"rollout of {n.get('num_requests', '')} heavy-tailed requests (mean of {n.get('units', 1)})")
     ax.grid(True, axis="y", alpha=0.3)
 
 

@@ -19,8 +19,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
               max_tokens=None, profile=None, quick: bool = False, prompt_len: int | None = None,
               rows_per_point: int | None = None, rollout_requests: int | None = None,
               rollout_prompt_len: int | None = None, rollout_median_tokens: int | None = None,
-              rollout_max_tokens: int | None = None, max_seq_len: int | None = None,
-              max_k: int | None = None, batch_buckets: Sequence[int] | None = None,
+              rollout_max_tokens: int | None = None, rollout_units: int | None = None,
+              max_seq_len: int | None = None, max_k: int | None = None, batch_buckets: Sequence[int] | None = None,
               prefill_chunk: int | None = None,
               profile_prompts=None, profile_out: str | os.PathLike | None = None,
               workloads: Sequence[str] = ("sweep", "rollout"), seed: int = 0,
@@ -36,7 +36,9 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
         head directory; None when none runs).
     tokenizer: a `tokenizers.Tokenizer` or None (then prompts must be token ids).
     prompts: held-out prompts (strings or token-id lists); at least max(batch_sizes)
-        and rollout_requests of them are used, cycling when there are fewer.
+        and rollout_requests x rollout_units of them are used, cycling when there are fewer.
+    rollout_units: rollouts of rollout_requests each, with their own prompts and lengths:
+        the rollout point's pair units (its interval rests on them; 1: no interval).
     configs: names ("vanilla", "static-K", "dynamic", and "eagle3-static-K", "eagle3-dynamic"
         for the head) as a list or a comma-separated string; "vanilla" is always added (the
         speedup baseline and lossless oracle).
@@ -69,7 +71,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     given = dict(batch_sizes=batch_sizes, configs=configs, repeats=repeats, max_tokens=max_tokens,
                  prompt_len=prompt_len, rows_per_point=rows_per_point, rollout_requests=rollout_requests,
                  rollout_prompt_len=rollout_prompt_len, rollout_median_tokens=rollout_median_tokens,
-                 rollout_max_tokens=rollout_max_tokens, max_seq_len=max_seq_len, max_k=max_k,
+                 rollout_max_tokens=rollout_max_tokens, rollout_units=rollout_units, max_seq_len=max_seq_len,
+                 max_k=max_k,
                  batch_buckets=batch_buckets, prefill_chunk=prefill_chunk, workloads=workloads, seed=seed,
                  eagle3_max_batch=eagle3_max_batch, eagle3_max_k=eagle3_max_k)
     s = resolve(quick, given, profile.max_seq_len if profile else None)
@@ -103,7 +106,7 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
             runner.run(c, *warmup_requests(s, ids, runner.engine_for(c).max_batch_size))
     points, lengths = _points(s, ids)
     with _timer(seconds, "timed"):
-        run_interleaved(points, lambda c, p, unit: runner.run(c, unit, p.sampling), s.repeats,
+        run_interleaved(points, lambda c, p, u: runner.run(c, p.units[u], p.sampling_of(u)), s.repeats,
                         on_repeat=lambda rep, p: log(_progress(rep, p, s)))
     rows = add_intervals([point_row(p, c, runner.profile_for(c)) for p in points for c in p.configs])
     add_speedups(rows)
@@ -150,8 +153,8 @@ def _points(s: Settings, ids) -> tuple[list, list[int]]:
 def _progress(rep: int, p, s: Settings) -> str:
     head = f"  [repeat {rep + 1}/{s.repeats}] "
     if p.workload == "rollout":
-        return head + f"rollout of {s.rollout_requests}: " + ", ".join(
-            f"{c} {p.cells[c].walls[rep]:.2f} s" for c in p.configs) + " makespan"
+        return head + f"rollout of {s.rollout_requests} (x{len(p.units)}): " + ", ".join(
+            f"{c} {p.cells[c].walls[rep] / len(p.units):.2f} s" for c in p.configs) + " mean makespan"
     return head + f"sweep B={p.batch_size}: " + ", ".join(
         f"{c} {p.cells[c].tokens[rep] / p.cells[c].walls[rep]:.0f}" for c in p.configs) + " tok/s"
 

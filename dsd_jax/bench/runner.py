@@ -267,15 +267,16 @@ def run_interleaved(points, run: Callable, repeats: int, on_repeat: Callable | N
     """Runs every point's pair units `repeats` times, configurations taking turns unit by unit
     (a slow stretch of the machine lasting a few seconds is shared out instead of landing on
     one configuration) in the rotation `turns` gives, into ``point.cells``. run(config, point,
-    unit) -> (wall, outputs, info or None); on_repeat(rep, point) after each repeat of a point."""
+    u) -> (wall, outputs, info or None) for the point's unit u; on_repeat(rep, point) after each
+    repeat of a point."""
     for p in points:  # cells in configuration order, whichever ran first
         p.cells.update({c: Cell() for c in p.configs if c not in p.cells})
     turn = turns(points, repeats)
     for rep in range(repeats):
         for i, p in enumerate(points):
-            for u, unit in enumerate(p.units):
+            for u in range(len(p.units)):
                 for c in rotated(p.configs, turn[(i, u, rep)]):
-                    p.cells[c].add(rep, *run(c, p, unit))
+                    p.cells[c].add(rep, *run(c, p, u))
             if on_repeat is not None:
                 on_repeat(rep, p)
 
@@ -301,13 +302,15 @@ def calibration(step_ms, profile: Profile | None) -> list[dict]:
 
 
 def _throughput(point, config: str, cell: Cell) -> dict:
-    """The sweep's tokens/s is the median over repeats; the rollout's comes from the median makespan."""
+    """The sweep's tokens/s is the median over repeats; the rollout's comes from the median
+    makespan (a repeat's: the mean over its rollouts)."""
     if point.workload == "sweep":
         return {"batch_size": point.batch_size, "config": config, "tokens_per_s": median(cell.tokens_per_s()),
                 "wall_s": median(cell.walls), "prompts": len(cell.outputs[0])}
-    makespan = median(cell.walls)
-    return {"config": config, "makespan_s": makespan, "tokens_per_s": cell.tokens[0] / makespan,
-            "num_requests": len(cell.outputs[0])}
+    units = len(point.units)
+    makespan = median(cell.walls) / units
+    return {"config": config, "makespan_s": makespan, "tokens_per_s": cell.tokens[0] / units / makespan,
+            "num_requests": len(cell.outputs[0]) // units, "rollouts": units}
 
 
 def point_row(point, config: str, profile: Profile | None) -> dict:

@@ -8,13 +8,15 @@ from typing import Sequence
 # Settings of the two modes (every one can be overridden).
 # FULL: 6 repeats (each committed bench ran --repeats 6; 3 left B=1-2 intervals wider than 5%).
 # The intervals resample prompt groups (`dsd_jax.bench.pairs`): ceil(rows_per_point / B) of
-# them per point, so B >= 4 (2 groups: a t_1 interval) and B >= 8 and the rollout (1 group:
-# none) cannot resolve 5% whatever the repeats; more groups there take a larger rows_per_point.
+# them per point, so B >= 4 (2 groups: a t_1 interval) and B >= 8 (1 group: none) cannot
+# resolve 5% whatever the repeats; more groups there take a larger rows_per_point. The rollout's
+# groups are `rollout_units` rollouts, each with its own prompts and seeded lengths: FULL's 3
+# give a t_2 interval; QUICK's 1, none.
 FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
             repeats=6, max_tokens=64, prompt_len=128, rows_per_point=8,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
-            max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
+            rollout_units=3, max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
             eagle3_max_batch=None, eagle3_max_k=None,
             profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
 # --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 3: 38 programs, still
@@ -24,7 +26,7 @@ QUICK = dict(batch_sizes=(1, 4, 16, 64),
              configs=("vanilla", "static-1", "static-3", "dynamic"),
              repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4,
              rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=12, rollout_max_tokens=112,
-             max_seq_len=160, max_k=3, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
+             rollout_units=1, max_seq_len=160, max_k=3, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
              eagle3_max_batch=None, eagle3_max_k=None,
              profile_repeats=7, profile_warmup_reps=2, profile_prompts=8, profile_max_tokens=48)
 
@@ -140,6 +142,7 @@ class Settings:
     rollout_prompt_len: int
     rollout_median_tokens: int
     rollout_max_tokens: int  # capped so that a rollout request fits in max_seq_len
+    rollout_units: int  # rollouts of rollout_requests each (their own prompts and lengths): the pair units
     max_seq_len: int
     batch_buckets: list[int] | None  # None: the engine's default buckets
     prefill_chunk: int
@@ -195,9 +198,10 @@ def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Set
     if not workloads or not set(workloads) <= set(WORKLOADS):
         raise ValueError(f"workloads must be a subset of {WORKLOADS}, got {workloads}")
     ints = {k: int(pick[k]) for k in ("repeats", "max_tokens", "prompt_len", "rows_per_point", "max_k",
-                                      "rollout_prompt_len", "rollout_median_tokens")}
-    if min(ints["repeats"], ints["max_tokens"], ints["prompt_len"], ints["rows_per_point"]) < 1:
-        raise ValueError("repeats, max_tokens, prompt_len and rows_per_point must be >= 1")
+                                      "rollout_prompt_len", "rollout_median_tokens", "rollout_units")}
+    if min(ints["repeats"], ints["max_tokens"], ints["prompt_len"], ints["rows_per_point"],
+           ints["rollout_units"]) < 1:
+        raise ValueError("repeats, max_tokens, prompt_len, rows_per_point and rollout_units must be >= 1")
     batch_sizes = int_list("batch_sizes", pick["batch_sizes"])
     n_roll = int(pick["rollout_requests"]) if "rollout" in workloads else 0
     seq = given.get("max_seq_len") or profile_seq_len or d["max_seq_len"]

@@ -201,7 +201,8 @@ def measure_seq_len(target, draft, prompts, profile_prompts, *, max_seq_len: int
                     [c for c in config_names(max_k, hf is not None) if c != "hf-assisted" or b in hf_batch_sizes],
                     greedy) for b in batch_sizes]
 
-    def run(config: str, point: Point, group):
+    def run(config: str, point: Point, u: int):
+        group = point.units[u]
         if config == "floor":
             return _timed(floor, group, max_tokens)
         if config == "hf-assisted":
@@ -212,7 +213,7 @@ def measure_seq_len(target, draft, prompts, profile_prompts, *, max_seq_len: int
     # takes the engines through their buckets, warms torch)
     for p in points:
         for c in p.configs:
-            run(c, p, p.units[0])
+            run(c, p, 0)
     t0 = time.perf_counter()
     run_interleaved(points, run, repeats, on_repeat=lambda rep, p: log(
         f"  [repeat {rep + 1}/{repeats}] S={max_seq_len} B={p.batch_size}: " + ", ".join(

@@ -6,7 +6,8 @@
   a single prompt's acceptance does not decide the point.
 - *rollout*: ``rollout_requests`` requests started together with heavy-tailed output
   lengths (seeded lognormal, capped), so the live batch shrinks to a long tail as in
-  an RL rollout.
+  an RL rollout; ``rollout_units`` such rollouts, each with its own prompts and length
+  draw (seed + u), are the point's pair units (one makespan says nothing about the next).
 
 A workload is a list of `Point`s; each point's *pair units* (prompt groups) are what
 every configuration runs back to back (`dsd_jax.bench.runner.run_interleaved`).
@@ -35,6 +36,11 @@ class Point:
     configs: list[str]
     sampling: Any = None  # what the engine generates with (SamplingParams or one per prompt)
     cells: dict = dataclasses.field(default_factory=dict)  # config -> runner.Cell
+    unit_sampling: list | None = None  # per unit, where units differ (the rollouts' lengths)
+
+    def sampling_of(self, u: int):
+        """What unit `u` generates with."""
+        return self.sampling if self.unit_sampling is None else self.unit_sampling[u]
 
     @property
     def key(self) -> tuple:
@@ -89,18 +95,21 @@ def _configs_at(s: Settings, batch_size: int) -> list[str]:
     return [c for c in s.configs if s.runs_at(c, batch_size)]
 
 
-def rollout(s: Settings, ids: list[list[int]]) -> tuple[Point, list[int]]:
-    """The rollout point and its output lengths."""
-    lengths = rollout_lengths(s.rollout_requests, s.rollout_median_tokens, s.rollout_max_tokens, seed=s.seed)
-    prompts = [ids[i % len(ids)][:s.rollout_prompt_len] for i in range(s.rollout_requests)]
-    sampling = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
-    return Point("rollout", None, [prompts], _configs_at(s, s.rollout_requests), sampling), lengths
+def rollout(s: Settings, ids: list[list[int]]) -> tuple[Point, list[list[int]]]:
+    """The rollout point (`rollout_units` rollouts: unit u takes the next rollout_requests
+    prompts, cycling, and lengths drawn with seed + u) and each unit's output lengths."""
+    n, lengths, units = s.rollout_requests, [], []
+    for u in range(s.rollout_units):
+        lengths.append(rollout_lengths(n, s.rollout_median_tokens, s.rollout_max_tokens, seed=s.seed + u))
+        units.append([ids[(u * n + i) % len(ids)][:s.rollout_prompt_len] for i in range(n)])
+    sampling = [[SamplingParams(temperature=0.0, max_tokens=m) for m in unit] for unit in lengths]
+    return Point("rollout", None, units, _configs_at(s, n), unit_sampling=sampling), lengths
 
 
-def rollout_meta(s: Settings, lengths: list[int]) -> dict:
-    return {"num_requests": s.rollout_requests, "prompt_len": s.rollout_prompt_len, "lengths": lengths,
-            "median_tokens": s.rollout_median_tokens, "max_tokens": s.rollout_max_tokens,
-            "distribution": f"lognormal(log(median), {ROLLOUT_SIGMA}), clipped"}
+def rollout_meta(s: Settings, lengths: list[list[int]]) -> dict:
+    return {"num_requests": s.rollout_requests, "prompt_len": s.rollout_prompt_len, "units": s.rollout_units,
+            "lengths": lengths, "median_tokens": s.rollout_median_tokens, "max_tokens": s.rollout_max_tokens,
+            "distribution": f"lognormal(log(median), {ROLLOUT_SIGMA}), clipped, seed + unit"}
 
 
 def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
@@ -115,6 +124,6 @@ def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
 def profile_prompts(s: Settings, ids: list[list[int]], n: int) -> list[list[int]]:
     """n acceptance prompts for profiling, disjoint from the sweep's and the rollout's
     prompts where there are enough."""
-    used = max(s.max_batch, sweep_prompts(s.batch_sizes, s.rows_per_point))
+    used = max(s.max_batch, sweep_prompts(s.batch_sizes, s.rows_per_point), s.rollout_requests * s.rollout_units)
     start = used if len(ids) >= used + n else 0
     return [ids[(start + i) % len(ids)][:s.prompt_len] for i in range(n)]

@@ -196,7 +196,7 @@ def test_precompile_steps_in_threads():
     engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=1), max_batch_size=2,
                             max_seq_len=22, batch_buckets=(1, 2))
     # K = 0 only (no draft in the programs: quick to compile); the second bucket in a thread
-    assert dc.precompile_steps(engine, range(1), (1, 2), threads=2) == "2 programs, 2 threads"
+    assert dc.precompile_steps(engine, range(1), (1, 2), threads=2).startswith("2 programs, 2 threads; the first alone ")
     assert sorted(k for k in engine.programs._compiled if k[0] == "step") == [
         ("step", 0, 1), ("step", 0, 2)]
     assert engine.programs._fallback is False  # restored (CPU: no fallback)
@@ -253,7 +253,8 @@ def test_e2e_builtin_pair_plumbing():
     sp = r["spec_vs_plain"]
     assert sp["identical"] is True and sp["k"] == 1 and "first_divergence" not in sp, sp
     assert "speculative (K=1" in dc.format_report({"e2e": {"builtin": r}})
-    assert r["xla"]["precompiled"].endswith("threads")
+    assert re.fullmatch(r"\d+ programs, 8 threads; the first alone [\d.]+ s, the other \d+ in [\d.]+ s",
+                        r["xla"]["precompiled"]), r["xla"]["precompiled"]
 
 
 def test_programs_keep_the_engines_matmul_precision():
@@ -275,7 +276,7 @@ def test_programs_keep_the_engines_matmul_precision():
 
     with jax.default_matmul_precision("highest"):
         built_under = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
-    assert dc.precompile_steps(built_under, range(1), (1, 2), threads=2) == "2 programs, 2 threads"
+    assert dc.precompile_steps(built_under, range(1), (1, 2), threads=2).startswith("2 programs, 2 threads; the first alone ")
     for b in (1, 2):  # bucket 2 compiled in a worker thread
         assert "dot(" in hlo(built_under, b) and highest in hlo(built_under, b), b
     plain = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
@@ -355,7 +356,8 @@ def test_time_budget_cuts_items_and_the_report_says_so(tmp_path):
     assert e["tokens_identical"] is False and e["synthetic"] == {"skipped": dc.SKIPPED}
     p = dc.profile_pair(dc.Settings.cpu_smoke(profile_buckets=(2, 1)), str(tmp_path), deadline=past)
     assert p["batch_sizes"] == [2] and p["truncated"]["dropped_batch_sizes"] == [1]
-    assert p["precompiled"] == "2 programs, 8 threads (2 left: time budget)"
+    assert re.fullmatch(r"2 programs, 8 threads \(2 left: time budget\); the first alone [\d.]+ s, "
+                        r"the other 1 in [\d.]+ s", p["precompiled"]), p["precompiled"]
     assert Profile.load(p["profile_path"]).batch_sizes == [2]
     report = dc.format_report({"kernels": k, "timings": t, "e2e": e, "profile": p})
     assert "0/0 passed, 3 skipped (time budget)" in report and "attention  tiny-llama [2, 3, 40]: skipped" in report

@@ -44,6 +44,8 @@ def test_cpu_smoke_end_to_end(tmp_path):
     assert draft_floor["in_step"]["K"] == 1 and "share_ms" in draft_floor["in_step"]  # B=2 was profiled
     for row in prof["floor"]:
         assert row["bare_forward_ms"] > 0 and row["roofline_ms"] is None  # no HBM peak on a CPU
+        assert row["bare_kernels"] > 0
+    assert target_floor["step_kernels"] > target_floor["bare_kernels"]  # the K=0 round: attention, cache, bookkeeping
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
                     "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain",
@@ -389,3 +391,53 @@ def test_verify_only_step_and_time_steps(tiny_pair):
     prompt = [5, 9, 2, 7]
     out = eng.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6))[0]
     assert out.token_ids == greedy_reference(target, prompt, 6)
+
+
+def test_launch_counts():
+    """Kernels per executed computation of an optimized HLO module: a loop body, a branch and a
+    called computation count their instructions but plumbing; what a fusion or a reduction
+    calls runs inside one kernel; a bare forward launches the same number per layer."""
+    hlo = """HloModule m
+%fused (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  ROOT %n = f32[2]{0} negate(%p)
+}
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+%body (t: (s32[], f32[2])) -> (s32[], f32[2]) {
+  %t = (s32[], f32[2]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[2]{0} get-tuple-element(%t), index=1
+  %f = f32[2]{0} fusion(%x), kind=kLoop, calls=%fused
+  %r = f32[] reduce(%f, %c), dimensions={0}, to_apply=%add
+  %d = f32[2]{0} custom-call(%f), custom_call_target="__cublas$gemm"
+  ROOT %o = (s32[], f32[2]{0}) tuple(%i, %d)
+}
+%cond (t: (s32[], f32[2])) -> pred[] {
+  %t = (s32[], f32[2]{0}) parameter(0)
+  ROOT %lt = pred[] compare(%t, %t), direction=LT
+}
+%yes (x: f32[2]) -> f32[2] {
+  %x = f32[2]{0} parameter(0)
+  ROOT %e = f32[2]{0} exponential(%x)
+}
+ENTRY %main (x: f32[2]) -> f32[2] {
+  %x = f32[2]{0} parameter(0)
+  %w = (s32[], f32[2]{0}) while(%x), condition=%cond, body=%body
+  %k = f32[2]{0} conditional(%p, %x, %x), branch_computations={%yes, %yes}
+  ROOT %y = f32[2]{0} copy(%x)
+}
+"""
+    # the body: fusion, reduce, gemm; the condition's compare, the branch's exp, the entry's copy
+    assert dc.launch_counts(hlo) == [3, 1, 1, 1]
+    import jax.numpy as jnp
+    from conftest import tiny_config
+    from dsd_jax.models import init_model
+    counts = []
+    for layers in (1, 2, 3):
+        loop, params = dc.bare_loop(init_model(tiny_config(num_layers=layers), seed=0))
+        counts.append(dc.launch_counts(loop.lower(params, jnp.zeros((2,), jnp.int32)).compile().as_text())[0])
+    assert counts[2] - counts[1] == counts[1] - counts[0] > 0, counts

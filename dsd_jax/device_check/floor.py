@@ -24,6 +24,7 @@ many small kernels, at that batch size.
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 
@@ -72,6 +73,45 @@ def bare_step(graphdef, params, tokens):
     return jnp.argmax(model.logits(x)[:, 0], axis=-1).astype(jnp.int32)
 
 
+# HLO instructions that launch nothing: plumbing, and the control flow whose bodies are counted
+_NO_LAUNCH = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while", "conditional",
+              "call", "opt-barrier", "after-all", "partition-id", "replica-id"}
+_INSTR = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(")
+_HEAD = re.compile(r"^(?:ENTRY )?%(\S+) .*\{$")
+
+
+def launch_counts(hlo: str) -> list[int]:
+    """Kernel launches per executed computation of an optimized HLO module (`compiled.as_text()`),
+    largest first: the entry, loop bodies and conditions, conditional branches and called computations (what
+    a fusion, reduction or scatter calls is inside one kernel), each counting its instructions
+    but plumbing and control flow. A decode step's largest is its round's loop body (one K = 0
+    round: every layer's kernels); a bare loop's, one forward. Static counts: a loop body counts
+    once per iteration it runs. On a GPU, launches a command buffer (CUDA graph) groups still count."""
+    bodies: dict[str, list[str]] = {}
+    name, executed = None, set()
+    for line in hlo.splitlines():
+        head = _HEAD.match(line)
+        if head:
+            name = head.group(1)
+            bodies[name] = []
+            if line.startswith("ENTRY"):
+                executed.add(name)
+            continue
+        if name is None or not line.strip() or line.strip() == "}":
+            continue
+        bodies[name].append(line)
+        executed.update(re.findall(r"\b(?:body|condition)=%([\w.-]+)", line))
+        executed.update(re.findall(r"\bto_apply=%([\w.-]+)", line) if " call(" in line else [])
+        for branches in re.findall(r"branch_computations=\{([^}]*)\}", line):
+            executed.update(b.strip().lstrip("%") for b in branches.split(","))
+        executed.update(re.findall(r"(?:true|false)_computation=%([\w.-]+)", line))
+
+    def launches(lines):
+        ops = (_INSTR.match(x) for x in lines)
+        return sum(1 for m in ops if m and m.group(1) not in _NO_LAUNCH)
+    return sorted((launches(bodies[c]) for c in executed if c in bodies), reverse=True)
+
+
 def bare_loop(model):
     """(jitted `loop(params, tokens)`: ROUNDS dependent `bare_step`s, params) of `model`."""
     graphdef, params = nnx.split(model)
@@ -83,34 +123,38 @@ def bare_loop(model):
     return loop, params
 
 
-def time_bare_forward(model, batch: int, reps: int) -> float:
-    """Milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
-    each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS)."""
+def time_bare_forward(model, batch: int, reps: int) -> tuple[float, int]:
+    """(milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
+    each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS); the kernels one
+    step launches, `launch_counts` of the loop's body)."""
     loop, params = bare_loop(model)
     tokens = jnp.arange(batch, dtype=jnp.int32) % model.config.vocab_size
-    tokens = jax.block_until_ready(loop(params, tokens))  # compile + warm
+    compiled = loop.lower(params, tokens).compile()
+    tokens = jax.block_until_ready(compiled(params, tokens))  # warm
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        tokens = jax.block_until_ready(loop(params, tokens))
+        tokens = jax.block_until_ready(compiled(params, tokens))
         times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times) / ROUNDS
+    return 1e3 * statistics.median(times) / ROUNDS, launch_counts(compiled.as_text())[0]
 
 
 def floor_point(model, role: str, batch: int, context: int, measured_ms: float | None, reps: int,
                 bw: float | None) -> dict:
     """One model ("target" or "draft") at one batch size: what the profile measured
     (`measured_ms`, or None), the bare forward and the roofline, in milliseconds, with the
-    ratios between them."""
-    bare = time_bare_forward(model, batch, reps)
+    ratios between them, and the kernels the bare forward launches (with the roofline: the
+    microseconds each costs beyond it, which near a launch's 3-5 us says launch-bound)."""
+    bare, kernels = time_bare_forward(model, batch, reps)
     ideal = weight_bytes(model) + kv_bytes(model.config, batch, context)
     roof = None if not bw else 1e3 * ideal / bw
     out = {"role": role, "B": batch, "context": context, "measured_ms": measured_ms,
-           "bare_forward_ms": bare, "roofline_ms": roof, "ideal_bytes": ideal}
+           "bare_forward_ms": bare, "roofline_ms": roof, "ideal_bytes": ideal, "bare_kernels": kernels}
     if measured_ms:
         out["measured_over_bare"] = measured_ms / bare
     if roof:
         out["bare_over_roofline"] = bare / roof
+        out["us_per_kernel_over_roofline"] = 1e3 * (bare - roof) / kernels
         if measured_ms:
             out["measured_over_roofline"] = measured_ms / roof
     return out
@@ -121,7 +165,8 @@ def format_floor(rows) -> list[str]:
     lines = ["steps against their floors at the shortest context (measured: the target's K=0 step, "
              "the draft's cost per draft token; bare forward: the model's jitted one-token loop, no "
              "attention or cache; roofline: weights + KV / HBM)",
-             "  model    B | measured ms | bare forward ms | roofline ms | measured/bare | bare/roofline"]
+             "  model    B | measured ms | bare forward ms | roofline ms | measured/bare | bare/roofline | "
+             "kernels: bare (step) | us a kernel over the roofline"]
     for r in rows:
         if "bare_forward_ms" not in r:
             lines.append(f"  {r.get('role', '?'):<6} {r.get('B', '?'):>3} | not run: "
@@ -130,7 +175,9 @@ def format_floor(rows) -> list[str]:
         f = lambda x, spec=".3f": "-" if x is None else format(x, spec)
         lines.append(f"  {r['role']:<6} {r['B']:>3} | {f(r['measured_ms']):>11} | {f(r['bare_forward_ms']):>15} | "
                      f"{f(r['roofline_ms']):>11} | {f(r.get('measured_over_bare'), '.2f'):>13} | "
-                     f"{f(r.get('bare_over_roofline'), '.2f'):>13}")
+                     f"{f(r.get('bare_over_roofline'), '.2f'):>13} | "
+                     f"{r.get('bare_kernels', '-'):>12} ({r.get('step_kernels', '-')}) | "
+                     f"{f(r.get('us_per_kernel_over_roofline'), '.1f')}")
         share = r.get("in_step")
         if share and "share_ms" in share:
             lines.append(f"         the drafter's share of a K={share['K']} step: {share['share_ms']:.3f} ms "

@@ -146,11 +146,9 @@ class Placement:
         self.mesh = auto_axes(mesh)
         self.sizes = axis_sizes(mesh)
         self.kv_heads = {"target": target_kv_heads, "draft": draft_kv_heads}
-
-    @property
-    def device(self):
-        """A device the engine's programs run on (the mesh's first, or the default device)."""
-        return default_device() if self.mesh is None else self.mesh.devices.flat[0]
+        # where the engine's arrays go, fixed at construction: a later `jax.default_device`
+        # around a call must not move them, nor change what the engine says it runs on
+        self.device = default_device() if self.mesh is None else self.mesh.devices.flat[0]
 
     @property
     def replicated(self) -> NamedSharding | None:
@@ -181,7 +179,7 @@ class Placement:
             return None
         shardings = self.param_shardings(params, role)
         if shardings is None:
-            shardings = jax.sharding.SingleDeviceSharding(default_device())
+            shardings = jax.sharding.SingleDeviceSharding(self.device)
         return jax.device_put(params, shardings)
 
     def new_state(self, make):

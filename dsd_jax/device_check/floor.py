@@ -24,6 +24,7 @@ many small kernels, at that batch size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import statistics
 import time
@@ -80,36 +81,44 @@ _INSTR = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(")
 _HEAD = re.compile(r"^(?:ENTRY )?%(\S+) .*\{$")
 
 
-def launch_counts(hlo: str) -> list[int]:
-    """Kernel launches per executed computation of an optimized HLO module (`compiled.as_text()`),
-    largest first: the entry, loop bodies and conditions, conditional branches and called computations (what
-    a fusion, reduction or scatter calls is inside one kernel), each counting its instructions
-    but plumbing and control flow. A decode step's largest is its round's loop body (one K = 0
-    round: every layer's kernels); a bare loop's, one forward. Static counts: a loop body counts
-    once per iteration it runs. On a GPU, launches a command buffer (CUDA graph) groups still count."""
+def kernel_launches(hlo: str) -> int:
+    """Kernels one run of an optimized HLO module (`compiled.as_text()`) launches, counted
+    statically from its entry: each computation's instructions but plumbing and control flow,
+    plus a loop's condition and body once (not per iteration), the largest branch of a
+    conditional and a called computation (what a fusion, reduction or scatter calls runs
+    inside one kernel). A decode step program counts one round (its rounds loop once), a bare
+    loop one forward and its loop control; a loop inside a round (the draft's scan, the XLA
+    attention path's blocks) counts once, so a step's count is a floor. On a GPU, kernels a
+    command buffer (CUDA graph) groups count all the same."""
     bodies: dict[str, list[str]] = {}
-    name, executed = None, set()
+    name, entry = None, None
     for line in hlo.splitlines():
         head = _HEAD.match(line)
         if head:
             name = head.group(1)
             bodies[name] = []
-            if line.startswith("ENTRY"):
-                executed.add(name)
-            continue
-        if name is None or not line.strip() or line.strip() == "}":
-            continue
-        bodies[name].append(line)
-        executed.update(re.findall(r"\b(?:body|condition)=%([\w.-]+)", line))
-        executed.update(re.findall(r"\bto_apply=%([\w.-]+)", line) if " call(" in line else [])
-        for branches in re.findall(r"branch_computations=\{([^}]*)\}", line):
-            executed.update(b.strip().lstrip("%") for b in branches.split(","))
-        executed.update(re.findall(r"(?:true|false)_computation=%([\w.-]+)", line))
+            entry = name if line.startswith("ENTRY") else entry
+        elif name is not None and line.strip() and line.strip() != "}":
+            bodies[name].append(line)
 
-    def launches(lines):
-        ops = (_INSTR.match(x) for x in lines)
-        return sum(1 for m in ops if m and m.group(1) not in _NO_LAUNCH)
-    return sorted((launches(bodies[c]) for c in executed if c in bodies), reverse=True)
+    @functools.lru_cache(maxsize=None)
+    def count(comp: str) -> int:
+        total = 0
+        for line in bodies.get(comp, ()):
+            m = _INSTR.match(line)
+            if not m:
+                continue
+            if m.group(1) not in _NO_LAUNCH:
+                total += 1
+            total += sum(count(c) for c in re.findall(r"\b(?:body|condition)=%([\w.-]+)", line))
+            if m.group(1) == "call":
+                total += sum(count(c) for c in re.findall(r"\bto_apply=%([\w.-]+)", line))
+            branches = re.findall(r"branch_computations=\{([^}]*)\}", line)
+            branches = [b.strip().lstrip("%") for group in branches for b in group.split(",")]
+            branches += re.findall(r"(?:true|false)_computation=%([\w.-]+)", line)
+            total += max((count(b) for b in branches), default=0)
+        return total
+    return count(entry) if entry else 0
 
 
 def bare_loop(model):
@@ -126,7 +135,7 @@ def bare_loop(model):
 def time_bare_forward(model, batch: int, reps: int) -> tuple[float, int]:
     """(milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
     each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS); the kernels one
-    step launches, `launch_counts` of the loop's body)."""
+    step launches, `kernel_launches` of the loop)."""
     loop, params = bare_loop(model)
     tokens = jnp.arange(batch, dtype=jnp.int32) % model.config.vocab_size
     compiled = loop.lower(params, tokens).compile()
@@ -136,7 +145,7 @@ def time_bare_forward(model, batch: int, reps: int) -> tuple[float, int]:
         t0 = time.perf_counter()
         tokens = jax.block_until_ready(compiled(params, tokens))
         times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times) / ROUNDS, launch_counts(compiled.as_text())[0]
+    return 1e3 * statistics.median(times) / ROUNDS, kernel_launches(compiled.as_text())
 
 
 def floor_point(model, role: str, batch: int, context: int, measured_ms: float | None, reps: int,

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from .compile import precompile_steps
-from .floor import draft_share_point, floor_point, launch_counts
+from .floor import draft_share_point, floor_point, kernel_launches
 from .settings import (FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, VLLM_H100_SCHEDULE,
                        Settings, _unless_expired, device_info)
 
@@ -160,7 +160,7 @@ def profile_pair(s: Settings, out_dir: str | None = None, deadline: float | None
         floor.append(_unless_expired(deadline, floor_point, target, "target", b, ctx, _k0_ms(prof, b),
                                      s.profile_repeats, bw))
         if b in prof.batch_sizes and "bare_forward_ms" in floor[-1]:  # the K = 0 round's kernels
-            floor[-1]["step_kernels"] = launch_counts(engine.programs.step(0, b).as_text())[0]
+            floor[-1]["step_kernels"] = kernel_launches(engine.programs.step(0, b).as_text())
         floor.append(_unless_expired(deadline, floor_point, draft, "draft", b, ctx,
                                      _draft_token_ms(prof, b), s.profile_repeats, bw))
         if b in prof.batch_sizes and "bare_forward_ms" in floor[-1]:  # where a step is compiled

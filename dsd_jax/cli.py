@@ -221,9 +221,9 @@ def _check_outputs(cmd: str, args, outputs, inputs=(), keep=()) -> None:
     --speculative-config and the EAGLE-3 head it names, the model flags, and `inputs`), none in
     a checkpoint directory or in --compilation-cache-dir, and none an existing file unless
     --overwrite (or in `keep`: what a resumed run continues)."""
-    for flag, path in outputs:
+    for label, path in outputs:
         if path is not None:
-            loading.output_file(flag, path)
+            loading.output_file(label.partition(" ")[0], path)  # (the note is for an existing file)
     cache = args.compilation_cache_dir
     if cache:
         loading.output_dir("--compilation-cache-dir", cache)
@@ -577,15 +577,16 @@ _RECORD_FLAGS = ("temperature", "top_k", "top_p", "max_tokens", "seed", "logprob
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
-def _run_settings(args, sampling) -> dict:
+def _run_settings(args, sampling=None) -> dict:
     """What a generate run's records depend on, as JSON: the flags of `_RECORD_FLAGS`, the
-    models' paths (resolved), the stop ids (the tokenizer's included) and the speculative
-    config given."""
+    models' paths (resolved), the speculative config given and, with `sampling`, the stop ids
+    (the tokenizer's included)."""
     out = {flag: getattr(args, flag) for flag in _RECORD_FLAGS}
     out.update({flag: None if getattr(args, flag) is None else os.path.realpath(getattr(args, flag))
                 for flag in _MODEL_FLAGS})
-    out["stop_token_ids"] = list(sampling[0].stop_token_ids) if sampling else None
     out["speculative_config"] = _spec_value(args)[0]
+    if sampling is not None:
+        out["stop_token_ids"] = list(sampling[0].stop_token_ids) if sampling else None
     return json.loads(json.dumps(out))  # as the settings file will read back (tuples as lists)
 
 
@@ -598,6 +599,8 @@ def cmd_generate(args) -> int:
                ("--out", records.settings_path(args.out)),  # (written as it goes)
                ("--stats", args.stats), ("--trace", args.trace)]
     keep = _resume_keeps(cmd, args, partial)
+    if args.resume:  # the flags now, before minutes of loading; the stop ids once the tokenizer is in
+        records.check_settings(args.out, _run_settings(args))
     dyn = (_spec_json(args) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
     _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts),

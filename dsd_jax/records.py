@@ -9,7 +9,9 @@ drops a last line torn by the kill, and generates only the prompts after the kep
 Request i is seeded `--seed + i` whichever run generates it, so a greedy run resumes to
 the records an uninterrupted run writes, and so does a sampled one with --seed under
 drafter-invariant acceptance (under rejection acceptance a sampled record is an exact
-sample either way, but its tokens depend on the drafts, which depend on the batch).
+sample either way, but its tokens depend on the drafts, which depend on the batch). Both up
+to floating point: the resumed run batches other requests together, and on a GPU another
+batch shape can round a near-tie of two logits the other way.
 """
 
 from __future__ import annotations
@@ -93,31 +95,26 @@ def discard(out: str) -> None:
             os.remove(path)
 
 
+def check_settings(out: str, settings: dict) -> None:
+    """Raises `loading.ArgumentError` (flag --resume) where the interrupted `--out` run's
+    saved settings differ from `settings` in a key `settings` has (a run checks its flags
+    before loading models, the rest after); nothing to check without a partial file."""
+    if os.path.exists(partial_path(out)):
+        _check_settings(out, settings, set(settings))
+
+
 def resumable(out: str, settings: dict, prompts: list) -> int:
     """How many records of an interrupted `--out` run can be kept: those in its partial file,
     each checked against its prompt (`prompts`: token-id lists), after checking that the run
-    was started with `settings`. A last line the kill tore (no newline, or not JSON) is cut
-    from the file. 0 when there is no partial file. Raises `loading.ArgumentError` (flag
-    --resume) naming what does not match."""
+    was started with `settings`. A last line the kill tore (no newline) is cut from the file;
+    any other line that is not a record is an error. 0 when there is no partial file. Raises
+    `loading.ArgumentError` (flag --resume) naming what does not match."""
     partial, saved_at = partial_path(out), settings_path(out)
     if not os.path.exists(partial):
         if os.path.exists(saved_at):
             os.remove(saved_at)  # a run that stopped before its first record
         return 0
-    if not os.path.exists(saved_at):
-        raise loading.ArgumentError("--resume", f"{partial!r} has no settings file beside it ({saved_at!r}), "
-                                    "so what its records were generated with is unknown; pass --overwrite "
-                                    "to start over")
-    try:
-        with open(saved_at, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as e:
-        raise loading.ArgumentError("--resume", f"cannot read {saved_at!r}: {e}") from e
-    differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
-    if differ:
-        was = ", ".join(f"{k} {saved.get(k)!r} (now {settings.get(k)!r})" for k in differ)
-        raise loading.ArgumentError("--resume", f"{partial!r} was generated with other settings: {was}; "
-                                    "resume with the same ones, or pass --overwrite to start over")
+    _check_settings(out, settings, None)
     kept, size = _complete_records(partial)
     if len(kept) > len(prompts):
         raise loading.ArgumentError("--resume", f"{partial!r} holds {len(kept)} records and --prompts "
@@ -130,6 +127,28 @@ def resumable(out: str, settings: dict, prompts: list) -> int:
     with loading.writing("--out", partial):
         os.truncate(partial, size)
     return len(kept)
+
+
+def _check_settings(out: str, settings: dict, keys: set | None) -> None:
+    """The saved settings of the `--out` run against `settings`, on `keys` (None: all)."""
+    partial, saved_at = partial_path(out), settings_path(out)
+    if not os.path.exists(saved_at):
+        raise loading.ArgumentError("--resume", f"{partial!r} has no settings file beside it ({saved_at!r}), "
+                                    "so what its records were generated with is unknown; pass --overwrite "
+                                    "to start over")
+    try:
+        with open(saved_at, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise loading.ArgumentError("--resume", f"cannot read {saved_at!r}: {e}") from e
+    if not isinstance(saved, dict):
+        raise loading.ArgumentError("--resume", f"{saved_at!r} is not a settings file")
+    keys = set(saved) | set(settings) if keys is None else keys
+    differ = sorted(k for k in keys if saved.get(k) != settings.get(k))
+    if differ:
+        was = ", ".join(f"{k} {saved.get(k)!r} (now {settings.get(k)!r})" for k in differ)
+        raise loading.ArgumentError("--resume", f"{partial!r} was generated with other settings: {was}; "
+                                    "resume with the same ones, or pass --overwrite to start over")
 
 
 def _complete_records(partial: str) -> tuple[list[dict], int]:

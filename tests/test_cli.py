@@ -888,7 +888,7 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
     """`generate --out F --resume` after a run stopped midway (and a record torn by the
     kill): keeps the finished records, generates the rest, and F is what one uninterrupted
     run writes, sampled records included (drafter-invariant, request i seeded --seed + i);
-    what cannot be resumed is a clear error before any model loads."""
+    what cannot be resumed is a clear error (other flags before any model loads)."""
     spec = json.dumps({"num_speculative_tokens": 2, "acceptance": "drafter_invariant"})
     argv = lambda out, *more: ["generate", "--target", files.target, "--draft", files.draft,  # noqa: E731
                                "--speculative-config", spec, *ENGINE_FLAGS, "--prompts", files.jsonl,
@@ -915,8 +915,14 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
 
     m = _err(argv(out))  # not resumed: the unfinished run is not replaced silently
     assert "--out" in m and "exists" in m and "--resume continues it" in m
-    m = _err(argv(out, "--resume", "--temperature", "0.5"))
-    assert "--resume" in m and "temperature 0.9 (now 0.5)" in m
+    from dsd_jax import loading
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded")
+    with monkeypatch.context() as m:  # other flags are refused before minutes of loading
+        m.setattr(loading, "load_models", no_loading)
+        msg = _err(argv(out, "--resume", "--temperature", "0.5"))
+    assert "--resume" in msg and "temperature 0.9 (now 0.5)" in msg
     assert "--resume" in _err(argv(out, "--resume", "--overwrite"))
     assert "give its --out" in _err([a for a in argv(out) if a not in ("--out", str(out))] + ["--resume"])
 
@@ -936,6 +942,10 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
     m = _err(argv(other, "--resume"))
     assert "record 1" in m and "not for prompt 1" in m, m
     assert (tmp_path / "other.jsonl.partial").read_text().count("\n") == 1
+    # a partial file that cannot be written is named as --out's, with no advice to resume it
+    (tmp_path / "dir.jsonl.partial").mkdir()
+    m = _err(argv(tmp_path / "dir.jsonl"))
+    assert m.startswith("dsd-jax generate: error: --out: ") and "is a directory" in m, m
     # --resume with nothing begun runs from the start
     fresh = tmp_path / "fresh.jsonl"
     assert cli.main(argv(fresh, "--resume")) == 0 and fresh.read_text() == whole.read_text()

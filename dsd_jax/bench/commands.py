@@ -35,6 +35,15 @@ def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None,
     return max(max(sizes), rollouts, groups) + d["profile_prompts"]
 
 
+def _most_prompts_flag(quick: bool, batch_sizes, rows_per_point, rollout_units) -> str:
+    """The flag whose prompts `_prompts_needed` counts most: the rollouts', or the sweep's."""
+    d = mode(quick)
+    sweep = sweep_prompts(int_list("batch_sizes", batch_sizes), rows_per_point or d["rows_per_point"])
+    if rollout_units and d["rollout_requests"] * rollout_units >= sweep:
+        return "--rollout-units"
+    return "--rows-per-point" if rows_per_point else "--batch-sizes"
+
+
 def default_configs(quick: bool, method: str = "draft_model") -> list[str]:
     """The mode's configurations for the draft model, the EAGLE-3 head ("eagle3") or "both"."""
     base = list(mode(quick)["configs"])
@@ -134,8 +143,7 @@ def main(args) -> int:
     try:  # before any model loads
         prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point, rollout_units))
     except ValueError as e:  # more than the held-out set holds
-        flag = "--rows-per-point" if rows_per_point else "--rollout-units" if rollout_units else "--batch-sizes"
-        raise ArgumentError(flag, str(e)) from e
+        raise ArgumentError(_most_prompts_flag(quick, batch_sizes, rows_per_point, rollout_units), str(e)) from e
     target, draft, tokenizer, source = load_models(args)
     if source != "builtin" and tokenizer is None:
         raise ArgumentError("--tokenizer", "custom models without a tokenizer are not supported "

@@ -241,11 +241,11 @@ def load_models(options):
     options: anything with the CLI's model attributes ``target``, ``draft`` (directories
     of `dsd_jax.models.save`), ``hf_target``, ``hf_draft`` (Hugging Face safetensors
     directories), ``tokenizer`` (a tokenizer.json) and ``dtype``; missing ones are None
-    (dtype float32). dtype "auto": each checkpoint's own (an HF config's torch_dtype, see
+    (dtype "auto"). dtype "auto": each checkpoint's own (an HF config's torch_dtype, see
     `models.hf.checkpoint_dtype`; a saved checkpoint's), the built-in pair's float32.
     Neither target given: the built-in pair."""
     target_dir, draft_dir, hf_target, hf_draft, tokenizer_path = (getattr(options, k, None) for k in MODEL_FLAGS)
-    dtype = getattr(options, "dtype", None) or "float32"
+    dtype = getattr(options, "dtype", None) or "auto"
     if target_dir and hf_target:
         raise ArgumentError("--target", "give --target or --hf-target, not both")
     if draft_dir and hf_draft:

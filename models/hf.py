@@ -211,11 +211,12 @@ def checkpoint_dtype(hf_cfg: dict) -> str:
     return "bfloat16" if (hf_cfg.get("torch_dtype") or hf_cfg.get("dtype")) == "bfloat16" else "float32"
 
 
-def load_hf(path, dtype: str = "float32") -> Transformer:
+def load_hf(path, dtype: str = "auto") -> Transformer:
     """Loads a local Llama / Qwen2 / Qwen3 safetensors checkpoint directory as a `Transformer`.
 
-    dtype: "float32" or "bfloat16", the parameter and activation dtype (the checkpoint's
-    own dtype, e.g. bf16, is cast to it), or "auto": the checkpoint's (`checkpoint_dtype`).
+    dtype: "auto" (default, as transformers 5 and vLLM): the checkpoint's own
+    (`checkpoint_dtype`: a bf16 8B stays 16 GB, not 32); or "float32" / "bfloat16", the
+    parameter and activation dtype the checkpoint's weights are cast to.
     """
     hf_cfg = read_hf_config(path)
     path = os.fspath(path)

@@ -198,7 +198,8 @@ def test_bfloat16_model_close_to_float32(checkpoints, arch):
 def test_bfloat16_checkpoint_loads(checkpoints, tmp_path):
     path, hf_model = checkpoints["qwen3"]
     _make_hf("qwen3").to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
-    m = load_hf(tmp_path)  # bf16 on disk -> fp32 params, exactly the bf16-rounded values
+    assert load_hf(tmp_path).config.dtype == "bfloat16"  # "auto": the checkpoint's own
+    m = load_hf(tmp_path, dtype="float32")  # bf16 on disk -> fp32 params, exactly the bf16-rounded values
     ref = load_hf(path)
     w, w_ref = np.asarray(m.layers[0].wq[...]), np.asarray(ref.layers[0].wq[...])
     assert w.dtype == np.float32

@@ -479,6 +479,17 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         _fail(cmd, None, f"invalid sampling flags: {e}")
 
 
+def _check_sampling_flags(cmd: str, args) -> None:
+    """The sampling flags `SamplingParams` checks without the tokenizer's stop ids or the
+    vocabulary, before any model loads (`_sampling` builds the real ones after)."""
+    from dsd_jax import SamplingParams
+    try:
+        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                       max_tokens=args.max_tokens, stop_token_ids=list(args.stop_token_ids or []))
+    except ValueError as e:
+        _fail(cmd, None, f"invalid sampling flags: {e}")
+
+
 def _generate_records(args, engine, raw_prompts, prompts, sampling, settings=None, first: int = 0) -> None:
     """Generates prompts[first:] (the earlier ones' records kept by a resumed run), writing
     the records as they finish: to stdout, to a device or FIFO --out directly, else to --out
@@ -618,14 +629,8 @@ def cmd_generate(args) -> int:
         _fail(cmd, "--seed", f"request i is seeded --seed + i, and {args.seed} + {len(raw_prompts) - 1} "
               f"(the last of {len(raw_prompts)} prompts) is past 2**32 - 1; give a smaller --seed")
     spec = _load_spec(cmd, args)
-    target, draft, tokenizer, _ = loading.load_models(args)
-    draft = _engine_draft(args, spec, draft, target)
-    prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
-    for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
-        if len(ids) >= args.max_seq_len:
-            _fail(cmd, "--prompts", f"{name} has {len(ids)} tokens; --max-seq-len {args.max_seq_len} leaves "
-                  "no room to generate (raise --max-seq-len or shorten the prompt)")
-
+    _check_sampling_flags(cmd, args)
+    # the profile and the sampling flags first: their errors come before minutes of loading
     profile = None
     profile_path = args.profile or (spec.dynamic.profile if spec.dynamic is not None else None)
     flag = "--profile" if args.profile else "--speculative-config"
@@ -646,6 +651,14 @@ def cmd_generate(args) -> int:
         # and where it does not fit the engine (batch, K, max_seq_len)
         dyn = spec.dynamic or DynamicConfig()
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
+
+    target, draft, tokenizer, _ = loading.load_models(args)
+    draft = _engine_draft(args, spec, draft, target)
+    prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
+    for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
+        if len(ids) >= args.max_seq_len:
+            _fail(cmd, "--prompts", f"{name} has {len(ids)} tokens; --max-seq-len {args.max_seq_len} leaves "
+                  "no room to generate (raise --max-seq-len or shorten the prompt)")
 
     sampling = _sampling(cmd, args, tokenizer, len(prompts), target.config.vocab_size)
     settings = _run_settings(args, sampling)

@@ -983,3 +983,20 @@ def test_dtype_auto_is_each_checkpoints_own(files, tmp_path):
     assert load(target=str(saved), dtype="auto") == "bfloat16"
     assert load(target=files.target, dtype="auto") == "float32"
     assert load(dtype="auto") == "float32"  # the built-in pair
+
+
+def test_generate_refuses_bad_sampling_flags_and_profiles_before_loading(files, tmp_path, monkeypatch):
+    """An invalid --top-p or --temperature, or a profile that cannot be read, was refused only
+    after both checkpoints loaded (minutes for an 8B)."""
+    from dsd_jax import loading
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(loading, "load_models", no_loading)
+    gen = ["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl]
+    assert "invalid sampling flags" in _err(gen + ["--top-p", "1.5"])
+    assert "invalid sampling flags" in _err(gen + ["--temperature", "-1"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    m = _err(gen + ["--profile", str(bad)])
+    assert m.startswith("dsd-jax generate: error: --profile: "), m

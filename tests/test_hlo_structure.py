@@ -89,7 +89,7 @@ def _cache_shapes(engine) -> set[str]:
 
 @pytest.mark.parametrize("program", [
     ("step", 0, 1), ("step", 2, 1), ("step", 2, 2), ("step", 1, 4),
-    ("prefill", 1, 16), ("prefill", 2, 16), ("move",)])
+    ("prefill", 1, 16), ("prefill", 2, 16), ("move",), ("copy", 2), ("copy", 4)])
 def test_no_whole_cache_work(engine, program):
     exe = getattr(engine.programs, program[0])(*program[1:])
     hlo = exe.as_text()
@@ -113,3 +113,15 @@ def test_checker_catches_a_whole_cache_copy(engine):
     new = jnp.zeros((cache.shape[0], cache.shape[1], cache.shape[3]), cache.dtype)
     hlo = jax.jit(write_then_read, donate_argnums=0).lower(cache, new, 3).compile().as_text()
     assert whole_cache_ops(hlo, {_shape_str(cache)})
+
+
+def test_group_copy_needs_no_second_cache(engine):
+    """Copying a group's prefilled prompt into its siblings' slots (SamplingParams.n > 1)
+    gathered every source row first: n rows of every layer's cache at once, at n = the slot
+    count a second whole cache (20 GiB for 8B + 1B at 64 slots x 2048). Pair by pair in
+    place, the program's scratch is about one slot's rows."""
+    import jax
+    slots = engine.max_batch_size
+    kv = sum(x.nbytes for x in jax.tree.leaves((engine.state.target_kv, engine.state.drafter)))
+    temp = engine.programs.copy(slots).memory_analysis().temp_size_in_bytes
+    assert temp < 2 * kv / slots, (temp, kv)

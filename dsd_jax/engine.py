@@ -383,9 +383,7 @@ class SpecEngine:
             if self.tokenizer is None:
                 raise ValueError(f"{what} is a string; strings need an engine with a tokenizer")
             inputs.check_text(text, what)
-            encoded = self.tokenizer.encode(text)
-            # a `tokenizers.Tokenizer` returns an Encoding, a transformers tokenizer a list
-            text = encoded.ids if hasattr(encoded, "ids") else encoded
+            text = inputs.encode_text(self.tokenizer, text)
         ids = inputs.token_id_list(text, what)
         vocab = self.target_config.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):

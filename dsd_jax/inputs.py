@@ -38,6 +38,21 @@ def token_id_list(ids, what: str) -> list[int]:
     return [int(t) for t in ids]
 
 
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` (a `tokenizers.Tokenizer` or a transformers tokenizer), with the
+    special tokens the tokenizer adds to any text (a BOS) unless the text already begins with
+    them: a chat-templated prompt ("<|begin_of_text|><|start_header_id|>...") would otherwise
+    carry two, which Llama-3 was never trained on."""
+    ids = lambda enc: list(enc.ids if hasattr(enc, "ids") else enc)  # noqa: E731
+    full = ids(tokenizer.encode(text))
+    added = ids(tokenizer.encode(""))  # what the tokenizer puts around any text
+    if added:
+        plain = ids(tokenizer.encode(text, add_special_tokens=False))
+        if plain[:len(added)] == added:
+            return plain
+    return full
+
+
 def check_text(text: str, what: str) -> None:
     """A ValueError naming `what` for a string that is not UTF-8 text: a lone surrogate (a
     JSON "\\ud800", or a byte of stdin that is not UTF-8) is no text a tokenizer takes (it

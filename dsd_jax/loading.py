@@ -16,6 +16,7 @@ import tempfile
 from typing import Any
 
 from dsd_jax.models.layout import atomic_write, writes_through  # re-exported: they live below the model layer
+from dsd_jax.inputs import encode_text
 
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
            "atomic_write", "writes_through", "writing", "model_inputs",
@@ -455,7 +456,7 @@ def encode_prompts(prompts, tokenizer, vocab: int | None = None, flag: str | Non
             if tokenizer is None:
                 raise ArgumentError(flag, "text prompts need a tokenizer" + (
                     " (--tokenizer FILE, or use JSONL with \"prompt_token_ids\")" if flag else ""))
-            ids = tokenizer.encode(p).ids
+            ids = encode_text(tokenizer, p)
             if not ids:
                 raise ArgumentError(flag, f"{name} encodes to no tokens")
         else:

@@ -56,6 +56,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from dsd_jax.inputs import encode_text
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, check_nonincreasing
 from dsd_jax.sampling import SamplingParams
@@ -383,7 +384,7 @@ def _prepare_prompts(engine, prompts, max_tokens: int) -> list:
         if isinstance(p, str):
             if engine.tokenizer is None:
                 raise ValueError("string prompts need an engine with a tokenizer (or pass token-id lists)")
-            p = engine.tokenizer.encode(p).ids
+            p = encode_text(engine.tokenizer, p)
         p = [int(t) for t in p]
         if not p:
             raise ValueError(f"prompt {i} is empty")

@@ -1000,3 +1000,20 @@ def test_generate_refuses_bad_sampling_flags_and_profiles_before_loading(files, 
     bad.write_text("{not json")
     m = _err(gen + ["--profile", str(bad)])
     assert m.startswith("dsd-jax generate: error: --profile: "), m
+
+
+def test_a_templated_prompt_gets_no_second_bos():
+    """A tokenizer that adds a BOS (Llama-3's post-processor) doubled it on a chat-templated
+    prompt that already starts with one; a plain prompt still gets it."""
+    from tokenizers import Tokenizer, processors
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from dsd_jax import loading
+    from dsd_jax.inputs import encode_text
+    tok = Tokenizer(WordLevel({"<bos>": 0, "w1": 1, "w2": 2, "<unk>": 3}, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.add_special_tokens(["<bos>"])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    assert tok.encode("<bos> w1").ids == [0, 0, 1]  # what the tokenizer alone does
+    assert encode_text(tok, "<bos> w1 w2") == [0, 1, 2] and encode_text(tok, "w1 w2") == [0, 1, 2]
+    assert loading.encode_prompts([{"prompt": "<bos> w2"}], tok, 4, "--prompts") == [[0, 2]]

@@ -318,6 +318,12 @@ def _unused_acceptance_flags(cmd: str, args, why: str) -> None:
               "others would each name an acceptance run)")
 
 
+def _random_prompts_note() -> None:
+    print("dsd-jax profile: note: no --prompts given; acceptance is measured on random token prompts, "
+          "meaningful only for random models: for trained checkpoints pass --prompts FILE (prompts like "
+          "your workload's) or --acceptance a1,a2,...", file=sys.stderr)
+
+
 def _acceptance_prompts(cmd: str, args, tokenizer, source: str) -> list[list[int]] | None:
     """--prompts, else the built-in held-out prompts for the built-in pair, else None (random)."""
     if args.prompts:
@@ -330,8 +336,6 @@ def _acceptance_prompts(cmd: str, args, tokenizer, source: str) -> list[list[int
         if args.num_prompts is not None:
             _fail(cmd, "--num-prompts", "counts the built-in held-out prompts, used only with the built-in "
                   "models; pass --prompts FILE")
-        print("dsd-jax profile: note: no --prompts given; acceptance is measured on random token prompts "
-              "(only meaningful for random models)", file=sys.stderr)
         return None
     try:
         from dsd_jax.models import heldout_prompts
@@ -374,6 +378,8 @@ def cmd_profile(args) -> int:
     if args.prompts:
         loading.existing_file("--prompts", args.prompts)
     spec = _load_spec(cmd, args)
+    if (args.target or args.hf_target) and args.acceptance is None and not args.prompts and spec.max_k > 0:
+        _random_prompts_note()  # before minutes of loading, where Ctrl-C still costs nothing
     if args.synthetic or args.draft_synthetic:
         target, draft, tokenizer, source = _synthetic_models(cmd, args)
     else:

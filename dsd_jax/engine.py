@@ -331,9 +331,14 @@ class SpecEngine:
 
     def memory_report(self) -> dict:
         """Bytes per device of the params, the KV caches and the rest of the state (see
-        `dsd_jax.sharding.memory_report`)."""
-        return memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
-                             self.max_batch_size, self.max_seq_len)
+        `dsd_jax.sharding.memory_report`), and ``scratch``: the most one compiled program needs
+        beyond those (`Programs.scratch_bytes`; None until `warmup` or a first call compiled
+        them), with ``total_with_scratch``."""
+        report = memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
+                               self.max_batch_size, self.max_seq_len)
+        report["scratch"] = scratch = self.programs.scratch_bytes()
+        report["total_with_scratch"] = None if scratch is None else report["total"] + scratch
+        return report
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Compiles every program up front; returns the number of programs. Under

@@ -103,6 +103,13 @@ class Programs:
               jax.default_matmul_precision(self.matmul_precision)):
             yield
 
+    def scratch_bytes(self) -> int | None:
+        """The most scratch (XLA's temp buffers) one compiled program needs per device, beyond
+        its arguments and outputs: a step's logits, probabilities and noise over [B, K+1, V]
+        (1.5 GiB at B=64, K=4, V=128256). None before anything is compiled."""
+        temps = [exe.memory_analysis().temp_size_in_bytes for exe in self._compiled.values()]
+        return max(temps) if temps else None
+
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:

@@ -125,3 +125,16 @@ def test_group_copy_needs_no_second_cache(engine):
     kv = sum(x.nbytes for x in jax.tree.leaves((engine.state.target_kv, engine.state.drafter)))
     temp = engine.programs.copy(slots).memory_analysis().temp_size_in_bytes
     assert temp < 2 * kv / slots, (temp, kv)
+
+
+def test_memory_report_counts_the_programs_scratch(engine):
+    """memory_report gave params and state only; a step's scratch (logits, probabilities, noise
+    over [B, K+1, V]) was nowhere, so a size that 'fit' ran out of memory at run time. Once
+    programs are compiled it reports the largest scratch among them."""
+    engine.programs.step(2, 4)
+    engine.programs.copy(4)
+    report = engine.memory_report()
+    temps = [engine.programs.step(2, 4).memory_analysis().temp_size_in_bytes,
+             engine.programs.copy(4).memory_analysis().temp_size_in_bytes]
+    assert report["scratch"] >= max(temps) > 0
+    assert report["total_with_scratch"] == report["total"] + report["scratch"]

@@ -336,7 +336,8 @@ class SpecEngine:
         them), with ``total_with_scratch``."""
         report = memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
                                self.max_batch_size, self.max_seq_len)
-        report["scratch"] = scratch = self.programs.scratch_bytes()
+        programs = getattr(self, "programs", None)  # (none yet while the state is allocated)
+        report["scratch"] = scratch = None if programs is None else programs.scratch_bytes()
         report["total_with_scratch"] = None if scratch is None else report["total"] + scratch
         return report
 

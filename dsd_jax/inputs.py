@@ -47,7 +47,10 @@ def encode_text(tokenizer, text: str) -> list[int]:
     full = ids(tokenizer.encode(text))
     added = ids(tokenizer.encode(""))  # what the tokenizer puts around any text
     if added:
-        plain = ids(tokenizer.encode(text, add_special_tokens=False))
+        try:
+            plain = ids(tokenizer.encode(text, add_special_tokens=False))
+        except TypeError:  # a tokenizer of another kind, without the switch: as it encodes
+            return full
         if plain[:len(added)] == added:
             return plain
     return full

@@ -311,7 +311,7 @@ class SpecEngine:
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
-            report = self.memory_report()
+            report = self._sizes_report()
             kv = sum(report["kv_cache"].values())
             raise MemoryError(
                 f"the engine's decode state does not fit in device memory: its KV caches take "
@@ -334,12 +334,15 @@ class SpecEngine:
         `dsd_jax.sharding.memory_report`), and ``scratch``: the most one compiled program needs
         beyond those (`Programs.scratch_bytes`; None until `warmup` or a first call compiled
         them), with ``total_with_scratch``."""
-        report = memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
-                               self.max_batch_size, self.max_seq_len)
-        programs = getattr(self, "programs", None)  # (none yet while the state is allocated)
-        report["scratch"] = scratch = None if programs is None else programs.scratch_bytes()
+        report = self._sizes_report()
+        report["scratch"] = scratch = self.programs.scratch_bytes()
         report["total_with_scratch"] = None if scratch is None else report["total"] + scratch
         return report
+
+    def _sizes_report(self) -> dict:
+        """`sharding.memory_report` of this engine's sizes (nothing compiled or allocated)."""
+        return memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
+                             self.max_batch_size, self.max_seq_len)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Compiles every program up front; returns the number of programs. Under

@@ -168,9 +168,11 @@ class Programs:
             raise ValueError(f"K={k} is outside the compiled range 0..{self.max_k}")
         if b not in self.batch_buckets:
             raise ValueError(f"batch bucket {b} is not one of {self.batch_buckets}")
-        return self._get(("step", k, b), lambda: jax.jit(
-            self._step_shards(functools.partial(self._rounds, k, b)), donate_argnums=2,
-            **self._step_outs).lower(*self._args, self._host(())))
+        return self._get(("step", k, b), lambda: self._lower_step(k, b))
+
+    def _lower_step(self, k: int, b: int, drafter=None):
+        return jax.jit(self._step_shards(functools.partial(self._rounds, k, b, drafter=drafter)),
+                       donate_argnums=2, **self._step_outs).lower(*self._args, self._host(()))
 
     def step_with_drafter(self, drafter, k: int, b: int):
         """`step(k, b)` compiled with `drafter` in place of the engine's (one whose state has
@@ -180,8 +182,7 @@ class Programs:
             raise ValueError(f"(K={k}, bucket {b}) is not a compiled step (K in 0..{self.max_k}, "
                              f"buckets {self.batch_buckets})")
         with self._tracing():
-            lowered = jax.jit(self._step_shards(functools.partial(self._rounds, k, b, drafter=drafter)),
-                              donate_argnums=2, **self._step_outs).lower(*self._args, self._host(()))
+            lowered = self._lower_step(k, b, drafter)
         return lowered.compile()
 
     def _host(self, shape, dtype=jnp.int32):

@@ -123,7 +123,7 @@ def main(argv=None) -> None:
     engine = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=args.k),
                         max_batch_size=1, max_seq_len=256, tokenizer=tok, batch_buckets=[1])
     engine.warmup()
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)  # fixed lengths
     plain = SpecEngine(target, None, SpecConfig(method="none"), max_batch_size=1, max_seq_len=256,
                        tokenizer=tok, batch_buckets=[1])
     plain.warmup()

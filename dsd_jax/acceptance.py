@@ -158,10 +158,8 @@ class GlobalAcceptance:
     """
 
     def __init__(self, prior: np.ndarray, forgetting: float, warmup_steps: int = 0):
-        self.prior = np.asarray(prior, dtype=float)
-        self.prior_rates = conditional_rates(self.prior)
-        self._prior_rates = self.prior_rates.tolist()
-        self.max_k = len(self.prior)
+        self.max_k = len(prior)
+        self._set_prior(prior)
         self.keep = 1.0 - forgetting
         self.stale_keep = 1.0 - forgetting * STALE_FORGETTING
         self._warmup = warmup_steps
@@ -171,6 +169,18 @@ class GlobalAcceptance:
         self._R = np.zeros(self.max_k)
         self.kseen = 0  # live data covers draft positions 1..kseen
         self.steps = 0  # observed steps with K > 0
+        self._update()
+
+    def _set_prior(self, prior: np.ndarray) -> None:
+        self.prior = np.asarray(prior, dtype=float)
+        self.prior_rates = conditional_rates(self.prior)
+        self._prior_rates = self.prior_rates.tolist()
+
+    def use_prior(self, prior: np.ndarray) -> None:
+        """Replaces the prior (of the same length); the live counts stay."""
+        if len(prior) != self.max_k:
+            raise ValueError(f"prior has {len(prior)} entries, not {self.max_k}")
+        self._set_prior(prior)
         self._update()
 
     @property

@@ -478,8 +478,10 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         _fail(cmd, "--stop-token-ids", f"{len(stop)} stop ids: {given}{distinct} given{eos}; at most "
               f"{MAX_STOP_IDS} are supported")
     try:
+        # ignore_eos: `stop` already holds the end-of-text ids (the checkpoint's too) unless
+        # --ignore-eos, and the records' settings name it whole
         return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                               max_tokens=args.max_tokens, stop_token_ids=stop,
+                               max_tokens=args.max_tokens, stop_token_ids=stop, ignore_eos=True,
                                seed=None if args.seed is None else args.seed + i) for i in range(n)]
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
@@ -748,7 +750,8 @@ def _add_profile(sub) -> None:
     p.add_argument("--acceptance-max-tokens", type=positive_int,
                    help=f"tokens generated per prompt in the acceptance runs (default {ACCEPTANCE_MAX_TOKENS})")
     p.add_argument("--temperatures", type=_nonneg_float_list, default=[0.0], metavar="T,T,...",
-                   help="acceptance run temperatures; the first is the profile's default, and the "
+                   help="acceptance run temperatures (the controller starts each generate call from the "
+                        "one closest to its requests' median temperature); the first is the profile's default, and the "
                         "step times are taken sampling at it (a sampled step also draws noise; default 0); "
                         "with --acceptance one value: the temperature the steps are timed at")
     p.add_argument("--synthetic", metavar="NAME", help="target: a real config with random weights "

@@ -209,10 +209,30 @@ class Controller:
         self._acc = GlobalAcceptance(prior, forgetting, warmup)
         self._requests = RequestAcceptance(self._acc)
         self._est_tables = self._acc.estimate.copy()  # the estimate the tables were built with
-        self._prior_a = np.nan_to_num(prior)[: self._kc]  # for the probe K at a held K = 0
-        self._prior_al = al_curve(self._prior_a, self._kc)
-        self._prober = Prober(self._probe_interval, self._one_plus_margin, self._prior_al)
+        self._prober = Prober(self._probe_interval, self._one_plus_margin, None)
+        self._prior_curves(prior)
         self._perfect_al = np.arange(self._kc + 1, dtype=float) + 1.0  # every draft accepted
+
+    def _prior_curves(self, prior: np.ndarray) -> None:
+        self._prior_a = np.nan_to_num(prior)[: self._kc]  # for the probe K at a held K = 0
+        self._prior_al = self._prober.prior_al = al_curve(self._prior_a, self._kc)
+
+    def use_temperature(self, temperature: float) -> None:
+        """The engine's call at the start of a run: the prior (what warm-up and draft positions
+        few live rows reached fall back to) becomes the profile's acceptance at the measured
+        temperature closest to the run's (`Profile.acceptance_for`); what was learnt live
+        stays. Without acceptance measured at several temperatures nothing changes."""
+        by_temperature = None if self.profile is None else self.profile.acceptance_by_temperature
+        if not by_temperature or len(by_temperature) < 2:
+            return
+        prior = padded_prior(self.profile.acceptance_for(temperature), self.max_k)
+        if np.array_equal(prior, self._acc.prior, equal_nan=True):
+            return
+        self._acc.use_prior(prior)
+        self._prior_curves(prior)
+        if self.mode == "goodput":
+            self._est_tables = self._acc.estimate.copy()
+            self._stale_tables()
 
     def _init_stats(self, history: int) -> None:
         self._history = _index("history", history)

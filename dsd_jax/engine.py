@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import statistics
 import threading
 import time
 import warnings
@@ -37,7 +38,7 @@ from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed, remember
 from dsd_jax.programs import Programs
-from dsd_jax.sampling import SamplingParams
+from dsd_jax.sampling import SamplingParams, distinct_token_ids
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import SlotInit, StepOptions, unpack_rounds
@@ -76,6 +77,20 @@ def _matmul_precision(value: str | None) -> str | None:
     return value
 
 
+def _eos_ids(given, tokenizer, vocab: int) -> tuple[int, ...]:
+    """The engine's end-of-text ids: `given` checked against the vocabulary, or (None) the
+    tokenizer's inside it (an id past the model's rows can never be emitted)."""
+    if given is None:
+        return tuple(t for t in inputs.tokenizer_eos_ids(tokenizer) if t < vocab)[:MAX_STOP_IDS]
+    ids = distinct_token_ids(given, "eos_token_ids")
+    outside = [t for t in ids if t >= vocab]
+    if outside:
+        raise ValueError(f"eos_token_ids has {outside[0]}, outside the vocabulary [0, {vocab})")
+    if len(ids) > MAX_STOP_IDS:
+        raise ValueError(f"eos_token_ids has {len(ids)} distinct ids; at most {MAX_STOP_IDS} are supported")
+    return ids
+
+
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -87,10 +102,16 @@ class SpecEngine:
     `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`, and
     optionally `settled(batch_size, k, context_len)` (sure to choose k again until the
-    batch changes: dispatches may then run up to 32 rounds, not 8) and `end_run()` (a run
-    ended: the choice for a dispatch it dropped is never observed); by default built from
+    batch changes: dispatches may then run up to 32 rounds, not 8), `end_run()` (a run
+    ended: the choice for a dispatch it dropped is never observed) and `use_temperature(t)`
+    (a run starts whose requests' median temperature is t); by default built from
     `spec` and `profile` (a `Profile` or a profile JSON path; default the spec's
     `dynamic.profile`). `seed` (an integer in [0, 2**32)) seeds requests given none.
+    `eos_token_ids`: the end-of-text ids that end every completion, as stop ids do, unless
+    its `SamplingParams.ignore_eos` (vLLM and transformers stop at the checkpoint's eos too);
+    None: those `tokenizer` knows (`inputs.tokenizer_eos_ids`), none without a tokenizer. A
+    checkpoint's generation_config may name more (Llama-3.1-Instruct's <|eom_id|>):
+    `dsd_jax.loading.eos_token_ids(tokenizer, checkpoint_dir, vocab_size)` reads both.
     A controller whose `objective` is
     "makespan" also gets `remaining=` (tokens each live request may still produce)
     whenever no request is queued.
@@ -106,7 +127,7 @@ class SpecEngine:
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
-                 max_batch_size: int = 64, max_seq_len: int = 2048, tokenizer=None,
+                 max_batch_size: int = 64, max_seq_len: int = 2048, tokenizer=None, eos_token_ids=None,
                  batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
                  profile=None, controller=None, backend: str = "auto",
                  compilation_cache_dir: str | None = None, seed: int = 0, mesh=None,
@@ -146,6 +167,7 @@ class SpecEngine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.tokenizer = tokenizer
+        self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer, target.config.vocab_size)
         self.placement = _placement(mesh, target, draft, max_batch_size)
         self.data = self.placement.sizes[DATA]
         self.slots_per_shard = per_shard = max_batch_size // self.data
@@ -409,10 +431,19 @@ class SpecEngine:
     def _request_params(self, sp: SamplingParams, i: int) -> SamplingParams:
         """Prompt i's SamplingParams checked against this engine before anything runs: a
         value the device's int32/uint32 arrays cannot hold would otherwise fail at admission,
-        after the prefill and the other requests' work, and lose every output of the call."""
+        after the prefill and the other requests' work, and lose every output of the call.
+        Its stop ids gain the engine's `eos_token_ids` unless `ignore_eos`."""
         vocab = self.target_config.vocab_size
+        given = len(sp.stop_token_ids)
+        if not sp.ignore_eos and self.eos_token_ids:
+            sp = dataclasses.replace(sp, stop_token_ids=sp.stop_token_ids + tuple(
+                t for t in self.eos_token_ids if t not in sp.stop_token_ids))
         if len(sp.stop_token_ids) > MAX_STOP_IDS:
-            raise ValueError(f"request {i}: at most {MAX_STOP_IDS} stop_token_ids are supported")
+            added = len(sp.stop_token_ids) - given
+            eos = (f" and {added} more of the engine's eos_token_ids (ignore_eos=True leaves those "
+                   "out)" if added else "")
+            raise ValueError(f"request {i}: {given} stop_token_ids{eos}: at most {MAX_STOP_IDS} stop "
+                             "ids are supported")
         for t in sp.stop_token_ids:
             if t >= vocab:  # could never match (and may not fit int32)
                 raise ValueError(f"request {i}: stop_token_ids has {t}, outside the vocabulary "
@@ -763,6 +794,9 @@ class SpecEngine:
         try:  # released in the finally: also when a stream is closed or dropped
             self._policy.begin_run()
             self.stats.begin_run()
+            use_temperature = getattr(self.controller, "use_temperature", None)
+            if use_temperature is not None and requests:  # the profile's acceptance there, as prior
+                use_temperature(statistics.median_low(r.params.temperature for r in requests))
             while queue or any(shards) or inflight:
                 free = self.max_batch_size - sum(map(len, shards))
                 if queue and free:

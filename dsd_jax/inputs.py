@@ -56,6 +56,42 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return full
 
 
+# end-of-text tokens, by name, of the tokenizers we know (GPT-2/Qwen base, Llama-3 base and
+# Instruct, Qwen chat, Llama-2/Mistral)
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
+
+
+def tokenizer_eos_ids(tokenizer) -> list[int]:
+    """The end-of-text ids a tokenizer knows: a transformers tokenizer's `eos_token_id`, then
+    the ids of the `EOS_CANDIDATES` it has (`token_to_id` of a `tokenizers.Tokenizer`,
+    `convert_tokens_to_ids` of a transformers one, which maps an unknown name to its unk id).
+    None: no ids."""
+    out: list[int] = []
+
+    def add(tid):
+        if is_integer(tid) and not isinstance(tid, bool) and int(tid) >= 0 and int(tid) not in out:
+            out.append(int(tid))
+
+    if tokenizer is None:
+        return out
+    own = getattr(tokenizer, "eos_token_id", None)
+    for tid in own if isinstance(own, (list, tuple)) else (own,):
+        add(tid)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for name in EOS_CANDIDATES:
+        for lookup in ("token_to_id", "convert_tokens_to_ids"):
+            if not callable(getattr(tokenizer, lookup, None)):
+                continue
+            try:
+                tid = getattr(tokenizer, lookup)(name)
+            except Exception:  # noqa: BLE001  (a tokenizer of another kind: no id by that name)
+                tid = None
+            if tid is not None and tid != unk:
+                add(tid)
+            break
+    return out
+
+
 def check_text(text: str, what: str) -> None:
     """A ValueError naming `what` for a string that is not UTF-8 text: a lone surrogate (a
     JSON "\\ud800", or a byte of stdin that is not UTF-8) is no text a tokenizer takes (it

@@ -16,15 +16,12 @@ import tempfile
 from typing import Any
 
 from dsd_jax.models.layout import atomic_write, writes_through  # re-exported: they live below the model layer
-from dsd_jax.inputs import encode_text
+from dsd_jax.inputs import EOS_CANDIDATES, encode_text, tokenizer_eos_ids
 
 __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "output_dir", "check_outputs",
            "atomic_write", "writes_through", "writing", "model_inputs",
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
            "EOS_CANDIDATES"]
-
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "</s>")
-
 
 class ArgumentError(ValueError):
     """A bad input, with the command-line flag it came from (None: no single flag)."""
@@ -309,19 +306,12 @@ def draft_for(spec, draft, source: str, flag: str = "--speculative-config", dtyp
 
 
 def eos_token_ids(tokenizer, hf_checkpoint: str | None = None, vocab_size: int | None = None) -> list[int]:
-    """The ids generation stops at: those of the end-of-text tokens (`EOS_CANDIDATES`) the
-    tokenizer knows, then the `eos_token_id`s of a Hugging Face checkpoint directory
+    """The ids generation stops at: the end-of-text ids the tokenizer knows
+    (`inputs.tokenizer_eos_ids`), then the `eos_token_id`s of a Hugging Face checkpoint directory
     (generation_config.json, config.json; ids in [0, vocab_size)), which may name tokens no
     candidate does (Llama-3.1-Instruct's <|eom_id|>). An unreadable one is an ArgumentError
     of --hf-target."""
-    out = []
-    for name in EOS_CANDIDATES if tokenizer is not None else ():
-        try:
-            tid = tokenizer.token_to_id(name)
-        except Exception:  # noqa: BLE001
-            tid = None
-        if tid is not None and tid not in out:
-            out.append(int(tid))
+    out = tokenizer_eos_ids(tokenizer)
     if hf_checkpoint:
         if vocab_size is None:
             raise ValueError("eos_token_ids: a checkpoint's ids are checked against the vocabulary: "

@@ -158,10 +158,10 @@ class Prober:
         to start a chain.
     """
 
-    def __init__(self, interval: int, one_plus_margin: float, prior_al: np.ndarray):
+    def __init__(self, interval: int, one_plus_margin: float, prior_al: np.ndarray | None):
         self.interval = interval
         self._one_plus_margin = one_plus_margin
-        self._prior_al = prior_al
+        self.prior_al = prior_al  # the controller replaces it with its prior (`use_temperature`)
         self.count = 0  # steps chosen at another K than the held one
         self._since = 0  # choices since the last probe
         self.k0_rounds = 0  # K = 0 rounds observed since the last K > 0 round
@@ -216,7 +216,7 @@ class Prober:
             # step beats K = 0 with one draft of three accepted, 30% of the time at 0.3, so
             # a chain starts only where the profile's AL(K) is, and goes on while its steps
             # beat K = 0 (a return to 0.7 where the profile says 0.8 chains too)
-            self._out = 0.0 if optimistic or follow else float(self._prior_al[min(k, len(self._prior_al) - 1)])
+            self._out = 0.0 if optimistic or follow else float(self.prior_al[min(k, len(self.prior_al) - 1)])
         if k != cur:
             self.count += 1
         return k

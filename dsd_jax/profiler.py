@@ -369,7 +369,7 @@ def _measure_acceptance(engine, prompts, temperature: float, max_tokens: int) ->
     saved_ctl, saved_stats = engine.controller, engine.stats
     engine.controller, engine.stats = rec, EngineStats(engine.max_k)
     try:
-        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i)
+        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i, ignore_eos=True)
                   for i in range(len(prompts))]
         engine.generate(prompts, params)
     finally:

@@ -65,8 +65,8 @@ def _real(name: str, value) -> float:
     return float(value)
 
 
-def _stop_ids(value) -> tuple[int, ...]:
-    """stop_token_ids as a tuple of distinct non-negative ints, in first-occurrence order: a
+def distinct_token_ids(value, name: str = "stop_token_ids") -> tuple[int, ...]:
+    """Stop ids as a tuple of distinct non-negative ints, in first-occurrence order: a
     sequence or 1-D array of integers, one integer, or None (none). Repeats are dropped, so
     they do not count against the engine's limit (`state.MAX_STOP_IDS`)."""
     if value is None:
@@ -75,8 +75,8 @@ def _stop_ids(value) -> tuple[int, ...]:
         value = (value,)
     if (isinstance(value, (str, bytes)) or getattr(value, "ndim", 1) == 0
             or not isinstance(value, collections.abc.Iterable)):
-        raise ValueError(f"stop_token_ids must be a sequence of token ids, got {value!r}")
-    ids = (_integer(f"stop_token_ids[{j}]", t, 0) for j, t in enumerate(value))
+        raise ValueError(f"{name} must be a sequence of token ids, got {value!r}")
+    ids = (_integer(f"{name}[{j}]", t, 0) for j, t in enumerate(value))
     return tuple(dict.fromkeys(ids))  # every element checked; repeats dropped, order kept
 
 
@@ -93,6 +93,9 @@ class SamplingParams:
     `stop_token_ids`: token ids that end the completion (a sequence, or one id; a repeated
     id is kept once, at its first place: at most `state.MAX_STOP_IDS` (8) distinct ids).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
+    `ignore_eos` (vLLM's name): leave out the engine's end-of-text ids
+    (`SpecEngine.eos_token_ids`, by default its tokenizer's), which otherwise end the
+    completion as stop ids do; `stop_token_ids` still apply.
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g`, or from an
     engine-assigned seed of its own. With a seed, completion g equals a single request
@@ -124,6 +127,7 @@ class SamplingParams:
     seed: int | None = None
     include_stop_token: bool = True
     n: int = 1
+    ignore_eos: bool = False
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -140,12 +144,14 @@ class SamplingParams:
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
-        set_("stop_token_ids", _stop_ids(self.stop_token_ids))
+        set_("stop_token_ids", distinct_token_ids(self.stop_token_ids))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
-        if not isinstance(self.include_stop_token, (bool, np.bool_)):  # "False" would be true
-            raise ValueError(f"include_stop_token must be a bool, got {self.include_stop_token!r}")
-        set_("include_stop_token", bool(self.include_stop_token))
+        for name in ("include_stop_token", "ignore_eos"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):  # "False" would be true
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+            set_(name, bool(value))
 
 
 def _expand(param, logits):

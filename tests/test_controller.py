@@ -230,6 +230,34 @@ def test_warmup_switches_from_profile_to_live():
     assert c.stats()["using_live_acceptance"] and c.stats()["steps_observed"] == 6
 
 
+def test_the_prior_follows_the_runs_temperature():
+    """A profile measured at several temperatures: each run's prior (`use_temperature`) is the
+    acceptance at the closest one, so a sampled rollout does not start from greedy's; what was
+    learnt live stays, and a profile of one temperature changes nothing."""
+    p = realistic_profile(max_k=4, acceptance=(0.9, 0.8, 0.7, 0.6))
+    p.acceptance_by_temperature = {"0.0": [0.9, 0.8, 0.7, 0.6], "1.0": [0.3, 0.1, 0.03, 0.01]}
+    c = Controller(goodput_spec(max_k=4, warmup_steps=2), p, max_batch_size=64)
+    greedy_k = c.choose_k(1)
+    assert greedy_k == 4
+    c.use_temperature(0.8)
+    np.testing.assert_allclose(c.acceptance_estimate(), [0.3, 0.1, 0.03, 0.01])
+    assert c.choose_k(1) < greedy_k and c.predicted_al(4) == pytest.approx(1.44)
+    c.use_temperature(0.2)
+    np.testing.assert_allclose(c.acceptance_estimate(), p.acceptance)
+    assert c.choose_k(1) == greedy_k
+    for _ in range(2):  # warm-up done: live counts where rows reached, the prior past them
+        c.observe(2, [2, 1, 0, 2])
+    live = c.acceptance_estimate()
+    c.use_temperature(1.0)
+    np.testing.assert_allclose(c.acceptance_estimate()[:2], live[:2])
+    assert c.acceptance_estimate()[3] < live[3]  # past the live drafts: the new prior's shape
+    one = realistic_profile(max_k=4, acceptance=(0.9, 0.8, 0.7, 0.6))
+    one.acceptance_by_temperature = {"0.0": [0.9, 0.8, 0.7, 0.6]}
+    c = Controller(goodput_spec(max_k=4), one)
+    c.use_temperature(1.0)
+    np.testing.assert_allclose(c.acceptance_estimate(), one.acceptance)
+
+
 def test_unobserved_positions_extrapolated_from_profile_shape():
     p = realistic_profile(max_k=4, acceptance=(0.8, 0.6, 0.4, 0.2))
     c = Controller(goodput_spec(max_k=4, warmup_steps=1), p)

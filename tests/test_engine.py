@@ -1,6 +1,7 @@
 """Engine behaviour: continuous batching, queueing, bad input, RL rollout conventions."""
 
 import collections
+import dataclasses
 import gc
 import warnings
 import re
@@ -332,6 +333,75 @@ def test_stream_joins_to_generate_with_and_without_the_stop_token(engine, pair):
         assert outs[0].token_ids == ref[:end + include] and outs[0].finish_reason == "stop"
         assert [streamed[i] for i in range(2)] == [o.token_ids for o in outs]
         assert all(len(o.logprobs) == len(o.raw_logprobs) == len(o.token_ids) for o in outs)
+
+
+def test_completions_end_at_the_engines_eos_unless_ignore_eos(engine, pair, monkeypatch):
+    """As vLLM, a completion ends at the engine's end-of-text ids (default: its tokenizer's)
+    as at its stop ids; `ignore_eos` leaves them out, and a request's own stop ids stay."""
+    engine.controller = FixedK([2])
+    prompt = [1, 2, 3]
+    ref = greedy_reference(pair[0], prompt, 12)
+    eos, stop = ref[4], ref[7]
+    monkeypatch.setattr(engine, "eos_token_ids", (eos,))
+    sp = SamplingParams(temperature=0.0, max_tokens=12)
+    out = engine.generate([prompt], sp)[0]
+    assert out.token_ids == ref[:ref.index(eos) + 1] and out.finish_reason == "stop"
+    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    assert out.token_ids == ref and out.finish_reason == "length"
+    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                   stop_token_ids=[stop]))[0]
+    assert out.token_ids == ref[:ref.index(stop) + 1]
+    # eight stop ids of its own: the engine's eos would make nine, and the message says so
+    eight = SamplingParams(temperature=0.0, max_tokens=4, stop_token_ids=[v for v in range(engine.target_config.vocab_size) if v not in ref][:8])
+    with pytest.raises(ValueError, match=r"request 0: 8 stop_token_ids and 1 more of the engine's "
+                                         r"eos_token_ids \(ignore_eos=True leaves those out\)"):
+        engine.generate([prompt], eight)
+    assert len(engine.generate([prompt], dataclasses.replace(eight, ignore_eos=True))[0].token_ids) == 4
+    with pytest.raises(ValueError, match="ignore_eos must be a bool"):
+        SamplingParams(ignore_eos="no")
+
+
+def test_eos_token_ids_come_from_the_tokenizer_or_are_checked(pair):
+    """`eos_token_ids=None` takes the tokenizer's end-of-text ids that are inside the vocabulary
+    (none without a tokenizer); given ones are checked, naming the argument."""
+    from tokenizers import Tokenizer, models as tok_models
+    from dsd_jax.engine import _eos_ids
+    from dsd_jax.inputs import tokenizer_eos_ids
+    vocab = pair[0].config.vocab_size
+    tok = Tokenizer(tok_models.WordLevel({"a": 0, "<|endoftext|>": 5, "</s>": 7, "<|im_end|>": vocab + 3},
+                                         unk_token="a"))
+    assert tokenizer_eos_ids(tok) == [5, vocab + 3, 7]
+    assert _eos_ids(None, tok, vocab) == (5, 7)  # an id past the model's rows can never be emitted
+    assert _eos_ids(None, None, vocab) == ()
+
+    class HFLike:  # a transformers tokenizer: eos_token_id, and an unknown name maps to the unk id
+        eos_token_id, unk_token_id = 9, 1
+        def convert_tokens_to_ids(self, name):
+            return {"<|im_end|>": 11}.get(name, self.unk_token_id)
+    assert tokenizer_eos_ids(HFLike()) == [9, 11]
+    assert _eos_ids([3, 3, 4], None, vocab) == (3, 4)
+    with pytest.raises(ValueError, match=rf"eos_token_ids has {vocab}, outside the vocabulary"):
+        _eos_ids([1, vocab], None, vocab)
+    with pytest.raises(ValueError, match="eos_token_ids has 9 distinct ids; at most 8"):
+        _eos_ids(range(9), None, vocab)
+    with pytest.raises(ValueError, match=r"eos_token_ids\[1\] must be an integer"):
+        _eos_ids([1, 2.5], None, vocab)
+    engine = SpecEngine(*pair, SpecConfig(method="draft_model", num_speculative_tokens=2),
+                        max_batch_size=1, max_seq_len=16, tokenizer=tok)
+    assert engine.eos_token_ids == (5, 7)
+
+
+def test_each_run_tells_the_controller_its_median_temperature(engine):
+    """So the default controller starts from the profile's acceptance at that temperature."""
+    class Recording(FixedK):
+        def use_temperature(self, t):
+            seen.append(t)
+    seen = []
+    engine.controller = Recording([2])
+    temps = [1.0, 0.0, 0.7]
+    engine.generate([[1, 2]] * 3, [SamplingParams(temperature=t, max_tokens=2, seed=0) for t in temps])
+    list(engine.stream([[1, 2]], SamplingParams(temperature=0.3, max_tokens=2, seed=0)))
+    assert seen == [0.7, 0.3]
 
 
 def test_request_values_are_checked_before_anything_runs(engine):

@@ -196,7 +196,7 @@ def measure_seq_len(target, draft, prompts, profile_prompts, *, max_seq_len: int
                               batch_sizes=batch_sizes, max_tokens=max_tokens, max_k=max_k,
                               profile_repeats=profile_repeats, compilation_cache_dir=compilation_cache_dir, log=log)
     setup_s = time.perf_counter() - t_start
-    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)  # fixed lengths
     points = [Point("side-by-side", b, prompt_groups(prompts, b, rows_per_point),
                     [c for c in config_names(max_k, hf is not None) if c != "hf-assisted" or b in hf_batch_sizes],
                     greedy) for b in batch_sizes]

@@ -38,7 +38,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
                                  + [("admit", b), ("move",)], s.compile_threads)
         runs = {}
         for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
-            params = [dsd.SamplingParams(temperature=temp, max_tokens=s.e2e_max_tokens, seed=i)
+            params = [dsd.SamplingParams(temperature=temp, max_tokens=s.e2e_max_tokens, seed=i, ignore_eos=True)
                       for i in range(len(prompts))]
             t0 = time.perf_counter()
             first = engine.generate(prompts, params)  # compiles what it needs
@@ -83,7 +83,7 @@ def spec_vs_plain(target, draft, prompts, s: Settings, max_seq_len: int, tokeniz
     import dsd_jax as dsd
     kw = dict(max_batch_size=len(prompts), max_seq_len=max_seq_len, batch_buckets=(len(prompts),),
               prefill_chunk=64, tokenizer=tokenizer)
-    sp = dsd.SamplingParams(temperature=0.0, max_tokens=s.e2e_max_tokens)
+    sp = dsd.SamplingParams(temperature=0.0, max_tokens=s.e2e_max_tokens, ignore_eos=True)
     plain = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
     want = [o.token_ids for o in plain.generate(prompts, sp)]
     del plain

@@ -279,8 +279,8 @@ class SpecRollout(base_rollout.BaseRollout):
         if len(set(stop)) > MAX_STOP_IDS:  # the engine's message would name stop_token_ids
             raise ValueError(f"rollout_config.eos_tokens has {len(set(stop))} distinct ids; at most "
                              f"{MAX_STOP_IDS} are supported (they are the engine's stop ids)")
-        common = dict(max_tokens=int(cfg.max_tokens_to_generate), stop_token_ids=stop,
-                      include_stop_token=False, seed=seed, n=n)
+        common = dict(max_tokens=int(cfg.max_tokens_to_generate), stop_token_ids=stop, ignore_eos=True,
+                      include_stop_token=False, seed=seed, n=n)  # exactly these stops
         if _greedy(cfg):
             return SamplingParams(temperature=0.0, **common)
         top_k = 0 if cfg.top_k is None or cfg.top_k <= 0 else int(cfg.top_k)

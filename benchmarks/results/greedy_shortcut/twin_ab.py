@@ -28,7 +28,7 @@ def engine():
 
 
 a, b = engine(), engine()
-sp = SamplingParams(temperature=0.0, max_tokens=64)
+sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)  # as before the engine stopped at eos
 t = interleave({"a": lambda g: [o.token_ids for o in a.generate(g, sp)],
                 "b": lambda g: [o.token_ids for o in b.generate(g, sp)]}, groups, REPS)
 print(f"B={B}: {len(t['a'])} pairs, medians ms {medians_ms(t)}; speed b / a {speed(t['a'], t['b'])}")

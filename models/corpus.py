@@ -96,6 +96,21 @@ def heldout_prompts(n: int = 64, num_lines: int = 8, seed: int = 0, root=None,
                     min_chars: int = 64) -> list[str]:
     """`n` code prompts from held-out modules: the first `num_lines` lines of functions
     and classes (the `def`/`class` line included), chosen reproducibly with `seed`."""
+    candidates = _heldout_candidates(num_lines, root, min_chars)
+    rng = random.Random(seed)
+    rng.shuffle(candidates)
+    if n > len(candidates):
+        raise ValueError(f"asked for {n} prompts, only {len(candidates)} available")
+    return [c[2] for c in candidates[:n]]
+
+
+def heldout_prompt_count(num_lines: int = 8, root=None, min_chars: int = 64) -> int:
+    """How many prompts `heldout_prompts` can give."""
+    return len(_heldout_candidates(num_lines, root, min_chars))
+
+
+def _heldout_candidates(num_lines: int, root, min_chars: int) -> list[tuple[str, int, str]]:
+    """(module, line, prompt) for every function and class head of the held-out modules, sorted."""
     candidates = []
     for rel in heldout_files(root):
         text = read_file(rel, root)
@@ -113,8 +128,4 @@ def heldout_prompts(n: int = 64, num_lines: int = 8, seed: int = 0, root=None,
                 if len(chunk) >= min_chars:
                     candidates.append((rel, node.lineno, chunk))
     candidates.sort(key=lambda c: (c[0], c[1]))
-    rng = random.Random(seed)
-    rng.shuffle(candidates)
-    if n > len(candidates):
-        raise ValueError(f"asked for {n} prompts, only {len(candidates)} available")
-    return [c[2] for c in candidates[:n]]
+    return candidates

@@ -145,14 +145,19 @@ def test_rows_schema_and_lossless(bench_rows):
             assert set(hist) <= {0, 1, 2} and "itl_mape" in r["controller"]
     roll = [r for r in rows if r["workload"] == "rollout"]
     assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
-    # one paired sample per (repeat, prompt group): B=1 runs 2 groups, B=4 1, the rollout 2
-    # rollouts; the intervals rest on the groups: a t interval on 2, none on 1
+    # one paired sample per (repeat, prompt group): B=1 runs 2 groups a repeat, each repeat
+    # groups of its own (the 4 prompts beyond the profile's 8 hold them), B=4 one group
+    # both repeats (8 would not fit), the rollout 2 rollouts; the intervals rest on the
+    # groups: a t interval on 4 or 2, none on 1
+    units = {1: [0, 1, 2, 3], 4: [0, 0], None: [0, 1, 0, 1]}
     for r in sweep + roll:
-        groups = 2 if r.get("batch_size") in (1, None) else 1
-        assert len(r["tokens_per_s_pairs"]) == 2 * groups and all(x > 0 for x in r["tokens_per_s_pairs"])
+        pair_units = units[r.get("batch_size")]
+        groups = len(set(pair_units))
+        assert r["pair_units"] == pair_units
+        assert len(r["tokens_per_s_pairs"]) == len(pair_units) and all(x > 0 for x in r["tokens_per_s_pairs"])
         for key in ("vs_vanilla", "vs_best_static"):
             ci = r[key]
-            assert ci["n"] == groups and ci["pairs"] == 2 * groups, (key, ci)
+            assert ci["n"] == groups and ci["pairs"] == len(pair_units), (key, ci)
             if groups == 1:
                 assert ci["lo"] is None and ci["method"] is None, (key, ci)
             else:
@@ -181,7 +186,7 @@ def test_json_plot_and_table(bench_rows, tmp_path):
     assert s["lossless"] is True and [e["batch_size"] for e in s["sweep"]] == [1, 4]
     assert "dynamic_vs_best_other" in s["sweep"][0] and "dynamic_vs_best_other" in s["rollout"]
     ci = s["sweep"][0]["dynamic_vs_best_other_ci"]
-    assert ci["n"] == 2 and ci["pairs"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]
+    assert ci["n"] == 4 and ci["pairs"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]  # 2 groups a repeat, each its own
     ci = s["rollout"]["dynamic_vs_best_other_ci"]  # two rollouts: a t interval
     assert ci["n"] == 2 and ci["method"] == "t" and ci["lo"] <= ci["ratio"] <= ci["hi"]
     assert s["sweep"][1]["resolves_5pct"] is False
@@ -484,6 +489,42 @@ def test_controllers_are_sized_per_data_shard_and_profiles_checked_against_the_m
                for w in caught)
 
 
+@pytest.mark.parametrize("configs,repeats,groups", [(7, 6, 1), (7, 6, 8), (3, 2, 2), (4, 3, 1)])
+def test_fresh_groups_run_once_each_and_every_configuration_leads_equally(configs, repeats, groups):
+    """A point whose repeats take groups of their own (`Point.units_per_repeat`) runs each
+    unit once per configuration, in its repeat, configurations leading equally often (to
+    within one); its pairs are units of their own for the intervals."""
+    from collections import Counter
+
+    from dsd_jax.bench import pairs
+    from dsd_jax.bench.runner import run_interleaved
+    from dsd_jax.bench.workloads import Point
+
+    names = [f"c{i}" for i in range(configs)]
+    point = Point("sweep", 8, [[[u]] for u in range(repeats * groups)], names, units_per_repeat=groups)
+    runs: list[tuple[int, int, str]] = []
+    rep_of = {}
+
+    def run(config, p, u):
+        runs.append((len(rep_of.setdefault(u, [])), u, config))
+        rep_of[u].append(config)
+        return 1.0 + u, [[u]], None
+
+    run_interleaved([point], run, repeats=repeats)
+    assert sorted(rep_of) == list(range(repeats * groups))
+    assert all(sorted(ran) == names for ran in rep_of.values())  # once each, every configuration
+    assert [u for _, u, _ in runs[::configs]] == list(range(repeats * groups))  # repeat r: its own units
+    leads = Counter(ran[0] for ran in rep_of.values())
+    counts = [leads.get(c, 0) for c in names]
+    assert max(counts) - min(counts) <= 1, counts
+    cell = point.cells["c0"]
+    assert len(cell.walls) == repeats and cell.outputs[1] == [[u] for u in point.units_of(1)]
+    row = {"tokens_per_s_pairs": cell.pairs, "pair_units": point.pair_units(repeats), "repeats": repeats}
+    assert pairs.pair_groups(row) == list(range(repeats * groups))
+    old = {"tokens_per_s_pairs": [1.0] * 4, "repeats": 2}  # rows written before pair_units
+    assert pairs.pair_groups(old) == [0, 1, 0, 1]
+
+
 def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
     """The intervals resample prompt groups as independent draws: `--rows-per-point` past the
     prompts given is refused rather than cycled into repeated groups (a point of one group
@@ -495,12 +536,24 @@ def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
     with pytest.raises(ValueError, match=r"rows_per_point 16 at batch size 1 takes 16 prompt groups of 1, "
                                          r"16 distinct prompts, but 12 were given"):
         check_distinct_groups([1], 16, 12)
-    assert _prompts_needed(False, [1, 2], 96, 1) == 96 + 16 and _prompts_needed(False, [1, 2], None, 1) == 64 + 16
-    assert _prompts_needed(False, [1, 16, 48], 70, 1) == 2 * 48 + 16  # groups of 48 take 96, not 70
+    assert _prompts_needed(False, [1, 2], 96, 1, 1) == 96 + 16 and _prompts_needed(False, [1, 2], None, 1, 1) == 64 + 16
+    assert _prompts_needed(False, [1, 16, 48], 70, 1, 1) == 2 * 48 + 16  # groups of 48 take 96, not 70
     assert _prompts_needed(False, [1, 2]) == 3 * 64 + 16  # FULL's three rollouts of 64, each its own prompts
+    # FULL's 6 repeats, each with groups of its own where the 615 held-out prompts hold them
+    assert _prompts_needed(False, [1, 64]) == 6 * 64 + 16
+    assert _prompts_needed(False, [1, 2], 96, 1) == 6 * 96 + 16
+    assert _prompts_needed(False, [128]) == 3 * 64 + 16  # 6 x 128 would not fit: one group, repeated
     from dsd_jax.bench.settings import resolve
     from dsd_jax.bench.workloads import profile_prompts, sweep
     s = resolve(False, dict(batch_sizes=[1, 3], rows_per_point=100, workloads=("sweep",)))
     ids = [[i] for i in range(_prompts_needed(False, [1, 3], 100))]  # 34 groups of 3 take 102
     swept = {p[0] for point in sweep(s, ids) for group in point.units for p in group}
     assert swept == set(range(102)) and not swept & {p[0] for p in profile_prompts(s, ids, 16)}
+    s = resolve(False, dict(batch_sizes=[1, 8], rows_per_point=8, workloads=("sweep",)))
+    ids = [[i] for i in range(_prompts_needed(False, [1, 8]))]
+    points = sweep(s, ids)
+    assert [(len(p.units), p.units_per_repeat) for p in points] == [(48, 8), (6, 1)]
+    for p in points:  # every repeat's groups distinct from every other's, and from the profile's
+        swept = [q[0] for group in p.units for q in group]
+        assert len(set(swept)) == len(swept) == 48
+        assert not set(swept) & {q[0] for q in profile_prompts(s, ids, 16)}

@@ -25,12 +25,15 @@ def _builtin_prompts(n: int) -> list[str]:
 
 
 def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None,
-                    rollout_units: int | None = None) -> int:
-    """Held-out prompts for the sweep's largest batch, its prompt groups or the rollouts, and
-    the profile's own."""
+                    rollout_units: int | None = None, repeats: int | None = None) -> int:
+    """Held-out prompts for the sweep's largest batch, its prompt groups (each repeat's own
+    where the held-out set holds them, `workloads.fresh_groups`) or the rollouts, and the
+    profile's own."""
+    from dsd_jax.models.corpus import heldout_prompt_count
     d = mode(quick)
     sizes = int_list("batch_sizes", batch_sizes)
-    groups = sweep_prompts(sizes, rows_per_point or d["rows_per_point"])
+    room = heldout_prompt_count() - d["profile_prompts"] - 1  # 1: the demo's own prompt
+    groups = sweep_prompts(sizes, rows_per_point or d["rows_per_point"], repeats or d["repeats"], room)
     rollouts = d["rollout_requests"] * (rollout_units or d["rollout_units"])
     return max(max(sizes), rollouts, groups) + d["profile_prompts"]
 
@@ -141,7 +144,8 @@ def main(args) -> int:
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
     rows_per_point, rollout_units = getattr(args, "rows_per_point", None), getattr(args, "rollout_units", None)
     try:  # before any model loads
-        prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point, rollout_units))
+        prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point, rollout_units,
+                                                   getattr(args, "repeats", None)))
     except ValueError as e:  # more than the held-out set holds
         raise ArgumentError(_most_prompts_flag(quick, batch_sizes, rows_per_point, rollout_units), str(e)) from e
     target, draft, tokenizer, source = load_models(args)
@@ -196,7 +200,7 @@ def _complete_with(runner, config: str, prompt: str):
     engine.controller = runner.controller(config) or engine.controller
     engine.stats.reset()
     t0 = time.perf_counter()
-    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=96, stop_token_ids=(0,)))[0]
+    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=96))[0]
     return out, time.perf_counter() - t0, engine.stats
 
 

@@ -6,8 +6,10 @@ pair (``tokens_per_s_pairs``), and each configuration's ratio to vanilla and to 
 best static K carries a paired 95% interval. The repeats of one prompt group share its
 prompts' acceptance, so the interval resamples prompt groups, not pairs
 (`pair_groups`, ``clusters=`` of `dsd_jax.stats.paired_ratio`): ``n`` is the number of
-groups (the rollouts, at the rollout point), and a point with one group (the sweep at
-B >= rows_per_point, a single rollout) has no interval. A difference is called real only when its interval excludes 1.
+groups (the rollouts, at the rollout point). Where the prompts allow, every repeat of a
+sweep point takes groups of its own (`dsd_jax.bench.workloads.fresh_groups`), so its n is
+repeats x groups; a point with one group over every repeat (a single rollout, or a sweep
+without the prompts for fresh groups at B >= rows_per_point) has no interval. A difference is called real only when its interval excludes 1.
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ def best_static(pts: dict[str, dict]) -> str | None:
 
 
 def pair_groups(r: dict) -> list[int] | None:
-    """The prompt group of each of a row's paired samples: they are laid out repeat after
-    repeat (``pairs[rep * G + g]``, `dsd_jax.bench.runner.run_interleaved`), so G is the
-    number of pairs over the repeats. None where the row does not say how many repeats
-    (hand-made rows): each pair is then its own unit."""
+    """The prompt group of each of a row's paired samples: the row's ``pair_units``
+    (`Point.pair_units`: a repeat's groups of its own are units of their own). Rows written
+    before it lay them out repeat after repeat (``pairs[rep * G + g]``,
+    `dsd_jax.bench.runner.run_interleaved`), so G is the number of pairs over the repeats.
+    None where the row says neither (hand-made rows): each pair is then its own unit."""
     pairs = r.get("tokens_per_s_pairs") or []
+    units = r.get("pair_units")
+    if units is not None and len(units) == len(pairs):
+        return list(units)
     reps = r.get("repeats") or len(r.get("tokens_per_s_repeats") or [])
     if not pairs or not reps or len(pairs) % reps:
         return None

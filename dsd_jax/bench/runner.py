@@ -246,8 +246,9 @@ def rotated(configs: list[str], turn: int) -> list[str]:
 def turns(points, repeats: int) -> dict[tuple[int, int, int], int]:
     """(point index, unit index, repeat) -> the rotation its configurations run in.
 
-    Each unit takes a block of `repeats` consecutive turns, one per repeat: its order moves
-    by one each repeat, and a point's repeats x units are consecutive turns, so every
+    Each unit takes a block of consecutive turns, one per repeat that runs it
+    (`Point.units_of`): its order moves by one each repeat, and a point's runs are
+    consecutive turns, so every
     configuration runs first (and at every position) equally often over the point, to within
     one. (rep + unit index, the earlier scheme, was uneven when neither the repeats nor the
     units were a multiple of the configurations: at 3 repeats of 4 groups 7 configurations led
@@ -256,15 +257,14 @@ def turns(points, repeats: int) -> dict[tuple[int, int, int], int]:
     ones left out differ between points."""
     out, start = {}, 0
     for i, p in enumerate(points):
-        for u in range(len(p.units)):
-            for rep in range(repeats):
-                out[(i, u, rep)] = start + u * repeats + rep
-        start += len(p.units) * repeats
+        runs = sorted((u, rep) for rep in range(repeats) for u in p.units_of(rep))
+        out.update({(i, u, rep): start + n for n, (u, rep) in enumerate(runs)})
+        start += len(runs)
     return out
 
 
 def run_interleaved(points, run: Callable, repeats: int, on_repeat: Callable | None = None) -> None:
-    """Runs every point's pair units `repeats` times, configurations taking turns unit by unit
+    """Runs every point's pair units (`Point.units_of` each repeat), configurations taking turns unit by unit
     (a slow stretch of the machine lasting a few seconds is shared out instead of landing on
     one configuration) in the rotation `turns` gives, into ``point.cells``. run(config, point,
     u) -> (wall, outputs, info or None) for the point's unit u; on_repeat(rep, point) after each
@@ -274,7 +274,7 @@ def run_interleaved(points, run: Callable, repeats: int, on_repeat: Callable | N
     turn = turns(points, repeats)
     for rep in range(repeats):
         for i, p in enumerate(points):
-            for u in range(len(p.units)):
+            for u in p.units_of(rep):
                 for c in rotated(p.configs, turn[(i, u, rep)]):
                     p.cells[c].add(rep, *run(c, p, u))
             if on_repeat is not None:
@@ -317,7 +317,7 @@ def point_row(point, config: str, profile: Profile | None) -> dict:
     """One configuration at one point: throughput, losslessness against vanilla, the engine's
     step statistics over every repeat."""
     cell = point.cells[config]
-    mism = [mismatches(outs, point.cells["vanilla"].outputs[0]) for outs in cell.outputs]
+    mism = [mismatches(outs, ref) for outs, ref in zip(cell.outputs, point.cells["vanilla"].outputs)]
     infos, total = cell.infos, cell.total()
     dec = [i["decode_tokens"] / i["decode_s"] for i in infos if i["decode_s"] > 0]
     row = {"workload": point.workload, **_throughput(point, config, cell)}
@@ -327,6 +327,7 @@ def point_row(point, config: str, profile: Profile | None) -> dict:
                lossless=all(m == 0 for m in mism), mismatched_requests=max(mism),
                tokens_per_s_repeats=[round(x, 3) for x in cell.tokens_per_s()], repeats=len(cell.walls),
                tokens_per_s_pairs=[round(x, 3) for x in cell.pairs],
+               pair_units=point.pair_units(len(cell.walls)),
                step_calibration=calibration(total["step_ms"], profile))
     if infos[0].get("controller") is not None:
         row["controller"] = infos[-1]["controller"]

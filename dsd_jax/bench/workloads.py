@@ -3,7 +3,10 @@
 - *sweep*: for each batch size B, B held-out prompts (token ids, truncated to
   ``prompt_len``) generated together with fixed ``max_tokens``; small B runs several
   prompt groups one after another (at least ``rows_per_point`` prompts per point) so
-  a single prompt's acceptance does not decide the point.
+  a single prompt's acceptance does not decide the point. Where the prompts allow, each
+  repeat takes groups of its own (`fresh_groups`): a point then has repeats x groups
+  independent pair units, and an interval even at B >= rows_per_point, where one group
+  repeated had none.
 - *rollout*: ``rollout_requests`` requests started together with heavy-tailed output
   lengths (seeded lognormal, capped), so the live batch shrinks to a long tail as in
   an RL rollout; ``rollout_units`` such rollouts, each with its own prompts and length
@@ -21,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dsd_jax.bench.settings import Settings
+from dsd_jax.bench.settings import Settings, mode
 from dsd_jax.sampling import SamplingParams
 
 ROLLOUT_SIGMA = 1.0
@@ -37,10 +40,23 @@ class Point:
     sampling: Any = None  # what the engine generates with (SamplingParams or one per prompt)
     cells: dict = dataclasses.field(default_factory=dict)  # config -> runner.Cell
     unit_sampling: list | None = None  # per unit, where units differ (the rollouts' lengths)
+    # None: every repeat runs every unit; G: repeat r runs units r*G .. r*G + G - 1, groups of
+    # its own (`fresh_groups`)
+    units_per_repeat: int | None = None
 
     def sampling_of(self, u: int):
         """What unit `u` generates with."""
         return self.sampling if self.unit_sampling is None else self.unit_sampling[u]
+
+    def units_of(self, rep: int) -> range:
+        """The units repeat `rep` runs."""
+        g = self.units_per_repeat
+        return range(len(self.units)) if g is None else range(rep * g, (rep + 1) * g)
+
+    def pair_units(self, repeats: int) -> list[int]:
+        """The unit of each timed pair, in the order `run_interleaved` runs them: the clusters
+        of the paired intervals (`dsd_jax.bench.pairs.pair_groups`)."""
+        return [u for rep in range(repeats) for u in self.units_of(rep)]
 
     @property
     def key(self) -> tuple:
@@ -60,16 +76,28 @@ def group_count(b: int, rows_per_point: int) -> int:
     return max(1, -(-rows_per_point // b))
 
 
-def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int) -> list[list[list[int]]]:
-    """`group_count` groups of b prompts, cycling through `prompts`."""
-    n = group_count(b, rows_per_point)
+def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int, sets: int = 1) -> list[list[list[int]]]:
+    """`sets` x `group_count` groups of b prompts, cycling through `prompts`."""
+    n = group_count(b, rows_per_point) * sets
     return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
 
 
-def sweep_prompts(batch_sizes, rows_per_point: int) -> int:
+def fresh_groups(b: int, rows_per_point: int, repeats: int, room: int | None) -> bool:
+    """Whether each repeat of the sweep point at batch size b takes prompt groups of its own:
+    where `room` distinct prompts hold them all (None: no room given)."""
+    return room is not None and repeats > 1 and group_count(b, rows_per_point) * b * repeats <= room
+
+
+def sweep_prompts(batch_sizes, rows_per_point: int, repeats: int = 1, room: int | None = None) -> int:
     """Distinct prompts the sweep's groups take: ceil(rows_per_point / B) groups of B at the
-    batch size that needs most."""
-    return max(group_count(b, rows_per_point) * b for b in batch_sizes)
+    batch size that needs most, times the repeats where they are fresh (`fresh_groups`)."""
+    return max(group_count(b, rows_per_point) * b * (repeats if fresh_groups(b, rows_per_point, repeats, room) else 1)
+               for b in batch_sizes)
+
+
+def sweep_room(s: Settings, n_prompts: int) -> int:
+    """The prompts the sweep's groups may take: those given, less the profile's own."""
+    return n_prompts - mode(s.quick)["profile_prompts"]
 
 
 def check_distinct_groups(batch_sizes, rows_per_point: int, n_prompts: int) -> None:
@@ -86,9 +114,16 @@ def check_distinct_groups(batch_sizes, rows_per_point: int, n_prompts: int) -> N
 
 def sweep(s: Settings, ids: list[list[int]]) -> list[Point]:
     prompts = [p[:s.prompt_len] for p in ids]
-    greedy = SamplingParams(temperature=0.0, max_tokens=s.max_tokens)
-    return [Point("sweep", b, prompt_groups(prompts, b, s.rows_per_point), _configs_at(s, b), greedy)
-            for b in s.batch_sizes]
+    # fixed lengths (as vLLM's benchmarks): the workload must not depend on when a model says end-of-text
+    greedy = SamplingParams(temperature=0.0, max_tokens=s.max_tokens, ignore_eos=True)
+    room = sweep_room(s, len(prompts))
+    points = []
+    for b in s.batch_sizes:
+        fresh = fresh_groups(b, s.rows_per_point, s.repeats, room)
+        groups = prompt_groups(prompts, b, s.rows_per_point, s.repeats if fresh else 1)
+        points.append(Point("sweep", b, groups, _configs_at(s, b), greedy,
+                            units_per_repeat=group_count(b, s.rows_per_point) if fresh else None))
+    return points
 
 
 def _configs_at(s: Settings, batch_size: int) -> list[str]:
@@ -102,7 +137,7 @@ def rollout(s: Settings, ids: list[list[int]]) -> tuple[Point, list[list[int]]]:
     for u in range(s.rollout_units):
         lengths.append(rollout_lengths(n, s.rollout_median_tokens, s.rollout_max_tokens, seed=s.seed + u))
         units.append([ids[(u * n + i) % len(ids)][:s.rollout_prompt_len] for i in range(n)])
-    sampling = [[SamplingParams(temperature=0.0, max_tokens=m) for m in unit] for unit in lengths]
+    sampling = [[SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in unit] for unit in lengths]
     return Point("rollout", None, units, _configs_at(s, n), unit_sampling=sampling), lengths
 
 
@@ -118,12 +153,14 @@ def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
     short prompts asking for 1..8 tokens."""
     n = n or s.max_batch
     prompts = [ids[i % len(ids)][:min(16, s.prompt_len)] for i in range(n)]
-    return prompts, [SamplingParams(temperature=0.0, max_tokens=1 + (i * 8) // n) for i in range(n)]
+    return prompts, [SamplingParams(temperature=0.0, max_tokens=1 + (i * 8) // n, ignore_eos=True)
+                     for i in range(n)]
 
 
 def profile_prompts(s: Settings, ids: list[list[int]], n: int) -> list[list[int]]:
     """n acceptance prompts for profiling, disjoint from the sweep's and the rollout's
     prompts where there are enough."""
-    used = max(s.max_batch, sweep_prompts(s.batch_sizes, s.rows_per_point), s.rollout_requests * s.rollout_units)
+    sweep_used = sweep_prompts(s.batch_sizes, s.rows_per_point, s.repeats, sweep_room(s, len(ids)))
+    used = max(s.max_batch, sweep_used, s.rollout_requests * s.rollout_units)
     start = used if len(ids) >= used + n else 0
     return [ids[(start + i) % len(ids)][:s.prompt_len] for i in range(n)]

@@ -91,6 +91,19 @@ def _eos_ids(given, tokenizer, vocab: int) -> tuple[int, ...]:
     return ids
 
 
+class _FixedK:
+    """A controller that always chooses `k` (`SpecEngine._run_every_step`)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose_k(self, batch_size, context_len=None, request_ids=None, remaining=None) -> int:
+        return self.k
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+
 class SpecEngine:
     """Dynamic speculative decoding engine.
 
@@ -366,14 +379,38 @@ class SpecEngine:
         return memory_report(self.target_config, self.draft_config, self.spec, self.placement.sizes,
                              self.max_batch_size, self.max_seq_len)
 
-    def warmup(self, progress: Callable[[int, int], None] | None = None) -> int:
+    def warmup(self, progress: Callable[[int, int], None] | None = None, run: bool = True) -> int:
         """Compiles every program up front; returns the number of programs. Under
         backend="auto" on GPU/TPU a Pallas kernel that fails to compile is replaced by its
         XLA path, with a `kernels.PallasFallbackWarning` naming the kernel, the device and
-        the error (`kernel_backends` says what runs); backend="pallas" raises instead."""
+        the error (`kernel_backends` says what runs); backend="pallas" raises instead.
+        `run`: then runs rows through every (K, batch bucket) step (`_run_every_step`): on
+        XLA:CPU a program's first rows cost it far more than the next (a K's first generate
+        on the built-in pair took ~120 ms more than its second), and a dynamic controller
+        first trying a K mid-generate paid that in the caller's time."""
         n = self.programs.compile_all(progress)
         self.drafter = self.programs.drafter
+        if run:
+            self._run_every_step()
         return n
+
+    def _run_every_step(self) -> None:
+        """Generates one token past a step at every (K, bucket): throwaway one-token prompts
+        filling the bucket in every data shard, under a fixed-K controller. What callers see
+        stays as it was: the controller, the statistics, and the request and call counts
+        that unseeded requests' seeds come from."""
+        saved_controller, saved_stats = self.controller, self.stats
+        next_request, next_call = next(self._request_ids), next(self._calls)
+        tokens = max(1, min(self.max_k + 2, self.max_seq_len - 1))
+        try:
+            for b in self.batch_buckets:
+                for k in range(self.max_k + 1):
+                    self.controller, self.stats = _FixedK(k), EngineStats(self.max_k)
+                    self.generate([[1]] * (b * self.data),
+                                  SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, seed=0))
+        finally:
+            self.controller, self.stats = saved_controller, saved_stats
+            self._request_ids, self._calls = itertools.count(next_request), itertools.count(next_call)
 
     @property
     def kernel_backends(self) -> dict[str, str]:

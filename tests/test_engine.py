@@ -157,6 +157,33 @@ def test_batch_shrinking_rollout_without_recompilation(pair):
     assert sum(b <= 4 for b in batch_trace) >= 5  # a long tail of small batches
 
 
+def test_warmup_runs_every_step_and_leaves_what_callers_see(pair, monkeypatch):
+    """`warmup()` runs rows through every (K, bucket) step (XLA:CPU finishes a program's code
+    on its first rows); the controller, the statistics and the seeds of unseeded requests
+    stay as they were, so a warmed engine samples what a cold one does."""
+    from dsd_jax.engine import _FixedK
+    target, draft = pair
+    ran = []
+    real = SpecEngine.generate
+
+    def recording(self, prompts, sampling=None, **kw):
+        if isinstance(self.controller, _FixedK):
+            ran.append((self.controller.k, len(prompts)))
+        return real(self, prompts, sampling, **kw)
+
+    monkeypatch.setattr(SpecEngine, "generate", recording)
+    make = lambda: make_engine(target, draft, controller=FixedK([2, 1]), max_batch_size=4, max_seq_len=24,  # noqa: E731
+                               batch_buckets=(2, 4), num_speculative_tokens=2)
+    warm, cold = make(), make()
+    controller, stats = warm.controller, warm.stats
+    warm.warmup()
+    assert sorted(ran) == sorted((k, b) for b in (2, 4) for k in range(3))
+    assert warm.controller is controller and warm.stats is stats and stats.steps == 0
+    sp = SamplingParams(temperature=1.0, max_tokens=6)  # unseeded: seeds from the request count
+    prompts = [[1, 2, 3], [4, 5]]
+    assert [o.token_ids for o in warm.generate(prompts, sp)] == [o.token_ids for o in cold.generate(prompts, sp)]
+
+
 class WouldSpeculate(FixedK):
     """Plays the Ks given; to the engine it looks like a goodput controller that holds
     `best_k` at any batch size (what decides whether admission prefills the draft)."""

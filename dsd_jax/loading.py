@@ -23,6 +23,7 @@ __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "out
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
            "EOS_CANDIDATES"]
 
+
 class ArgumentError(ValueError):
     """A bad input, with the command-line flag it came from (None: no single flag)."""
 

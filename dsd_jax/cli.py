@@ -830,11 +830,11 @@ def _add_bench(sub) -> None:
                    help="run the eagle3 configurations only at batch sizes <= N")
     b.add_argument("--repeats", type=positive_int, help="repeats per point")
     b.add_argument("--rows-per-point", type=positive_int, metavar="N",
-                   help="prompts per batch-size point, run as ceil(N/B) groups of B (default 8; --quick 4), "
-                        "each repeat groups of its own where the 615 held-out prompts hold them (to B=64 at "
-                        "6 repeats). The intervals resample the groups, so a point of one group repeated "
-                        "has none; resolving 5%% at B=1 needs about 16 groups, by the spread of the "
-                        "committed benches"),
+                   help="prompts per batch-size point, run as ceil(N/B) groups of B (default 8; --quick 4); "
+                        "at 3 repeats or more each repeat takes groups of its own where the 615 held-out "
+                        "prompts hold them (to B=64 at 6 repeats). The intervals resample the groups, so a "
+                        "point of one group repeated has none; resolving 5%% at B=1 needs about 16 groups, "
+                        "by the spread of the committed benches"),
     b.add_argument("--rollout-units", type=positive_int, metavar="N",
                    help="rollouts of 64 requests, each with its own prompts and lengths (default 3; --quick 1): "
                         "the rollout's interval resamples them, so 1 gives none")

@@ -20,7 +20,7 @@ def _prompts(n, vocab=64, seed=0):
     return [rng.integers(1, vocab, size=int(rng.integers(6, 14))).tolist() for _ in range(n)]
 
 
-TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=2, max_tokens=8, quick=True,
+TINY = dict(batch_sizes=[1, 4], configs="vanilla,static-2,dynamic", repeats=3, max_tokens=8, quick=True,
             prompt_len=12, rows_per_point=2, rollout_requests=4, rollout_prompt_len=8,
             rollout_median_tokens=4, rollout_max_tokens=12, rollout_units=2, max_seq_len=32, max_k=2,
             batch_buckets=[4], log=None)
@@ -44,7 +44,7 @@ def _record_sweep_runs(runner):
 def bench_rows(tiny_pair, tmp_path_factory):
     target, draft = tiny_pair
     # A draft that agrees with the target on some tokens, so acceptance is not ~0.
-    rows = bench.run_bench(scaled(target, 3.0), scaled(draft, 3.0), None, _prompts(12), profile=None,
+    rows = bench.run_bench(scaled(target, 3.0), scaled(draft, 3.0), None, _prompts(14), profile=None,
                            profile_out=tmp_path_factory.mktemp("prof") / "profile.json",
                            runner_hook=_record_sweep_runs, **TINY)
     return rows
@@ -146,10 +146,10 @@ def test_rows_schema_and_lossless(bench_rows):
     roll = [r for r in rows if r["workload"] == "rollout"]
     assert [r["config"] for r in roll] == ["vanilla", "static-2", "dynamic"]
     # one paired sample per (repeat, prompt group): B=1 runs 2 groups a repeat, each repeat
-    # groups of its own (the 4 prompts beyond the profile's 8 hold them), B=4 one group
-    # both repeats (8 would not fit), the rollout 2 rollouts; the intervals rest on the
-    # groups: a t interval on 4 or 2, none on 1
-    units = {1: [0, 1, 2, 3], 4: [0, 0], None: [0, 1, 0, 1]}
+    # groups of its own (the 6 prompts beyond the profile's 8 hold them), B=4 one group
+    # every repeat (12 would not fit), the rollout 2 rollouts; the intervals rest on the
+    # groups: an interval on 6 (bootstrap) or 2 (t), none on 1
+    units = {1: [0, 1, 2, 3, 4, 5], 4: [0, 0, 0], None: [0, 1, 0, 1, 0, 1]}
     for r in sweep + roll:
         pair_units = units[r.get("batch_size")]
         groups = len(set(pair_units))
@@ -161,7 +161,8 @@ def test_rows_schema_and_lossless(bench_rows):
             if groups == 1:
                 assert ci["lo"] is None and ci["method"] is None, (key, ci)
             else:
-                assert ci["method"] == "t" and ci["lo"] <= ci["ratio"] <= ci["hi"], (key, ci)
+                method = "t" if groups <= stats.SMALL_N else "bootstrap"
+                assert ci["method"] == method and ci["lo"] <= ci["ratio"] <= ci["hi"], (key, ci)
         assert r["best_static"] == "static-2"
         if r["config"] == "vanilla" and groups > 1:
             assert r["vs_vanilla"]["lo"] == pytest.approx(1.0) == r["vs_vanilla"]["hi"]
@@ -186,7 +187,7 @@ def test_json_plot_and_table(bench_rows, tmp_path):
     assert s["lossless"] is True and [e["batch_size"] for e in s["sweep"]] == [1, 4]
     assert "dynamic_vs_best_other" in s["sweep"][0] and "dynamic_vs_best_other" in s["rollout"]
     ci = s["sweep"][0]["dynamic_vs_best_other_ci"]
-    assert ci["n"] == 4 and ci["pairs"] == 4 and ci["lo"] <= ci["ratio"] <= ci["hi"]  # 2 groups a repeat, each its own
+    assert ci["n"] == 6 and ci["pairs"] == 6 and ci["lo"] <= ci["ratio"] <= ci["hi"]  # 2 groups a repeat, each its own
     ci = s["rollout"]["dynamic_vs_best_other_ci"]  # two rollouts: a t interval
     assert ci["n"] == 2 and ci["method"] == "t" and ci["lo"] <= ci["ratio"] <= ci["hi"]
     assert s["sweep"][1]["resolves_5pct"] is False
@@ -543,6 +544,7 @@ def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
     assert _prompts_needed(False, [1, 64]) == 6 * 64 + 16
     assert _prompts_needed(False, [1, 2], 96, 1) == 6 * 96 + 16
     assert _prompts_needed(False, [128]) == 3 * 64 + 16  # 6 x 128 would not fit: one group, repeated
+    assert _prompts_needed(True, [1, 4, 16, 64]) == 64 + 8  # QUICK's 2 repeats: one set (FRESH_MIN_REPEATS)
     from dsd_jax.bench.settings import resolve
     from dsd_jax.bench.workloads import profile_prompts, sweep
     s = resolve(False, dict(batch_sizes=[1, 3], rows_per_point=100, workloads=("sweep",)))

@@ -8,8 +8,8 @@ from typing import Sequence
 # Settings of the two modes (every one can be overridden).
 # FULL: 6 repeats (each committed bench ran --repeats 6; 3 left B=1-2 intervals wider than 5%).
 # The intervals resample prompt groups (`dsd_jax.bench.pairs`): ceil(rows_per_point / B) of
-# them per point, each repeat's its own where the held-out prompts hold them
-# (`workloads.fresh_groups`: to B = 64 at 6 repeats), so every point has repeats x groups
+# them per point, each repeat's its own at 3 repeats or more where the held-out prompts hold
+# them (`workloads.fresh_groups`: to B = 64 at 6 repeats), so every point has repeats x groups
 # independent units; without them B >= 4 (2 groups: a t_1 interval) and B >= 8 (1 group:
 # none) cannot resolve 5% whatever the repeats. The rollout's
 # groups are `rollout_units` rollouts, each with its own prompts and seeded lengths: FULL's 3

@@ -82,10 +82,17 @@ def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int, sets: i
     return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
 
 
+# Fewest repeats that take groups of their own: at 2 a one-group point would get a t interval
+# on one degree of freedom, 12.7 standard errors wide (the demo's B=4 read 1.26x [0.08, 21.23])
+FRESH_MIN_REPEATS = 3
+
+
 def fresh_groups(b: int, rows_per_point: int, repeats: int, room: int | None) -> bool:
     """Whether each repeat of the sweep point at batch size b takes prompt groups of its own:
-    where `room` distinct prompts hold them all (None: no room given)."""
-    return room is not None and repeats > 1 and group_count(b, rows_per_point) * b * repeats <= room
+    at `FRESH_MIN_REPEATS` repeats or more, where `room` distinct prompts hold them all (None:
+    no room given)."""
+    return (room is not None and repeats >= FRESH_MIN_REPEATS
+            and group_count(b, rows_per_point) * b * repeats <= room)
 
 
 def sweep_prompts(batch_sizes, rows_per_point: int, repeats: int = 1, room: int | None = None) -> int:

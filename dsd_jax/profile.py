@@ -10,7 +10,9 @@ the goodput controller. Every key below is always written (optional ones as
 increasing ints >= 1), ``ks`` (``[0, 1, ..., max_k]``), ``context_lengths`` (strictly
 increasing ints >= 0, at least one), ``latency_ms`` (``[context][batch][k]`` positive
 finite floats, milliseconds per step), ``acceptance`` (``a_1..a_max_k``),
-``acceptance_by_temperature`` (null or ``{"<temperature>": [a_1..a_max_k]}``),
+``acceptance_by_temperature`` (null or ``{"<temperature>": [a_1..a_max_k]}``; with two or
+more, the controller's prior for each run is the one closest to its requests' median
+temperature, `Controller.use_temperature`),
 ``catchup_ms`` (null, or ``{"chunk": tokens, "ms": [per batch size]}``: what one
 round of the drafter's catch-up adds to a step, `chunk` tokens a row, at each batch
 size; null for drafters that never lag), ``created`` (ISO-8601 str), ``meta`` (free

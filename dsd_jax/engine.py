@@ -396,18 +396,24 @@ class SpecEngine:
 
     def _run_every_step(self) -> None:
         """Generates one token past a step at every (K, bucket): throwaway one-token prompts
-        filling the bucket in every data shard, under a fixed-K controller. What callers see
-        stays as it was: the controller, the statistics, and the request and call counts
-        that unseeded requests' seeds come from."""
-        saved_controller, saved_stats = self.controller, self.stats
-        next_request, next_call = next(self._request_ids), next(self._calls)
+        filling the bucket in every data shard, under a fixed-K controller (`_stand_in`)."""
         tokens = max(1, min(self.max_k + 2, self.max_seq_len - 1))
-        try:
-            for b in self.batch_buckets:
-                for k in range(self.max_k + 1):
-                    self.controller, self.stats = _FixedK(k), EngineStats(self.max_k)
+        for b in self.batch_buckets:
+            for k in range(self.max_k + 1):
+                with self._stand_in(_FixedK(k)):
                     self.generate([[1]] * (b * self.data),
                                   SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, seed=0))
+
+    @contextlib.contextmanager
+    def _stand_in(self, controller):
+        """Runs under `controller` and fresh statistics (warm-up, the profiler's acceptance
+        runs), leaving what callers see as it was: their controller, their statistics, and the
+        request and call counts that unseeded requests' seeds come from."""
+        saved_controller, saved_stats = self.controller, self.stats
+        next_request, next_call = next(self._request_ids), next(self._calls)
+        self.controller, self.stats = controller, EngineStats(self.max_k)
+        try:
+            yield
         finally:
             self.controller, self.stats = saved_controller, saved_stats
             self._request_ids, self._calls = itertools.count(next_request), itertools.count(next_call)

@@ -57,7 +57,6 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from dsd_jax.inputs import encode_text
-from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, check_nonincreasing
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.step import MAX_ROUNDS, unpack_rounds
@@ -366,14 +365,10 @@ def _random_prompts(vocab: int, n: int = 8, length: int = 16, seed: int = 0) -> 
 
 def _measure_acceptance(engine, prompts, temperature: float, max_tokens: int) -> tuple[list[float], int]:
     rec = _AcceptanceRecorder(engine.max_k)
-    saved_ctl, saved_stats = engine.controller, engine.stats
-    engine.controller, engine.stats = rec, EngineStats(engine.max_k)
-    try:
+    with engine._stand_in(rec):
         params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i, ignore_eos=True)
                   for i in range(len(prompts))]
         engine.generate(prompts, params)
-    finally:
-        engine.controller, engine.stats = saved_ctl, saved_stats
     return rec.acceptance(), rec.rows
 
 

@@ -29,17 +29,28 @@ prompts after it ran K = 1 for good: 1.45x the time of K = 6 at B = 1, simulated
 price is an occasional retry of a K whose drafts past the hold really are rejected (0.3%
 at B = 1 where c = 0.9, 0.9, 0.9, 0.2, ...; at the full forgetting 0.9%).
 
-`RequestAcceptance`: one estimate per live request, its own discounted counts of
-each conditional rate shrunk toward the global estimate's as if that were
-`ROW_PRIOR_STEPS` more observed steps (a request lives for tens of steps: too few to
-trust alone, too many to ignore). It also learns how far requests differ: the spread (standard deviation)
-of the true AL_r(K) between finished requests, from their own counts less the
-counts' sampling noise (method of moments); a finished request that ran too few drafts
-to tell counts as one at the mean, so a spread nothing refreshes fades.
-Shrinkage hides that spread from a request with little data of its own (a fresh
-one *is* the global estimate); `makespan_steps` puts it back, with each step's
-own randomness, into the steps the slowest of B requests needs (the makespan
-objective of `dsd_jax.controller`).
+`RequestAcceptance`: one estimate per live request, its own discounted counts of each
+conditional rate shrunk toward a target as if that were `ROW_PRIOR_STEPS` more
+observed steps (a request lives for tens of steps: too few to trust alone, too many to
+ignore). The target is the global estimate's rates, except at draft 1 once
+`PRIOR_MIN_REQUESTS` finished requests ran drafts: there it is their mean c_1, each
+request weighing one (`shrink_target`). A fresh request is a draw from the requests,
+not from the steps: the global estimate weighs steps, so at B = 1 it is the last
+request's tail, and after a hard request (where K = 0 wins) the next one started at
+its c_1, held K = 0 and ran no draft to learn otherwise (the replay of 64 held-out
+prompts at B = 1: four easy ones after hard ones took 1.3-1.9x static K = 4's time).
+c_1 decides K = 0 against speculating, and every request that ran a draft informs it;
+deeper rates rest on the few steps that reached them (the requests' mean c_5 came out
+0.5-0.7 most of the replay where all steps give 0.9), and with them in the target too
+dynamic ran K = 5 at B = 1 where K = 4 was best
+(`benchmarks/results/request_prior_fresh/`). It also learns how far requests differ:
+the spread (standard deviation) of the true AL_r(K) between finished requests, from
+their own counts less the counts' sampling noise (method of moments); a finished
+request that ran too few drafts to tell counts as one at the mean, so a spread nothing
+refreshes fades. Shrinkage hides that spread from a request with little data of its
+own (a fresh one *is* the target); `makespan_steps` puts it back, with each step's own
+randomness, into the steps the slowest of B requests needs (the makespan objective of
+`dsd_jax.controller`).
 """
 
 from __future__ import annotations
@@ -50,10 +61,11 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-__all__ = ["GlobalAcceptance", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
+__all__ = ["GlobalAcceptance", "PRIOR_MIN_REQUESTS", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
            "conditional_rates", "expected_max_normal", "padded_prior", "tokens_variance"]
 
-ROW_PRIOR_STEPS = 4  # weight of the global estimate in each request's own estimate, in steps
+ROW_PRIOR_STEPS = 4  # weight of the shrink target in each request's own estimate, in steps
+PRIOR_MIN_REQUESTS = 4  # finished requests that ran drafts before their mean c_1 is the shrink target
 SPREAD_MIN_STEPS = 1.5  # a finished request informs the spread from two speculative steps on
 SPREAD_FORGETTING = 1 / 32  # weight of the newest finished request in the spread estimate
 # GlobalAcceptance: a draft's counts count in full from this many (discounted) rows that
@@ -254,8 +266,12 @@ class RequestAcceptance:
         self.reached = np.zeros((0, self.max_k))
         self.proposed = np.zeros((0, self.max_k))
         self._positions = np.arange(1, self.max_k + 1)
-        self._prior_of = None  # the global rates `_prior_counts` was made from
+        self._prior_of = None  # (global rates, finished count) `_prior_counts` was made from
         self._prior_counts = np.zeros(self.max_k)
+        # finished requests that ran drafts: discounted count and sum of their own first-draft
+        # rates (the request-weighted c_1 rows are shrunk toward, `shrink_target`), and count
+        self._finished_weight = self._finished_c1 = 0.0
+        self._finished_count = 0
         # discounted (weight, sum AL, sum AL^2, sum sampling variance) over finished
         # requests, K = 0..max_k
         self._moments = np.zeros((4, self.max_k + 1))
@@ -291,7 +307,27 @@ class RequestAcceptance:
         if r is not None:
             if finished:
                 self._learn_spread(r)
+                self._learn_prior(r)
             self._free.append(r)
+
+    def _learn_prior(self, r: int) -> None:
+        """Folds a finished request's own first-draft rate into the request-weighted mean."""
+        if self.reached[r, 0] <= 0:
+            return  # it ran no drafts
+        keep = 1.0 - SPREAD_FORGETTING
+        self._finished_weight = keep * self._finished_weight + 1.0
+        self._finished_c1 = keep * self._finished_c1 + self.accepted[r, 0] / self.reached[r, 0]
+        self._finished_count += 1
+
+    def shrink_target(self) -> np.ndarray:
+        """c_1..c_max_k each row's own counts are shrunk toward: at draft 1, the mean of
+        finished requests' own rates, each request weighing one (discounted by
+        SPREAD_FORGETTING per newer request) once PRIOR_MIN_REQUESTS have run drafts;
+        the global (step-weighted) rates elsewhere. See the module docstring."""
+        g = np.nan_to_num(self._global.rates)
+        if self._finished_count < PRIOR_MIN_REQUESTS:
+            return g
+        return np.concatenate([[self._finished_c1 / self._finished_weight], g[1:]])
 
     def _learn_spread(self, r: int) -> None:
         """Folds a finished request's own AL_r(K) curve, and the sampling variance of
@@ -393,13 +429,13 @@ class RequestAcceptance:
 
     def estimate(self, rows, k: int) -> np.ndarray:
         """a_1..a_k per row ([len(rows), k]): the product of its conditional rates, each its
-        own counts plus `ROW_PRIOR_STEPS` rows at the global rate. A draft position the
+        own counts plus `ROW_PRIOR_STEPS` rows at `shrink_target`'s rate. A draft position the
         row never proposed takes at least the rate of the last one it did (see
         `_untried_at_least_last`)."""
-        rates = self._global.rates
-        if rates is not self._prior_of:  # the global estimate moved since the last call
-            self._prior_of = rates
-            self._prior_counts = ROW_PRIOR_STEPS * np.nan_to_num(rates)
+        key = (self._global.rates, self._finished_count)
+        if self._prior_of is None or key[0] is not self._prior_of[0] or key[1] != self._prior_of[1]:
+            self._prior_of = key  # the global estimate moved or a request finished since
+            self._prior_counts = ROW_PRIOR_STEPS * self.shrink_target()
         own = (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.reached[rows, :k] + ROW_PRIOR_STEPS)
         return np.cumprod(self._untried_at_least_last(own, rows, k), axis=-1)
 

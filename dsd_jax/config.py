@@ -183,7 +183,8 @@ class DynamicConfig:
         initial K = 0); hysteresis against flapping between near-tied Ks.
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
         by ITL(B, K). A request's acceptance is its own counts (with the same
-        forgetting) shrunk toward the global estimate, which weighs as 4 steps.
+        forgetting) shrunk toward the global estimate, at draft 1 toward the mean rate
+        of recent finished requests once 4 ran drafts; the target weighs as 4 steps.
     probe_interval: every `probe_interval`-th choice of K (one dispatch, up to 8
         rounds) may be a probe. While the controller holds K = 0 at a batch size where
         the profile's acceptance would speculate (its best K ahead of K = 0 by more

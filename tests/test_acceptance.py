@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dsd_jax.acceptance import (ROW_PRIOR_STEPS, SPREAD_MIN_STEPS, GlobalAcceptance, RequestAcceptance, al_curve,
+from dsd_jax.acceptance import (PRIOR_MIN_REQUESTS, ROW_PRIOR_STEPS, SPREAD_FORGETTING, SPREAD_MIN_STEPS, GlobalAcceptance, RequestAcceptance, al_curve,
                                 conditional_rates, expected_max_normal, padded_prior, tokens_variance)
 
 PRIOR = np.array([0.8, 0.6, 0.4, 0.2])
@@ -137,6 +137,48 @@ def test_shrinkage_target_follows_the_global_estimate():
     np.testing.assert_allclose(rq.request("a"), PRIOR)
     g.observe(4, np.array([4, 4]))  # the global estimate moves to all-accepted
     np.testing.assert_allclose(rq.request("a"), [1.0, 1.0, 1.0, 1.0])
+
+
+def test_rows_start_at_the_finished_requests_mean_first_draft_rate_not_the_steps():
+    """Three easy requests of 3 steps and one hard one of 30 finish: a fresh row starts at
+    their request-weighted rate at draft 1 (each request weighs one), not at the global
+    rate, which the hard request's 30 steps hold near zero (at B = 1, the last request's).
+    Deeper drafts keep the global rates."""
+    g = GlobalAcceptance(PRIOR, forgetting=0.05)
+    rq = RequestAcceptance(g)
+    for rid, steps, n in (("e1", 3, 2), ("e2", 3, 2), ("e3", 3, 2), ("hard", 30, 0)):
+        row = rq.rows_for([rid])
+        for _ in range(steps):
+            g.observe(2, np.array([n]))
+            rq.observe(row, np.array([n]), 2)
+        rq.forget(rid)
+    assert g.rates[0] < 0.25
+    target = rq.shrink_target()
+    weights = (1.0 - SPREAD_FORGETTING) ** np.arange(3, -1, -1)  # e1, e2, e3, hard: newer weigh more
+    np.testing.assert_allclose(target[0], weights[:3].sum() / weights.sum())  # ~0.75
+    np.testing.assert_allclose(target[1:], g.rates[1:])
+    fresh = rq.estimate(rq.rows_for(["fresh"]), 4)[0]
+    np.testing.assert_allclose(fresh, np.cumprod(target))
+
+
+def test_the_finished_mean_needs_enough_requests_that_ran_drafts_and_ignores_abandoned_ones():
+    """Below PRIOR_MIN_REQUESTS finished requests that ran drafts the global rate stands at
+    draft 1 too; a request forgotten unfinished (its run abandoned), or one that ran no
+    drafts, does not count."""
+    g, rq = _requests(forgetting=0.05)
+    for i in range(PRIOR_MIN_REQUESTS):
+        row = rq.rows_for([i])
+        rq.observe(row, np.array([4]), 4)
+        rq.forget(i, finished=i == 0)  # only the first one finishes
+    rq.rows_for(["no drafts"])
+    rq.forget("no drafts")
+    np.testing.assert_allclose(rq.shrink_target(), np.nan_to_num(g.rates))
+    for i in range(PRIOR_MIN_REQUESTS, 2 * PRIOR_MIN_REQUESTS - 1):
+        rq.observe(rq.rows_for([i]), np.array([0]), 4)
+        rq.forget(i)
+    weights = (1.0 - SPREAD_FORGETTING) ** np.arange(PRIOR_MIN_REQUESTS - 1, -1, -1)  # one accepted, then none
+    np.testing.assert_allclose(rq.shrink_target()[0], weights[0] / weights.sum())
+    np.testing.assert_allclose(rq.shrink_target()[1:], np.nan_to_num(g.rates)[1:])
 
 
 def test_a_row_seen_at_k1_only_extrapolates_with_its_own_first_draft_rate():

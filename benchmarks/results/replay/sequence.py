@@ -1,0 +1,112 @@
+"""The replay of today's bench: each sweep prompt once, in random orders, through one controller.
+
+Since 2026-11-27 the bench gives every repeat prompt groups of its own, so at B = 1 a
+controller meets 48 prompts one after another, never the same one twice; `sim.py`
+replays the older bench (the same 8 prompts every repeat). This runs the 64 prompts of
+`sweep.json` in groups of B, each once, in `--orders` random orders, and prints K = 0's
+time over each configuration's (geometric mean over orders [lowest, highest]):
+
+    PYTHONPATH=. python sequence.py sweep.json ../bench_full_s20.profile.json --batch-sizes 1,2,4,8
+    PYTHONPATH=. python sequence.py sweep.json ../bench_full_s20.profile.json --trace 0
+
+`--step-weighted`: `dynamic-old` beside `dynamic`, its rows shrunk toward the global
+(step-weighted) rates as before `RequestAcceptance.shrink_target`. `--trace N`: order N at
+B = 1, prompt by prompt: dynamic's time and K per step beside static K = 4's and the best
+static K's (m: how many drafts from each position the target accepts).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+import sim
+from dsd_jax.profile import Profile
+
+STATIC = (0, 1, 2, 3, 4, 5, 6)
+
+
+def step_weighted(ctl):
+    """The controller with its rows shrunk toward the global rates (the rule before)."""
+    rq = ctl._requests
+    rq.shrink_target = lambda: np.nan_to_num(rq._global.rates)
+    return ctl
+
+
+def total_ms(ctl, sweep, order, b, profile, trace=None) -> float:
+    ag, lens = sweep["agreement"], sweep["prompt_lens"]
+    t = 0.0
+    for start in range(0, len(order) - b + 1, b):
+        g = order[start:start + b]
+        steps = [] if trace is not None else None
+        ms = sim.run_unit(ctl, [ag[j] for j in g], [lens[j] for j in g], list(range(start, start + b)),
+                          [64] * b, profile, trace=steps)
+        if trace is not None:
+            trace.append((g, ms, steps))
+        t += ms
+    return t
+
+
+def configs(profile, old: bool):
+    out = {f"static-{k}": (lambda k=k: sim.static_controller(k)) for k in STATIC}
+    out["dynamic"] = lambda: sim.make_dynamic(profile)
+    if old:
+        out["dynamic-old"] = lambda: step_weighted(sim.make_dynamic(profile))
+    return out
+
+
+def summary(sweep, profile, b, orders, old) -> str:
+    n = len(sweep["agreement"])
+    times = {name: [] for name in configs(profile, old)}
+    for seed in range(orders):
+        order = np.random.default_rng(100 + seed).permutation(n)
+        for name, make in configs(profile, old).items():
+            times[name].append(total_ms(make(), sweep, order, b, profile))
+    k0 = np.array(times["static-0"])
+    parts = []
+    for name, v in times.items():
+        r = k0 / np.array(v)
+        parts.append(f"{name} {np.exp(np.log(r).mean()):.3f} [{r.min():.2f},{r.max():.2f}]")
+    return f"B={b}: " + "  ".join(parts)
+
+
+def trace(sweep, profile, seed, old) -> None:
+    ag, lens = sweep["agreement"], sweep["prompt_lens"]
+    n = len(ag)
+    static = np.array([[sim.run_unit(sim.static_controller(k), [ag[j]], [lens[j]], [0], [64], profile)
+                        for k in STATIC] for j in range(n)])
+    order = np.random.default_rng(100 + seed).permutation(n)
+    ctl = sim.make_dynamic(profile)
+    if old:
+        step_weighted(ctl)
+    steps = []
+    total = total_ms(ctl, sweep, order, 1, profile, trace=steps)
+    for i, ((j,), ms, tr) in enumerate(steps):
+        ks = "".join(str(k) for k, _, _ in tr)
+        print(f"{i:2d} prompt {j:2d}: dynamic {ms:6.1f} ms, static-4 {static[j, 4]:6.1f}, best {static[j].min():6.1f} "
+              f"(K={static[j].argmin()}); m {''.join(str(min(x, 9)) for x in ag[j][:40])}; K {ks[:60]}")
+    print(f"total: dynamic {total:.0f} ms, static-4 {static[:, 4].sum():.0f}, per-prompt best {static.min(1).sum():.0f}, "
+          f"K=0 {static[:, 0].sum():.0f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sweep")
+    ap.add_argument("profile")
+    ap.add_argument("--batch-sizes", default="1,2,4,8")
+    ap.add_argument("--orders", type=int, default=8)
+    ap.add_argument("--step-weighted", action="store_true", help="also dynamic-old: rows shrunk toward the global rates")
+    ap.add_argument("--trace", type=int, default=None, help="trace this order at B = 1 instead")
+    args = ap.parse_args()
+    sweep = json.load(open(args.sweep))
+    profile = Profile.load(args.profile)
+    if args.trace is not None:
+        trace(sweep, profile, args.trace, args.step_weighted)
+        return
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        print(summary(sweep, profile, b, args.orders, args.step_weighted), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -61,13 +61,13 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-__all__ = ["GlobalAcceptance", "PRIOR_MIN_REQUESTS", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve", "check_num_accepted",
-           "conditional_rates", "expected_max_normal", "padded_prior", "tokens_variance"]
+__all__ = ["GlobalAcceptance", "PRIOR_MIN_REQUESTS", "RequestAcceptance", "ROW_PRIOR_STEPS", "al_curve",
+           "check_num_accepted", "conditional_rates", "expected_max_normal", "padded_prior", "tokens_variance"]
 
 ROW_PRIOR_STEPS = 4  # weight of the shrink target in each request's own estimate, in steps
 PRIOR_MIN_REQUESTS = 4  # finished requests that ran drafts before their mean c_1 is the shrink target
 SPREAD_MIN_STEPS = 1.5  # a finished request informs the spread from two speculative steps on
-SPREAD_FORGETTING = 1 / 32  # weight of the newest finished request in the spread estimate
+SPREAD_FORGETTING = 1 / 32  # weight of the newest finished request in the spread and the mean c_1
 # GlobalAcceptance: a draft's counts count in full from this many (discounted) rows that
 # reached it; below, a fallback tops them up (`GlobalAcceptance._compute_rates`).
 FRESH_ROWS = 1.0

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from dsd_jax.acceptance import (PRIOR_MIN_REQUESTS, ROW_PRIOR_STEPS, SPREAD_FORGETTING, SPREAD_MIN_STEPS, GlobalAcceptance, RequestAcceptance, al_curve,
-                                conditional_rates, expected_max_normal, padded_prior, tokens_variance)
+from dsd_jax.acceptance import (PRIOR_MIN_REQUESTS, ROW_PRIOR_STEPS, SPREAD_FORGETTING, SPREAD_MIN_STEPS,
+                                GlobalAcceptance, RequestAcceptance, al_curve, conditional_rates, expected_max_normal,
+                                padded_prior, tokens_variance)
 
 PRIOR = np.array([0.8, 0.6, 0.4, 0.2])
 

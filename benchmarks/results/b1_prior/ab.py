@@ -31,14 +31,12 @@ def with_prior(prof: Profile, target, draft, tokenizer, prompts) -> Profile:
     prompts = [p[:FULL["prompt_len"]] for p in encode_prompts(prompts, tokenizer, target.config.vocab_size)]
     engine = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=FULL["max_k"]),
                         max_batch_size=16, batch_buckets=[16], max_seq_len=FULL["max_seq_len"], tokenizer=tokenizer)
-    acc = []
-    for i in range(0, len(prompts), 16):  # 16 at a time: the engine's batch
-        a, rows = _measure_acceptance(engine, prompts[i:i + 16], 0.0, FULL["profile_max_tokens"])
-        acc.append((a, rows))
-    # Pool per position, weighted by the rows each chunk measured (equal chunks: a plain mean).
-    pooled = [sum(a[j] for a, _ in acc) / len(acc) for j in range(len(acc[0][0]))]
+    # 16 at a time (the engine's batch); pooled per position as the plain mean of the chunks
+    acc = [_measure_acceptance(engine, prompts[i:i + 16], 0.0, FULL["profile_max_tokens"])[0]
+           for i in range(0, len(prompts), 16)]
+    pooled = [sum(a[j] for a in acc) / len(acc) for j in range(len(acc[0]))]
     print(f"acceptance on {len(prompts)} prompts: {[round(x, 3) for x in pooled]} "
-          f"(chunks: {[[round(x, 2) for x in a[:3]] for a, _ in acc]})", flush=True)
+          f"(chunks: {[[round(x, 2) for x in a[:3]] for a in acc]})", flush=True)
     return dataclasses.replace(prof, acceptance=pooled, acceptance_by_temperature={"0.0": pooled})
 
 
@@ -62,8 +60,8 @@ def main(argv=None):
     out = {}
     for i, name in enumerate(args.profiles):
         rows = bench.run_bench(target, draft, tokenizer, prompts, batch_sizes=sizes, configs=configs,
-                               repeats=6, rows_per_point=8, batch_buckets=[b for b in (1, 2, 4) if b <= max(sizes)], workloads=("sweep",),
-                               profile=profiles[name], log=None)
+                               repeats=6, rows_per_point=8, batch_buckets=[b for b in (1, 2, 4) if b <= max(sizes)],
+                               workloads=("sweep",), profile=profiles[name], log=None)
         for r in rows:
             if r["workload"] == "sweep" and r["config"] == "dynamic":
                 key = f"{i}:{name}:B={r['batch_size']}"

@@ -1,0 +1,45 @@
+"""A rough rule priced in the replay (not in the library): under the makespan objective,
+where dynamic would hold K=0 while some live row has run fewer than ROW_PRIOR_STEPS drafts
+of its own, run K=1 instead (its one draft is what decides c_1; K=0 would learn nothing).
+`sequence.py`'s 8 orders of the 64 sweep prompts, K=0's time over each configuration's.
+
+    PYTHONPATH=benchmarks/results/replay python benchmarks/results/b4_k0/replay_k1_while_fresh.py \\
+        benchmarks/results/bench_full_s21.profile.json
+"""
+import json
+import sys
+
+import numpy as np
+
+import sequence
+import sim
+from dsd_jax.acceptance import ROW_PRIOR_STEPS
+from dsd_jax.profile import Profile
+
+sweep = json.load(open("benchmarks/results/replay/sweep.json"))
+profile = Profile.load(sys.argv[1])
+
+
+def k1_while_fresh(ctl):
+    choose = ctl._choose_makespan
+
+    def rule(batch_size, context_len, request_ids, remaining):
+        k = choose(batch_size, context_len, request_ids, remaining)
+        if k == 0 and (ctl._requests.proposed[ctl._requests.rows_for(request_ids), 0] < ROW_PRIOR_STEPS).any():
+            return 1
+        return k
+
+    ctl._choose_makespan = rule
+    return ctl
+
+
+variants = {"dynamic": lambda: sim.make_dynamic(profile), "k1-while-fresh": lambda: k1_while_fresh(sim.make_dynamic(profile)),
+            **{f"static-{k}": (lambda k=k: sim.static_controller(k)) for k in (0, 1, 2, 4)}}
+for b in (1, 2, 4, 8, 16):
+    times = {name: [] for name in variants}
+    for seed in range(8):
+        order = np.random.default_rng(100 + seed).permutation(len(sweep["agreement"]))
+        for name, make in variants.items():
+            times[name].append(sequence.total_ms(make(), sweep, order, b, profile))
+    k0 = np.array(times["static-0"])
+    print(f"B={b}: " + "  ".join(f"{n} {np.exp(np.log(k0 / np.array(v)).mean()):.3f}" for n, v in times.items()), flush=True)

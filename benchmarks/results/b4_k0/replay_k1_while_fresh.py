@@ -11,8 +11,6 @@ acceptance) would speculate.
 import json
 import sys
 
-import numpy as np
-
 import sequence
 import sim
 from dsd_jax.acceptance import ROW_PRIOR_STEPS
@@ -46,10 +44,4 @@ variants = {"dynamic": lambda: sim.make_dynamic(profile), "k1-while-fresh": lamb
             "gated": lambda: k1_while_fresh(sim.make_dynamic(profile), gated=True),
             **{f"static-{k}": (lambda k=k: sim.static_controller(k)) for k in (0, 1, 2, 4)}}
 for b in (1, 2, 4, 8, 16):
-    times = {name: [] for name in variants}
-    for seed in range(8):
-        order = np.random.default_rng(100 + seed).permutation(len(sweep["agreement"]))
-        for name, make in variants.items():
-            times[name].append(sequence.total_ms(make(), sweep, order, b, profile))
-    k0 = np.array(times["static-0"])
-    print(f"B={b}: " + "  ".join(f"{n} {np.exp(np.log(k0 / np.array(v)).mean()):.3f}" for n, v in times.items()), flush=True)
+    print(sequence.summary(sweep, profile, b, 8, variants), flush=True)

@@ -56,12 +56,14 @@ def configs(profile, old: bool):
     return out
 
 
-def summary(sweep, profile, b, orders, old) -> str:
+def summary(sweep, profile, b, orders, variants) -> str:
+    """K = 0's time over each variant's (name -> controller factory; "static-0" among them),
+    geometric mean over `orders` random orders [lowest, highest]."""
     n = len(sweep["agreement"])
-    times = {name: [] for name in configs(profile, old)}
+    times = {name: [] for name in variants}
     for seed in range(orders):
         order = np.random.default_rng(100 + seed).permutation(n)
-        for name, make in configs(profile, old).items():
+        for name, make in variants.items():
             times[name].append(total_ms(make(), sweep, order, b, profile))
     k0 = np.array(times["static-0"])
     parts = []
@@ -105,7 +107,7 @@ def main():
         trace(sweep, profile, args.trace, args.step_weighted)
         return
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        print(summary(sweep, profile, b, args.orders, args.step_weighted), flush=True)
+        print(summary(sweep, profile, b, args.orders, configs(profile, args.step_weighted)), flush=True)
 
 
 if __name__ == "__main__":

@@ -259,6 +259,31 @@ def test_e2e_builtin_pair_plumbing():
                         r["xla"]["precompiled"]), r["xla"]["precompiled"]
 
 
+def test_e2e_saves_the_first_pair_before_the_second(tmp_path, monkeypatch, capsys):
+    """A call whose timeout kills the synthetic pair keeps the built-in pair's result: `run`
+    rewrites the JSON after it, and each pair says on stderr when it starts."""
+    from dsd_jax.device_check import e2e
+
+    row = {"pair": "builtin", "k": 3, "prompts": 4, "max_tokens": 32,
+           "identical": {"pallas/greedy": True}, "tokens_identical": True}
+
+    def builtin(s, deadline=None):
+        e2e.progress("e2e builtin pair ...")
+        return row
+
+    def synthetic(s):
+        saved = json.loads((tmp_path / "device_check.json").read_text())
+        assert saved["e2e"] == {"builtin": row}
+        raise KeyboardInterrupt  # as a call's timeout would end it: nothing after this is written
+
+    monkeypatch.setattr(e2e, "e2e_builtin", builtin)
+    monkeypatch.setattr(e2e, "e2e_synthetic", synthetic)
+    with pytest.raises(KeyboardInterrupt):
+        dc.run(str(tmp_path), dc.Settings.cpu_smoke(builtin=True), ["e2e"], mode="cpu-smoke")
+    assert json.loads((tmp_path / "device_check.json").read_text())["e2e"]["builtin"]["tokens_identical"]
+    assert "device_check:   e2e builtin pair ..." in capsys.readouterr().err
+
+
 def test_programs_keep_the_engines_matmul_precision():
     """An engine's programs compile at the matmul precision in effect when it was built (or
     its `matmul_precision=`): in precompile's worker threads too (the context is

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .compile import precompile
-from .settings import Settings, _guard, _unless_expired
+from .settings import Settings, _guard, _unless_expired, progress
 
 
 def _random_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -26,6 +26,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
     out: dict[str, Any] = {"prompts": len(prompts), "max_tokens": s.e2e_max_tokens, "k": s.e2e_k}
     tokens: dict[str, dict] = {}
     for backend in backends:
+        t_start = time.perf_counter()
         engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.e2e_k),
                                 max_batch_size=len(prompts), max_seq_len=max_seq_len,
                                 batch_buckets=(len(prompts),), prefill_chunk=64,
@@ -36,6 +37,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
         chunks = {c for _, c in prefill_pieces(max(map(len, prompts)), engine.programs.prefill_chunks)}
         precompiled = precompile(engine, [("step", s.e2e_k, b)] + [("prefill", b, c) for c in sorted(chunks)]
                                  + [("admit", b), ("move",)], s.compile_threads)
+        progress(f"e2e {backend}: engine built, {precompiled}: {time.perf_counter() - t_start:.1f} s")
         runs = {}
         for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
             params = [dsd.SamplingParams(temperature=temp, max_tokens=s.e2e_max_tokens, seed=i, ignore_eos=True)
@@ -50,6 +52,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
                 "first_call_s": round(t1 - t0, 3), "second_call_s": round(t2 - t1, 3),
                 "tokens": sum(len(o.token_ids) for o in again),
                 "deterministic": [o.token_ids for o in first] == runs[name]}
+            progress(f"e2e {backend} {name}: {t1 - t0:.1f} s, then {t2 - t1:.1f} s")
         out[backend]["kernel_backends"] = engine.kernel_backends
         out[backend]["precompiled"] = precompiled
         out[backend]["mean_accepted_len"] = _mean_accepted(engine)
@@ -84,11 +87,15 @@ def spec_vs_plain(target, draft, prompts, s: Settings, max_seq_len: int, tokeniz
     kw = dict(max_batch_size=len(prompts), max_seq_len=max_seq_len, batch_buckets=(len(prompts),),
               prefill_chunk=64, tokenizer=tokenizer)
     sp = dsd.SamplingParams(temperature=0.0, max_tokens=s.e2e_max_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
     plain = dsd.SpecEngine(target, None, dsd.SpecConfig(method="none"), **kw)
     want = [o.token_ids for o in plain.generate(prompts, sp)]
     del plain
+    progress(f"e2e plain greedy at the default precision: {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
     spec = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=s.e2e_k), **kw)
     got = [o.token_ids for o in spec.generate(prompts, sp)]
+    progress(f"e2e speculative greedy at the default precision: {time.perf_counter() - t0:.1f} s")
     out = {"k": s.e2e_k, "kernel_backends": spec.kernel_backends, "identical": got == want,
            "matmul_precision": str(spec.programs.matmul_precision or "default")}  # what it compiled at
     del spec
@@ -150,21 +157,27 @@ def _divergence_gap(target, prompts, tokens, div, dtype: str) -> dict:
     return {"request": i, "position": div[i], **top2_gap(top[1], top[0], dtype)}
 
 
-def e2e_builtin(s: Settings) -> dict:
+def e2e_builtin(s: Settings, deadline: float | None = None) -> dict:
+    """The built-in pair: XLA against `s.backend` at precision "highest", then (unless
+    `deadline` has passed) speculative against plain greedy at the default precision."""
     from dsd_jax import models
+    progress("e2e builtin pair ...")
+    t0 = time.perf_counter()
     target, draft, tok = models.builtin(dtype="float32")
+    progress(f"e2e builtin pair loaded: {time.perf_counter() - t0:.1f} s")
     prompts = [tok.encode(p).ids[-48:] for p in models.heldout_prompts(s.e2e_batch)]
     # both backends exact float32 (XLA on a GPU would run f32 dots in TF32, the kernel does not)
     max_seq_len = 48 + s.e2e_max_tokens + 8
     with jax.default_matmul_precision("highest"):
         res = _generate_both(target, draft, prompts, s, ("xla", s.backend), max_seq_len, tok)
-    res["spec_vs_plain"] = _guard(spec_vs_plain, target, draft, prompts, s, max_seq_len, tok)
+    res["spec_vs_plain"] = _unless_expired(deadline, spec_vs_plain, target, draft, prompts, s, max_seq_len, tok)
     return {"pair": "builtin (float32, matmul precision highest)", **res}
 
 
 def e2e_synthetic(s: Settings) -> dict:
     from dsd_jax.models import synthetic
     t_name, d_name = s.e2e_pair
+    progress(f"e2e synthetic pair {t_name} + {d_name} ...")
     target = synthetic(t_name, dtype=s.e2e_dtype, seed=0)
     draft = synthetic(d_name, dtype=s.e2e_dtype, seed=1)
     prompts = _random_prompts(target.config.vocab_size, s.e2e_batch, s.e2e_prompt_len)
@@ -185,10 +198,14 @@ def e2e_synthetic(s: Settings) -> dict:
     return {"pair": f"{t_name} + {d_name} ({s.e2e_dtype}{suffix}, random weights)", **res}
 
 
-def end_to_end(s: Settings, deadline: float | None = None) -> dict:
+def end_to_end(s: Settings, deadline: float | None = None,
+               checkpoint: Callable[[dict], None] = lambda partial: None) -> dict:
+    """Both pairs (the built-in one unless `s.builtin` is off); `checkpoint` gets the results
+    so far after each, so a call killed during the second keeps the first."""
     out = {}
     if s.builtin:
-        out["builtin"] = _unless_expired(deadline, e2e_builtin, s)
+        out["builtin"] = _unless_expired(deadline, e2e_builtin, s, deadline)
+        checkpoint(dict(out))
     out["synthetic"] = _unless_expired(deadline, e2e_synthetic, s)
     compared = [r for r in out.values() if "skipped" not in r]
     out["tokens_identical"] = bool(compared) and all(r.get("tokens_identical") is True for r in compared)

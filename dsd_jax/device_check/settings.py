@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform as _platform
+import sys
 import time
 import traceback
 from typing import Callable, Sequence
@@ -158,6 +159,12 @@ def _expired(deadline: float | None) -> bool:
 
 
 SKIPPED = "time budget"
+
+
+def progress(message: str) -> None:
+    """A progress line inside a section, on stderr at once: a run its call's timeout kills
+    still shows where its time went (the JSON is written only after each section)."""
+    print(f"device_check:   {message}", file=sys.stderr, flush=True)
 
 
 def _unless_expired(deadline: float | None, fn: Callable, *args, **kw) -> dict:

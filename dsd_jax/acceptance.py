@@ -418,13 +418,6 @@ class RequestAcceptance:
             var += (steps / al) ** 2 * hidden[:, None] * self._spread[None, : k + 1] ** 2
         return steps + z * np.sqrt(var)
 
-    def fresh(self, rows) -> np.ndarray:
-        """Per row, whether its first-draft rate is still mostly the shrink target: it ran
-        fewer first drafts of its own than `ROW_PRIOR_STEPS` (discounted; under a forgetting
-        so fast that the count never gets there, fewer than half its ceiling)."""
-        ceiling = 1.0 / max(1.0 - self._global.keep, 1e-12)
-        return self.proposed[rows, 0] < min(ROW_PRIOR_STEPS, 0.5 * ceiling)
-
     def observe(self, rows: np.ndarray, num_accepted: np.ndarray, k: int) -> None:
         """One step with `k` > 0 drafts; num_accepted[j] is row rows[j]'s count."""
         keep = self._global.keep

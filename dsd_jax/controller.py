@@ -351,25 +351,7 @@ class Controller:
             self._k_counts[0] += 1
             return 0
         b, key, al, at = row
-        k = self._decide(b, key, al, at)
-        if k == 0 and self._fresh_row_worth_a_draft(b, key, request_ids, at):
-            self._k_counts[0] -= 1
-            self._k_counts[1] += 1
-            return 1  # the hold stays K = 0: this step only asks the fresh row
-        return k
-
-    def _fresh_row_worth_a_draft(self, b: int, key: int, request_ids, at) -> bool:
-        """Whether a held K = 0 should run one draft instead: some live request is fresh
-        (`RequestAcceptance.fresh`: its c_1 is still mostly the shrink target, and K = 0
-        would never revise it), and the makespan row at the
-        profile's acceptance beats K = 0 by the margin (the price the probes use). At
-        B = 4 one row's first two drafts rejected held K = 0 for 55-60 steps of groups
-        with no hard row (307-315 ms against static K = 1's 237-249, replayed); ungated,
-        the rule lost 2-3% at B = 16 (`benchmarks/results/b4_k0/`)."""
-        if not self._requests.fresh(self._requests.rows_for(request_ids)).any():
-            return False
-        g = self._goodput_row(b, key, at(self._prior_a))
-        return bool(g[1:].max() > g[0] * self._one_plus_margin)
+        return self._decide(b, key, al, at)
 
     def _makespan_row(self, batch_size, context_len, request_ids, remaining):
         """(b, context key, the AL row of the makespan objective, the same as a function of

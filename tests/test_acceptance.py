@@ -109,21 +109,6 @@ def _requests(prior=PRIOR, forgetting=0.5):
     return g, RequestAcceptance(g)
 
 
-@pytest.mark.parametrize("forgetting, drafts_to_settle", [(0.05, 5), (0.5, 1)])
-def test_a_request_is_fresh_until_its_own_first_drafts_outweigh_half_the_shrinkage(forgetting, drafts_to_settle):
-    """Fresh while it ran fewer first drafts than `ROW_PRIOR_STEPS` (discounted); where the
-    forgetting caps the discounted count below that (at 1 / forgetting), fewer than half
-    the cap, so a request is never fresh for good. (At forgetting 0.05 four drafts count
-    3.71, the fifth makes 4.52.)"""
-    assert ROW_PRIOR_STEPS == 4
-    _, rq = _requests(forgetting=forgetting)
-    row, other = rq.rows_for(["a", "b"])
-    for n in range(drafts_to_settle):
-        assert rq.fresh([row, other]).tolist() == [True, True], n
-        rq.observe(np.array([row]), np.array([0]), 2)
-    assert rq.fresh([row, other]).tolist() == [False, True]
-
-
 def test_new_request_starts_at_the_global_estimate():
     g, rq = _requests()
     rows = rq.rows_for(["a", "b"])

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsd_jax.acceptance import ROW_PRIOR_STEPS, expected_max_normal
+from dsd_jax.acceptance import expected_max_normal
 from dsd_jax.controller import Controller
 from dsd_jax.profile import Profile
 from test_acceptance import pinned
@@ -275,44 +275,3 @@ def test_bad_remaining_is_refused():
         mk.choose_k(2, request_ids=["a", "b"], remaining=["x", "y"])
     assert mk.request_acceptance("a") is None  # a refused call registers no request
     assert mk.choose_k(0, request_ids=[], remaining=[]) == 0
-
-
-def _fresh_group_after_rejections(acceptance):
-    """Four fresh requests at B = 4: two rounds at K = 1 (the held K; the last row's drafts
-    rejected), then rounds where the first three accept their one draft and the last row
-    none. Yields (K run, K held, the rows' first-draft counts) per choice."""
-    p = realistic_profile(max_k=4, acceptance=acceptance)
-    c = Controller(goodput_spec(max_k=4, warmup_steps=0, forgetting=0.05, margin=0.03, probe_interval=0,
-                                objective="makespan"), p)
-    ids = list("abcd")
-    for n in ([2, 1, 3, 0], [1, 2, 0, 0]):
-        k = c.choose_k(4, request_ids=ids, remaining=[60] * 4)
-        c.observe(k, np.minimum(n, k), request_ids=ids)
-    for _ in range(8):
-        k = c.choose_k(4, request_ids=ids, remaining=[50] * 4)
-        yield k, c.current_k, c._requests.proposed[c._requests.rows_for(ids), 0].copy()
-        c.observe(k, [min(k, 1)] * 3 + [0], request_ids=ids)
-
-
-def test_a_fresh_row_runs_its_first_drafts_before_a_hold_at_k0_can_keep_it():
-    """One row's first drafts rejected drops the hold to K = 0, on two steps of that row's
-    data (its c_1 half its own, half the shrink target). While a row has run fewer than
-    `ROW_PRIOR_STEPS` first drafts, and the profile's acceptance says speculating pays, a
-    held K = 0 runs K = 1 instead (the hold stays K = 0); then K = 0. (Replayed at B = 4,
-    three of 16 groups held K = 0 for 55-60 steps so: 307-315 ms against static K = 1's
-    237-249, `benchmarks/results/b4_k0/`.)"""
-    steps = list(_fresh_group_after_rejections((0.6, 0.4, 0.25, 0.15)))
-    asked = [k for k, held, _ in steps if held == 0 and k == 1]
-    assert asked, steps  # the hold fell to K = 0 while a row was fresh
-    for k, held, first_drafts in steps:
-        fresh = (first_drafts < ROW_PRIOR_STEPS).any()
-        assert k == (1 if fresh and held == 0 else held), steps
-    assert steps[-1][:2] == (0, 0) and not (steps[-1][2] < ROW_PRIOR_STEPS).any()
-
-
-def test_a_fresh_row_runs_no_draft_where_the_profile_says_speculating_does_not_pay():
-    """The same group where the profile's acceptance is low: the makespan row priced at
-    it (what the probes use) does not beat K = 0, so the held K = 0 stays."""
-    steps = list(_fresh_group_after_rejections((0.15, 0.05, 0.02, 0.01)))
-    assert all(k == held for k, held, _ in steps), steps
-    assert any(held == 0 and (first < ROW_PRIOR_STEPS).any() for _, held, first in steps), steps

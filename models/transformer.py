@@ -113,9 +113,13 @@ class Block(nnx.Module):
 
     def qkv(self, cfg: ModelConfig, x, cos, sin):
         """Rotated queries [B, T, Hq, D] and keys, values [B, T, Hkv, D] of x [B, T, d]."""
-        B, T, _ = x.shape
         h = rms_norm(x, self.attn_norm[...], cfg.rms_norm_eps)
-        q, k, v = h @ self.wq[...], h @ self.wk[...], h @ self.wv[...]
+        return self.heads(cfg, h @ self.wq[...], h @ self.wk[...], h @ self.wv[...], cos, sin)
+
+    def heads(self, cfg: ModelConfig, q, k, v, cos, sin):
+        """The projections q [B, T, Hq * D], k, v [B, T, Hkv * D] made heads: biased, split,
+        normed where the model does, and rotated."""
+        B, T, _ = q.shape
         if cfg.qkv_bias:
             q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
         q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)

@@ -87,6 +87,34 @@ def test_floor_bytes_and_bare_step(tied, monkeypatch):
     assert widths == sorted(per_layer * cfg.num_layers + [cfg.vocab_size]), widths
 
 
+def test_fused_bare_step_is_the_bare_step_with_fewer_matmuls():
+    """The floors' fused variant (wq|wk|wv and gate|up, one matmul each) picks the bare
+    step's tokens, with 4 matmuls a layer where the bare step has 7; both are timed,
+    interleaved, and the report shows the variant beside the bare forward."""
+    import jax.numpy as jnp
+    from flax import nnx
+    from conftest import scaled, tiny_config
+    from dsd_jax.models import init_model
+    model = scaled(init_model(tiny_config(qkv_bias=True, qk_norm=True), seed=0), 4.0)
+    cfg = model.config
+    tokens = jnp.arange(0, 48, 3, dtype=jnp.int32)
+    graphdef, state = nnx.split(model)
+    want = dc.bare_step(graphdef, state, tokens)
+    got = dc.bare_step(graphdef, state, tokens, dc.fused_projections(model))
+    assert got.tolist() == want.tolist() and len(set(want.tolist())) > 1
+    loop, params = dc.bare_loop(model, fused=True)
+    hlo = loop.lower(params, tokens).compile().as_text()
+    widths = sorted(int(m) for m in re.findall(r"= f32\[16,(\d+)\]\{[^}]*\} dot\(", hlo))
+    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    per_layer = [qkv, cfg.hidden_size, 2 * cfg.intermediate_size, cfg.hidden_size]
+    assert widths == sorted(per_layer * cfg.num_layers + [cfg.vocab_size]), widths
+    (bare_ms, bare_kernels), (fused_ms, fused_kernels) = dc.time_bare_forwards(model, 4, 2, (False, True))
+    assert bare_ms > 0 and fused_ms > 0 and fused_kernels < bare_kernels
+    row = dc.floor_point(model, "target", 4, 16, None, 2, None)
+    assert row["fused_kernels"] < row["bare_kernels"]
+    assert "fused projections (wq|wk|wv, gate|up)" in "\n".join(dc.format_floor([row]))
+
+
 def test_draft_token_cost_from_the_profile():
     """One more draft token: ITL(K+1) - ITL(K) over K >= 1 (K = 0 -> 1 also starts the draft)."""
     from dsd_jax.device_check.profile import _draft_token_ms, _k0_ms

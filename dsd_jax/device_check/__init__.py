@@ -50,7 +50,7 @@ from .compile import precompile, precompile_steps
 from .e2e import NEAR_TIE, _divergence_gap, top2_gap, e2e_builtin, e2e_synthetic, end_to_end
 from .floor import (
     ZeroDrafts, bare_loop, bare_step, draft_share_point, floor_point, format_floor, kv_bytes, kernel_launches,
-    time_bare_forward, weight_bytes)
+    fused_projections, time_bare_forwards, weight_bytes)
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
@@ -65,8 +65,8 @@ __all__ = [
     "chained_calls", "rejection_chain_step", "rejection_roofline", "time_attention", "time_chain",
     "time_kernels", "time_rejection", "precompile", "precompile_steps", "NEAR_TIE", "top2_gap",
     "_divergence_gap", "e2e_builtin", "e2e_synthetic", "end_to_end", "bucket_order",
-    "ZeroDrafts", "bare_loop", "bare_step", "draft_share_point", "floor_point", "kernel_launches", "format_floor", "kv_bytes", "time_bare_forward",
-    "weight_bytes",
+    "ZeroDrafts", "bare_loop", "bare_step", "draft_share_point", "floor_point", "kernel_launches",
+    "format_floor", "kv_bytes", "fused_projections", "time_bare_forwards", "weight_bytes",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
     "format_report", "write_results", "build_parser", "main", "run", "section_deadline"
 ]

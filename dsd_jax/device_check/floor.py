@@ -56,22 +56,44 @@ def kv_bytes(config, batch: int, context: int) -> int:
                * jnp.dtype(config.jnp_dtype).itemsize)
 
 
-def bare_step(graphdef, params, tokens):
+def bare_step(graphdef, params, tokens, fused=None):
     """One greedy one-token step of a split model, attention replaced by its queries:
-    tokens [B] -> next tokens [B]."""
-    from dsd_jax.models.transformer import rope_cos_sin
+    tokens [B] -> next tokens [B]. `fused` (`fused_projections`): each layer's projections
+    that read one input run as one matmul (wq|wk|wv, then w_gate|w_up)."""
+    from dsd_jax.models.transformer import rms_norm, rope_cos_sin
     model = nnx.merge(graphdef, params)
     cfg = model.config
     cos, sin = rope_cos_sin(cfg, jnp.zeros((tokens.shape[0], 1), jnp.int32))
     x = jnp.take(model.embed[...], tokens[:, None], axis=0)
     tiny = jnp.asarray(1e-30, x.dtype)
-    for layer in model.layers:
-        q, k, v = layer.qkv(cfg, x, cos, sin)
+    q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    for i, layer in enumerate(model.layers):
+        if fused is None:
+            q, k, v = layer.qkv(cfg, x, cos, sin)
+        else:
+            qkv = rms_norm(x, layer.attn_norm[...], cfg.rms_norm_eps) @ fused[i][0]
+            q, k, v = layer.heads(cfg, *jnp.split(qkv, [q_width, q_width + kv_width], axis=-1), cos, sin)
         # keys and values feed nothing without attention: their sums (B * Hkv * D elements, next
         # to nothing) keep their whole matmuls (a slice could be folded into a narrower dot)
         live = (jnp.sum(k) + jnp.sum(v)).astype(x.dtype)
-        x = layer.finish(cfg, x, q + tiny * live)
+        attn = q + tiny * live
+        if fused is None:
+            x = layer.finish(cfg, x, attn)
+        else:
+            B = x.shape[0]
+            x = x + attn.reshape(B, 1, -1) @ layer.wo[...]
+            gate, up = jnp.split(rms_norm(x, layer.mlp_norm[...], cfg.rms_norm_eps) @ fused[i][1], 2, axis=-1)
+            x = x + (jax.nn.silu(gate) * up) @ layer.w_down[...]
     return jnp.argmax(model.logits(x)[:, 0], axis=-1).astype(jnp.int32)
+
+
+def fused_projections(model) -> list[tuple]:
+    """Per layer, (wq|wk|wv, w_gate|w_up): the projections that read one input, concatenated
+    along their outputs. On the H200 a bare forward cost 3.3-5.4 us a kernel beyond the
+    roofline (launch-bound; `benchmarks/results/h200/run2/`): this is its variant with 3 of
+    about 14 matmul kernels a layer fewer, timed beside it (`floor_point`)."""
+    return [(jnp.concatenate([layer.wq[...], layer.wk[...], layer.wv[...]], axis=1),
+             jnp.concatenate([layer.w_gate[...], layer.w_up[...]], axis=1)) for layer in model.layers]
 
 
 # HLO instructions that launch nothing: plumbing, and the control flow whose bodies are counted
@@ -121,31 +143,39 @@ def kernel_launches(hlo: str) -> int:
     return count(entry) if entry else 0
 
 
-def bare_loop(model):
-    """(jitted `loop(params, tokens)`: ROUNDS dependent `bare_step`s, params) of `model`."""
+def bare_loop(model, fused: bool = False):
+    """(jitted `loop(params, tokens)`: ROUNDS dependent `bare_step`s, params) of `model`;
+    `fused`: the step with `fused_projections` (then params holds them too)."""
     graphdef, params = nnx.split(model)
+    params = (params, fused_projections(model) if fused else None)
 
     @jax.jit
     def loop(params, tokens):
-        return jax.lax.fori_loop(0, ROUNDS, lambda _, t: bare_step(graphdef, params, t), tokens)
+        state, projections = params
+        return jax.lax.fori_loop(0, ROUNDS, lambda _, t: bare_step(graphdef, state, t, projections), tokens)
 
     return loop, params
 
 
-def time_bare_forward(model, batch: int, reps: int) -> tuple[float, int]:
-    """(milliseconds per step of `bare_step` at `batch` rows: the median of `reps` timed calls,
-    each a jitted loop of ROUNDS dependent steps (one compile whatever ROUNDS); the kernels one
-    step launches, `kernel_launches` of the loop)."""
-    loop, params = bare_loop(model)
+def time_bare_forwards(model, batch: int, reps: int, variants=(False,)) -> list[tuple[float, int]]:
+    """Per variant of `bare_loop` (`fused` False or True), (milliseconds per step of
+    `bare_step` at `batch` rows: the median of `reps` timed calls, each a jitted loop of ROUNDS
+    dependent steps (one compile whatever ROUNDS); the kernels one step launches,
+    `kernel_launches` of the loop). The variants' calls are interleaved, rep by rep."""
     tokens = jnp.arange(batch, dtype=jnp.int32) % model.config.vocab_size
-    compiled = loop.lower(params, tokens).compile()
-    tokens = jax.block_until_ready(compiled(params, tokens))  # warm
-    times = []
+    runs = []
+    for fused in variants:
+        loop, params = bare_loop(model, fused)
+        compiled = loop.lower(params, tokens).compile()
+        jax.block_until_ready(compiled(params, tokens))  # warm
+        runs.append((compiled, params, []))
     for _ in range(reps):
-        t0 = time.perf_counter()
-        tokens = jax.block_until_ready(compiled(params, tokens))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times) / ROUNDS, kernel_launches(compiled.as_text())
+        for compiled, params, times in runs:
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(params, tokens))
+            times.append(time.perf_counter() - t0)
+    return [(1e3 * statistics.median(times) / ROUNDS, kernel_launches(compiled.as_text()))
+            for compiled, _, times in runs]
 
 
 def floor_point(model, role: str, batch: int, context: int, measured_ms: float | None, reps: int,
@@ -154,11 +184,12 @@ def floor_point(model, role: str, batch: int, context: int, measured_ms: float |
     (`measured_ms`, or None), the bare forward and the roofline, in milliseconds, with the
     ratios between them, and the kernels the bare forward launches (with the roofline: the
     microseconds each costs beyond it, which near a launch's 3-5 us says launch-bound)."""
-    bare, kernels = time_bare_forward(model, batch, reps)
+    (bare, kernels), (fused, fused_kernels) = time_bare_forwards(model, batch, reps, (False, True))
     ideal = weight_bytes(model) + kv_bytes(model.config, batch, context)
     roof = None if not bw else 1e3 * ideal / bw
     out = {"role": role, "B": batch, "context": context, "measured_ms": measured_ms,
-           "bare_forward_ms": bare, "roofline_ms": roof, "ideal_bytes": ideal, "bare_kernels": kernels}
+           "bare_forward_ms": bare, "roofline_ms": roof, "ideal_bytes": ideal, "bare_kernels": kernels,
+           "fused_forward_ms": fused, "fused_kernels": fused_kernels}
     if measured_ms:
         out["measured_over_bare"] = measured_ms / bare
     if roof:
@@ -187,6 +218,10 @@ def format_floor(rows) -> list[str]:
                      f"{f(r.get('bare_over_roofline'), '.2f'):>13} | "
                      f"{r.get('bare_kernels', '-'):>12} ({r.get('step_kernels', '-')}) | "
                      f"{f(r.get('us_per_kernel_over_roofline'), '.1f')}")
+        if r.get("fused_forward_ms"):
+            lines.append(f"         fused projections (wq|wk|wv, gate|up): {r['fused_forward_ms']:.3f} ms, "
+                         f"{r['fused_kernels']} kernels = {r['fused_forward_ms'] / r['bare_forward_ms']:.2f}x "
+                         "the bare forward (interleaved)")
         share = r.get("in_step")
         if share and "share_ms" in share:
             lines.append(f"         the drafter's share of a K={share['K']} step: {share['share_ms']:.3f} ms "

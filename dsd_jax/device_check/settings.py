@@ -37,8 +37,9 @@ PROFILE_RESERVE_S = 40.0
 # seconds kept after that for the floors (`floor.py`: a bare forward of the target and of the
 # draft compiled and timed per batch size of `floor_batch_sizes`, and where that size was
 # profiled a verify-only step (the 8B + 1B step compiled in ~9 s on the H200); past the
-# deadline the rest is skipped, so at most one compile overshoots it)
-FLOOR_RESERVE_S = 70.0
+# deadline the rest is skipped, so at most one compile overshoots it). 100: each size now
+# also compiles the forward with fused projections (`floor.fused_projections`)
+FLOOR_RESERVE_S = 100.0
 
 # Correctness cases: the GPU cases of tests/test_kernels.py (tests/test_device_check.py keeps
 # them equal). (B, T, Hq, Hkv, S, D, dtype, block_k, num_splits, row kinds)

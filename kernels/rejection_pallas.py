@@ -315,6 +315,33 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
     if draft_tokens.shape != (B, K) or uniforms.shape != (B, K):
         raise ValueError(f"draft_tokens/uniforms must be [B, K] = {(B, K)}, got "
                          f"{draft_tokens.shape}, {uniforms.shape}")
+    res_token, rmax, p_at_d, q_at_d, p_token = rejection_stats(
+        target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret, platform=platform,
+        block_v=block_v, num_splits=num_splits)
+
+    # Epilogue on [B, K+1] scalars: accept test, first rejection, token select.
+    if draft_probs is None:
+        q_at_d = jnp.ones_like(p_at_d)
+    num_accepted = first_rejection(uniforms * q_at_d < p_at_d)
+    recovered = jnp.where(rmax > 0, res_token, p_token[:, :K])
+    sampled = jnp.concatenate([recovered, p_token[:, K:]], axis=1).astype(jnp.int32)
+    if K == 0:  # plain decoding: the bonus token only
+        return num_accepted, sampled
+    padded_drafts = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], axis=1).astype(jnp.int32)
+    pos = jnp.arange(K + 1)[None, :]
+    tokens = jnp.where(pos < num_accepted[:, None], padded_drafts, sampled)
+    return num_accepted, tokens
+
+
+def rejection_stats(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret=False,
+                    platform=None, block_v=None, num_splits=None):
+    """The pass over the vocabulary alone (the kernel, and on a GPU the merge of its vocab
+    splits), arguments as `rejection_sample`'s: per row and draft, (the recovered token
+    [B, K], max of the residual [B, K], p(d) [B, K], q(d) [B, K]; q(d) is unread for a
+    one-hot q), and the bonus token candidates [B, K+1]. What the device check times as the
+    kernel, beside the whole sampler."""
+    B, K1, V = target_probs.shape
+    K = K1 - 1
     if residual_noise.shape != target_probs.shape:
         raise ValueError(f"residual_noise {residual_noise.shape} != target_probs "
                          f"{target_probs.shape}")
@@ -329,23 +356,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
     if platform == "gpu":
         if interpret not in (True, False):
             raise ValueError("InterpretParams are for the TPU variant; use interpret=True")
-        res_token, rmax, p_at_d, q_at_d, p_token = _stats_gpu(
-            target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
-            block_v=block_v, num_splits=num_splits)
-    else:
-        res_token, rmax, p_at_d, q_at_d, p_token = _stats_tpu(
-            target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
-            block_v=block_v)
-
-    # Epilogue on [B, K+1] scalars: accept test, first rejection, token select.
-    if draft_probs is None:
-        q_at_d = jnp.ones_like(p_at_d)
-    num_accepted = first_rejection(uniforms * q_at_d < p_at_d)
-    recovered = jnp.where(rmax > 0, res_token, p_token[:, :K])
-    sampled = jnp.concatenate([recovered, p_token[:, K:]], axis=1).astype(jnp.int32)
-    if K == 0:  # plain decoding: the bonus token only
-        return num_accepted, sampled
-    padded_drafts = jnp.concatenate([draft_tokens, draft_tokens[:, :1]], axis=1).astype(jnp.int32)
-    pos = jnp.arange(K + 1)[None, :]
-    tokens = jnp.where(pos < num_accepted[:, None], padded_drafts, sampled)
-    return num_accepted, tokens
+        return _stats_gpu(target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
+                          block_v=block_v, num_splits=num_splits)
+    return _stats_tpu(target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
+                      block_v=block_v)

@@ -25,6 +25,7 @@ def test_cpu_smoke_end_to_end(tmp_path):
     for row in res["timings"]["attention"] + res["timings"]["rejection"]:
         assert row["xla"]["us"] > 0 and row["interpret"]["us"] > 0, row
     assert res["timings"]["attention"][0]["kernel"]["us"] > 0
+    assert res["timings"]["rejection"][0]["kernel"]["us"] > 0  # the pass over the vocabulary alone
     assert res["timings"]["chain_overhead_us"] > 0  # a trivial call's share, beside the kernels
     e2e = res["e2e"]
     assert e2e["tokens_identical"] is True, e2e

@@ -76,18 +76,22 @@ def format_report(results: dict) -> str:
                          f"{_fmt(kk.get('floor_us', x.get('floor_us'))):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
                          + "".join(f"  [{n}: {v['error']}]" for n, v in (("kernel", kk), (be, p), ("xla", x))
                                    if "error" in v))
-        lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us | floor us | "
+        lines.append(f"  rejection: kernel = the pass over the vocabulary alone (its split merge included), "
+                     f"{be} = the whole sampler (the kernel, then the accept test and token select)")
+        lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us  kernel us | floor us | "
                      f"{be} GB/s  frac | xla frac | speedup")
         for r in t.get("rejection", []):
             if "error" in r or "skipped" in r:
                 lines.append(f"  rejection  {r.get('model')} {r.get('point')}: {_not_run(r)}")
                 continue
-            x, p = r.get("xla", {}), r.get(be, {})
+            x, p, kk = r.get("xla", {}), r.get(be, {}), r.get("kernel", {})
             lines.append(f"  rejection  {r['model']:<12} {r['B']:>3} {r['K']:>3}  {r['q']:<7} | "
-                         f"{_fmt(x.get('us')):>7} {_fmt(p.get('us')):>9} | {_fmt(p.get('floor_us', x.get('floor_us'))):>8} | "
+                         f"{_fmt(x.get('us')):>7} {_fmt(p.get('us')):>9} {_fmt(kk.get('us')):>10} | "
+                         f"{_fmt(p.get('floor_us', x.get('floor_us'))):>8} | "
                          f"{_fmt(p.get('achieved_GBps'), '.0f'):>7} {_fmt(p.get('fraction_of_floor'), '.2f'):>5} | "
                          f"{_fmt(x.get('fraction_of_floor'), '.2f'):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
                          + (f"  [{be}: {p['error']}]" if "error" in p else "")
+                         + (f"  [kernel: {kk['error']}]" if "error" in kk else "")
                          + (f"  [xla: {x['error']}]" if "error" in x else ""))
         lines.append("")
     e = results.get("e2e")

@@ -91,7 +91,7 @@ def fused_projections(model) -> list[tuple]:
     """Per layer, (wq|wk|wv, w_gate|w_up): the projections that read one input, concatenated
     along their outputs. On the H200 a bare forward cost 3.3-5.4 us a kernel beyond the
     roofline (launch-bound; `benchmarks/results/h200/run2/`): this is its variant with 3 of
-    about 14 matmul kernels a layer fewer, timed beside it (`floor_point`)."""
+    its about 14 kernels a layer fewer, timed beside it (`floor_point`)."""
     return [(jnp.concatenate([layer.wq[...], layer.wk[...], layer.wv[...]], axis=1),
              jnp.concatenate([layer.w_gate[...], layer.w_up[...]], axis=1)) for layer in model.layers]
 

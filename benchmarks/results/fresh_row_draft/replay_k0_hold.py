@@ -11,20 +11,14 @@ def no_catchup_price(ctl):
     ctl._latency.catchup_ms = lambda *a, **k: 0.0
     return ctl
 
-def probe_every(n):
+def dynamic_with(**dynamic):
+    """The makespan controller with other `DynamicConfig` fields."""
     def make():
         spec = sim.SpecConfig(method="draft_model", num_speculative_tokens=6,
-                              dynamic=sim.DynamicConfig(objective="makespan", probe_interval=n))
-        return sim.Controller(spec, PROFILE, 64, batch_buckets=sim.BUCKETS)
-    return make
-
-def margin(m):
-    def make():
-        spec = sim.SpecConfig(method="draft_model", num_speculative_tokens=6,
-                              dynamic=sim.DynamicConfig(objective="makespan", margin=m))
+                              dynamic=sim.DynamicConfig(objective="makespan", **dynamic))
         return sim.Controller(spec, PROFILE, 64, batch_buckets=sim.BUCKETS)
     return make
 
 compare({"static-0": STATIC["static-0"], "static-1": STATIC["static-1"], "dynamic": lambda: sim.make_dynamic(PROFILE),
          "no-catchup-price": lambda: no_catchup_price(sim.make_dynamic(PROFILE)),
-         "probe-4": probe_every(4), "margin-0": margin(0.0)}, (4,))
+         "probe-4": dynamic_with(probe_interval=4), "margin-0": dynamic_with(margin=0.0)}, (4,))

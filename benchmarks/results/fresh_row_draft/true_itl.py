@@ -5,32 +5,19 @@ steps cost `TRUTH`'s ITL, and the controllers learn those step times, as in the 
 Shared by the scripts beside it (run from the repo root with
 PYTHONPATH=benchmarks/results/replay:benchmarks/results/b4_k0:benchmarks/results/fresh_row_draft)."""
 import json
-import tempfile
 
 import numpy as np
 
 import sequence
 import sim
 from dsd_jax.profile import Profile
+from step_times import learnt_ratios, measured_profile
 
 PROFILE_PATH = "benchmarks/results/fresh_row_draft/bench_ab.profile.json"
-LEARNT = {1: [1.03, 1.07, 1.09, 1.09, 1.09, 1.09, 1.08], 2: [1.12, 1.07, 1.11, 1.13, 1.10, 1.11, 1.11],
-          4: [1.10, 1.08, 1.11, 1.13, 1.13, 1.13, 1.13], 8: [1.00, 1.03, 1.04, 1.02, 1.02, 1.02, 1.02],
-          16: [1.06, 1.07, 1.07, 1.07, 1.07, 1.07, 1.07], 32: [1.04] * 7,
-          64: [1.05, 1.14, 1.10, 1.10, 1.10, 1.10, 1.10]}
-
-
-def truth_profile(path=PROFILE_PATH) -> Profile:
-    raw = json.load(open(path))
-    ratio = np.array([LEARNT[b][: len(raw["ks"])] for b in raw["batch_sizes"]])
-    raw["latency_ms"] = (np.array(raw["latency_ms"]) * ratio[None]).tolist()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(raw, f)
-    return Profile.load(f.name)
-
+LEARNT = learnt_ratios("benchmarks/results/fresh_row_draft/bench_ab.log")
 
 PROFILE = Profile.load(PROFILE_PATH)
-TRUTH = truth_profile()
+TRUTH = measured_profile(PROFILE_PATH, LEARNT)
 SWEEP = json.load(open("benchmarks/results/replay/sweep.json"))
 STATIC = {f"static-{k}": (lambda k=k: sim.static_controller(k)) for k in (0, 1, 2, 4)}
 

@@ -9,6 +9,8 @@ time over each configuration's (geometric mean over orders [lowest, highest]):
     PYTHONPATH=. python sequence.py sweep.json ../bench_full_s20.profile.json --batch-sizes 1,2,4,8
     PYTHONPATH=. python sequence.py sweep.json ../bench_full_s20.profile.json --trace 0
 
+`--step-ratios BENCH_LOG`: steps cost the profile's ITL times the step-time ratios that
+run's controller learnt (`step_times.py`), where the controllers price with the profile.
 `--step-weighted`: `dynamic-old` beside `dynamic`, its rows shrunk toward the global
 (step-weighted) rates as before `RequestAcceptance.shrink_target`. `--trace N`: order N at
 B = 1, prompt by prompt: dynamic's time and K per step beside static K = 4's and the best
@@ -23,6 +25,7 @@ import numpy as np
 
 import sim
 from dsd_jax.profile import Profile
+from step_times import learnt_ratios, measured_profile
 
 STATIC = (0, 1, 2, 3, 4, 5, 6)
 
@@ -56,15 +59,17 @@ def configs(profile, old: bool):
     return out
 
 
-def summary(sweep, profile, b, orders, variants) -> str:
+def summary(sweep, profile, b, orders, variants, steps_at=None) -> str:
     """K = 0's time over each variant's (name -> controller factory; "static-0" among them),
-    geometric mean over `orders` random orders [lowest, highest]."""
+    geometric mean over `orders` random orders [lowest, highest]. `steps_at`: the profile
+    whose ITL the steps cost (`step_times.measured_profile`), where the controllers price
+    with theirs; None: `profile`."""
     n = len(sweep["agreement"])
     times = {name: [] for name in variants}
     for seed in range(orders):
         order = np.random.default_rng(100 + seed).permutation(n)
         for name, make in variants.items():
-            times[name].append(total_ms(make(), sweep, order, b, profile))
+            times[name].append(total_ms(make(), sweep, order, b, profile if steps_at is None else steps_at))
     k0 = np.array(times["static-0"])
     parts = []
     for name, v in times.items():
@@ -100,14 +105,22 @@ def main():
     ap.add_argument("--orders", type=int, default=8)
     ap.add_argument("--step-weighted", action="store_true", help="also dynamic-old: rows shrunk toward the global rates")
     ap.add_argument("--trace", type=int, default=None, help="trace this order at B = 1 instead")
+    ap.add_argument("--step-ratios", metavar="BENCH_LOG",
+                    help="steps cost the profile's ITL times the learnt step-time ratios in this bench log "
+                         "(step_times.py); the controllers still price with the profile")
+    ap.add_argument("--step-ratios-config", default="dynamic-throughput",
+                    help="whose learnt table to read from BENCH_LOG")
     args = ap.parse_args()
     sweep = json.load(open(args.sweep))
     profile = Profile.load(args.profile)
     if args.trace is not None:
         trace(sweep, profile, args.trace, args.step_weighted)
         return
+    steps_at = None
+    if args.step_ratios:
+        steps_at = measured_profile(args.profile, learnt_ratios(args.step_ratios, args.step_ratios_config))
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        print(summary(sweep, profile, b, args.orders, configs(profile, args.step_weighted)), flush=True)
+        print(summary(sweep, profile, b, args.orders, configs(profile, args.step_weighted), steps_at), flush=True)
 
 
 if __name__ == "__main__":

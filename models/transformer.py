@@ -111,15 +111,17 @@ class Block(nnx.Module):
         self.w_up = _normal(rngs, (d, f), dt)
         self.w_down = _normal(rngs, (f, d), dt)
 
-    def qkv(self, cfg: ModelConfig, x, cos, sin):
-        """Rotated queries [B, T, Hq, D] and keys, values [B, T, Hkv, D] of x [B, T, d]."""
+    def qkv(self, cfg: ModelConfig, x, cos, sin, wqkv=None):
+        """Rotated queries [B, T, Hq, D] and keys, values [B, T, Hkv, D] of x [B, T, d].
+        `wqkv`: wq|wk|wv concatenated along their outputs, one matmul for the three (what
+        the device check's floors time beside the three)."""
+        B, T, _ = x.shape
         h = rms_norm(x, self.attn_norm[...], cfg.rms_norm_eps)
-        return self.heads(cfg, h @ self.wq[...], h @ self.wk[...], h @ self.wv[...], cos, sin)
-
-    def heads(self, cfg: ModelConfig, q, k, v, cos, sin):
-        """The projections q [B, T, Hq * D], k, v [B, T, Hkv * D] made heads: biased, split,
-        normed where the model does, and rotated."""
-        B, T, _ = q.shape
+        if wqkv is None:
+            q, k, v = h @ self.wq[...], h @ self.wk[...], h @ self.wv[...]
+        else:
+            q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            q, k, v = jnp.split(h @ wqkv, [q_width, q_width + kv_width], axis=-1)
         if cfg.qkv_bias:
             q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
         q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
@@ -130,12 +132,17 @@ class Block(nnx.Module):
             k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def finish(self, cfg: ModelConfig, x, attn):
-        """Output projection of the attention [B, T, Hq, D], residual, then the SwiGLU MLP."""
+    def finish(self, cfg: ModelConfig, x, attn, w_gate_up=None):
+        """Output projection of the attention [B, T, Hq, D], residual, then the SwiGLU MLP.
+        `w_gate_up`: w_gate|w_up concatenated, one matmul for the two (as `qkv`'s `wqkv`)."""
         B, T, _ = x.shape
         x = x + attn.reshape(B, T, -1) @ self.wo[...]
         h = rms_norm(x, self.mlp_norm[...], cfg.rms_norm_eps)
-        return x + (jax.nn.silu(h @ self.w_gate[...]) * (h @ self.w_up[...])) @ self.w_down[...]
+        if w_gate_up is None:
+            gate, up = h @ self.w_gate[...], h @ self.w_up[...]
+        else:
+            gate, up = jnp.split(h @ w_gate_up, 2, axis=-1)
+        return x + (jax.nn.silu(gate) * up) @ self.w_down[...]
 
     def __call__(self, cfg: ModelConfig, x, cos, sin, positions, k_cache, v_cache, rows, attn_backend):
         q, k, v = self.qkv(cfg, x, cos, sin)

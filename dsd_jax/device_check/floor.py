@@ -60,30 +60,19 @@ def bare_step(graphdef, params, tokens, fused=None):
     """One greedy one-token step of a split model, attention replaced by its queries:
     tokens [B] -> next tokens [B]. `fused` (`fused_projections`): each layer's projections
     that read one input run as one matmul (wq|wk|wv, then w_gate|w_up)."""
-    from dsd_jax.models.transformer import rms_norm, rope_cos_sin
+    from dsd_jax.models.transformer import rope_cos_sin
     model = nnx.merge(graphdef, params)
     cfg = model.config
     cos, sin = rope_cos_sin(cfg, jnp.zeros((tokens.shape[0], 1), jnp.int32))
     x = jnp.take(model.embed[...], tokens[:, None], axis=0)
     tiny = jnp.asarray(1e-30, x.dtype)
-    q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     for i, layer in enumerate(model.layers):
-        if fused is None:
-            q, k, v = layer.qkv(cfg, x, cos, sin)
-        else:
-            qkv = rms_norm(x, layer.attn_norm[...], cfg.rms_norm_eps) @ fused[i][0]
-            q, k, v = layer.heads(cfg, *jnp.split(qkv, [q_width, q_width + kv_width], axis=-1), cos, sin)
+        wqkv, w_gate_up = (None, None) if fused is None else fused[i]
+        q, k, v = layer.qkv(cfg, x, cos, sin, wqkv)
         # keys and values feed nothing without attention: their sums (B * Hkv * D elements, next
         # to nothing) keep their whole matmuls (a slice could be folded into a narrower dot)
         live = (jnp.sum(k) + jnp.sum(v)).astype(x.dtype)
-        attn = q + tiny * live
-        if fused is None:
-            x = layer.finish(cfg, x, attn)
-        else:
-            B = x.shape[0]
-            x = x + attn.reshape(B, 1, -1) @ layer.wo[...]
-            gate, up = jnp.split(rms_norm(x, layer.mlp_norm[...], cfg.rms_norm_eps) @ fused[i][1], 2, axis=-1)
-            x = x + (jax.nn.silu(gate) * up) @ layer.w_down[...]
+        x = layer.finish(cfg, x, q + tiny * live, w_gate_up)
     return jnp.argmax(model.logits(x)[:, 0], axis=-1).astype(jnp.int32)
 
 

@@ -268,9 +268,9 @@ class RequestAcceptance:
         self._positions = np.arange(1, self.max_k + 1)
         self._prior_of = None  # (global rates, finished count) `_prior_counts` was made from
         self._prior_counts = np.zeros(self.max_k)
-        # finished requests that ran drafts: discounted count and sum of their own first-draft
-        # rates (the request-weighted c_1 rows are shrunk toward, `shrink_target`), and count
-        self._finished_weight = self._finished_c1 = 0.0
+        # finished requests that ran drafts: how many, and the discounted sum of their own
+        # first-draft rates (the request-weighted c_1 rows are shrunk toward, `shrink_target`)
+        self._finished_c1 = 0.0
         self._finished_count = 0
         # discounted (weight, sum AL, sum AL^2, sum sampling variance) over finished
         # requests, K = 0..max_k
@@ -314,9 +314,7 @@ class RequestAcceptance:
         """Folds a finished request's own first-draft rate into the request-weighted mean."""
         if self.reached[r, 0] <= 0:
             return  # it ran no drafts
-        keep = 1.0 - SPREAD_FORGETTING
-        self._finished_weight = keep * self._finished_weight + 1.0
-        self._finished_c1 = keep * self._finished_c1 + self.accepted[r, 0] / self.reached[r, 0]
+        self._finished_c1 = (1.0 - SPREAD_FORGETTING) * self._finished_c1 + self.accepted[r, 0] / self.reached[r, 0]
         self._finished_count += 1
 
     def shrink_target(self) -> np.ndarray:
@@ -325,9 +323,11 @@ class RequestAcceptance:
         SPREAD_FORGETTING per newer request) once PRIOR_MIN_REQUESTS have run drafts;
         the global (step-weighted) rates elsewhere. See the module docstring."""
         g = np.nan_to_num(self._global.rates)
-        if self._finished_count < PRIOR_MIN_REQUESTS:
+        n = self._finished_count
+        if n < PRIOR_MIN_REQUESTS:
             return g
-        return np.concatenate([[self._finished_c1 / self._finished_weight], g[1:]])
+        weight = (1.0 - (1.0 - SPREAD_FORGETTING) ** n) / SPREAD_FORGETTING  # sum of the n discounts
+        return np.concatenate([[self._finished_c1 / weight], g[1:]])
 
     def _learn_spread(self, r: int) -> None:
         """Folds a finished request's own AL_r(K) curve, and the sampling variance of

@@ -2,7 +2,8 @@
 `dynamic` runs the library's rows, shrunk at draft 1 toward finished requests' mean c_1
 (`RequestAcceptance.shrink_target`); `dynamic-throughput` (relabelled by `controller_ab`:
 the same makespan controller) shrinks every rate toward the global, step-weighted
-rates, as before. With `all_rates.patch` applied, `dynamic` shrinks every rate toward
+rates, as before. With `all_rates.patch` applied (to 8a000db's acceptance.py; check that out
+first), `dynamic` shrinks every rate toward
 the finished requests' means (`bench_ab`, `bench_ab2`).
 
     PYTHONPATH=benchmarks python benchmarks/results/request_prior_fresh/ab.py bench \\

@@ -1,14 +1,13 @@
 """Pallas rejection sampling: one fused pass over the vocabulary per (sequence, position).
 
 Same contract and the same tokens as `rejection_ref.rejection_sample_xla` (read its
-docstring). The vocabulary is the only big axis: p, q and the Gumbel noise are
-[B, K+1, V] with V ~ 128k-152k, so the kernel streams them once, tile by tile,
-and keeps per row only running scalars:
+docstring), for finite noise (Gumbel noise is). The vocabulary is the only big axis:
+p, q and the Gumbel noise are [B, K+1, V] with V ~ 128k-152k, so the pass streams
+them once, tile by tile, and keeps per row only running scalars:
 
-* p(d_i), q(d_i)                  (a masked sum: exactly the gathered value),
-* max_v r_i(v)                    (r = max(p - q, 0); > 0 iff the residual has mass,
-                                   the reference's `sum(r) > 0`),
-* max / first argmax of log r_i + g_i   (recovered token),
+* max / first argmax of log r_i + g_i   (r = max(p - q, 0): the recovered token; with
+                                   finite noise the max is > -inf iff r has mass, the
+                                   reference's `sum(r) > 0`),
 * max / first argmax of log p_i + g_i   (bonus token for i = K+1, and the
                                    reference's fallback row when r has no mass).
 
@@ -21,24 +20,29 @@ inputs. `draft_probs=None` means one-hot q at the draft token: q is then built
 in-kernel from the token id and never read from memory.
 
 The accept test `u_i * q_i(d_i) < p_i(d_i)`, the first rejection and the token
-select need only those [B, K+1] scalars: a few-element XLA epilogue shared by both
-variants (the partials of the GPU split-vocab grid are merged there too).
+select need only scalars per (sequence, position):
 
-* GPU (Pallas Triton): grid (B, K+1, splits); a program walks its share of the
-  vocab tiles of one row in a `fori_loop` with masked loads, keeping the running
-  statistics per lane and reducing them across the block once at the end.
-  block_v = 1024 (a power of two, as Triton requires; seven lane-wide carries at
-  8 elements a thread), splits chosen so B*(K+1)*splits fills ~2 waves of SMs.
+* GPU (Pallas Triton), two calls and no XLA op around them.
+  - The pass: grid (B, K+1, splits); a program walks its share of the vocab tiles
+    of one row in a `fori_loop` with masked loads, keeping four running statistics
+    per lane and reducing them across the block once at the end. block_v = 1024 (a
+    power of two, as Triton requires; 8 elements a thread), splits chosen so
+    B*(K+1)*splits fills ~2 waves of SMs. With a one-hot q the residual is p off
+    the draft column, so an element costs one log, not two.
+  - The finish kernel: one program per sequence merges the splits, reads p(d_i),
+    q(d_i) and (one-hot q) the draft column's residual score directly, and writes
+    the accepted count and the tokens.
 * TPU (Pallas Mosaic): grid (B, V tiles), vocab axis "arbitrary"; blocks
   (K+1, block_v) with block_v = 8192 (multiple of 128; the row dim is the full
-  K+1), draft ids scalar-prefetched into SMEM; running statistics live in the
-  lane-replicated [rows, 128] output blocks, resident across the vocab axis.
-  Only offset-0 row slices are used (rows 0..K-1 for the residual, all K+1 rows
-  for p), so no unaligned sublane access.
+  K+1), draft ids scalar-prefetched into SMEM; running statistics (also p(d),
+  q(d) and max r as masked sums and a max) live in the lane-replicated
+  [rows, 128] output blocks, resident across the vocab axis. Only offset-0 row
+  slices are used (rows 0..K-1 for the residual, all K+1 rows for p), so no
+  unaligned sublane access. The epilogue is a few-element XLA computation.
 
 No cumsum/sort/gather inside the kernels (Mosaic and Triton reject some of those;
-interpret mode would not notice): only elementwise ops, max/min/sum reductions
-and compares.
+interpret mode would not notice): only elementwise ops, max/min/sum reductions,
+compares and (the finish kernel) scalar loads at a draft token's column.
 """
 
 from __future__ import annotations
@@ -70,18 +74,17 @@ def _tile_argmax(scores, cols, keepdims=True):
 
 # ----------------------------------------------------------------------------- GPU (Triton)
 
-def _gpu_kernel(d_ref, p_ref, n_ref, *rest, V, K, block_v, tiles_per_split, has_q):
+def _gpu_kernel(*refs, V, K, block_v, tiles_per_split, one_hot_q):
     from jax.experimental.pallas import triton as plgpu
 
-    if has_q:
-        q_ref, *out_refs = rest
-    else:
-        q_ref, out_refs = None, rest
-    res_best_ref, res_idx_ref, rmax_ref, pd_ref, qd_ref, p_best_ref, p_idx_ref = out_refs
+    d_ref, *refs = refs if K else (None, *refs)
+    p_ref, n_ref, *rest = refs
+    q_ref, out_refs = (None, rest) if one_hot_q or not K else (rest[0], rest[1:])
+    res_best_ref, res_idx_ref, p_best_ref, p_idx_ref = out_refs
 
     i = pl.program_id(1)
     s = pl.program_id(2)
-    d = d_ref[()]                               # draft token of this row (-1 for the bonus row)
+    d = jnp.where(i < K, d_ref[()], -1) if K else -1     # this row's draft; none for the bonus row
     num_tiles = pl.cdiv(V, block_v)
     lo = s * tiles_per_split
     hi = jnp.minimum(lo + tiles_per_split, num_tiles)
@@ -93,36 +96,31 @@ def _gpu_kernel(d_ref, p_ref, n_ref, *rest, V, K, block_v, tiles_per_split, has_
     # strictly greater score, so it holds its earliest column attaining its max, and the
     # smallest such column over the lanes attaining the overall max is the first argmax.
     def body(t, carry):
-        res_best, res_idx, rmax, pd, qd, p_best, p_idx = carry
+        res_best, res_idx, p_best, p_idx = carry
         start = pl.multiple_of(t * block_v, block_v)
         cols = start + offs
         valid = cols < V
         p = plgpu.load(p_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
         g = plgpu.load(n_ref.at[pl.ds(start, block_v)], mask=valid, other=0.0)
-        hit = cols == d
-        if has_q:
+        ps = jnp.where(valid, jnp.log(p) + g, NEG_INF)
+        if q_ref is None:
+            # one-hot q: r = p off the draft column, so its score is log p + g (one log an
+            # element); the draft column's own score is added by the finish kernel
+            rs = jnp.where(cols == d, NEG_INF, ps)
+        else:
             # the bonus row (i = K) has no draft distribution: its block (row K - 1) is not read
             q = plgpu.load(q_ref.at[pl.ds(start, block_v)], mask=valid & (i < K), other=0.0)
-        else:
-            q = jnp.where(hit, 1.0, 0.0)
-        r = jnp.maximum(p - q, 0.0)
-        rs = jnp.where(valid, jnp.log(r) + g, NEG_INF)
-        ps = jnp.where(valid, jnp.log(p) + g, NEG_INF)
+            rs = jnp.where(valid, jnp.log(jnp.maximum(p - q, 0.0)) + g, NEG_INF)
         better_r = rs > res_best
         better_p = ps > p_best
         return (jnp.where(better_r, rs, res_best), jnp.where(better_r, cols, res_idx),
-                jnp.maximum(rmax, r), pd + jnp.where(hit, p, 0.0), qd + jnp.where(hit, q, 0.0),
                 jnp.where(better_p, ps, p_best), jnp.where(better_p, cols, p_idx))
 
-    lanes_f = lambda x: jnp.full((block_v,), x, jnp.float32)
+    neg_inf = jnp.full((block_v,), NEG_INF, jnp.float32)
     zeros_i = jnp.zeros((block_v,), jnp.int32)
-    init = (lanes_f(NEG_INF), zeros_i, lanes_f(0.0), lanes_f(0.0), lanes_f(0.0), lanes_f(NEG_INF), zeros_i)
-    res_best, res_idx, rmax, pd, qd, p_best, p_idx = lax.fori_loop(lo, hi, body, init)
-    rm, ri = _lane_argmax(res_best, res_idx)
-    pm, pi = _lane_argmax(p_best, p_idx)
-    # pd, qd: one lane at most holds a nonzero (the draft column), so the sums are exact
-    out = (rm, ri, jnp.max(rmax), jnp.sum(pd), jnp.sum(qd), pm, pi)
-    for ref, val in zip(out_refs, out):
+    carry = lax.fori_loop(lo, hi, body, (neg_inf, zeros_i, neg_inf, zeros_i))
+    res_best, res_idx, p_best, p_idx = carry
+    for ref, val in zip(out_refs, (*_lane_argmax(res_best, res_idx), *_lane_argmax(p_best, p_idx))):
         plgpu.store(ref, val)
 
 
@@ -151,46 +149,111 @@ def gpu_config(B, K, V, block_v=None, num_splits=None):
     return block_v, num_splits, tiles_per_split
 
 
-def _stats_gpu(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret,
-               block_v, num_splits):
+def _pass_gpu(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret,
+              block_v, num_splits):
+    """The Triton pass: per (row, draft position, vocab split) the best score and first
+    argmax of the residual and of p (`_gpu_kernel`), as four [B, K+1, next_pow2(splits)]
+    arrays (entries past `splits` unwritten); and the number of splits."""
     from jax.experimental.pallas import triton as plgpu
 
     B, K1, V = target_probs.shape
     K = K1 - 1
     block_v, splits, tiles_per_split = gpu_config(B, K, V, block_v, num_splits)
-    has_q = draft_probs is not None and K > 0
-    d_ext = jnp.concatenate([draft_tokens.astype(jnp.int32),
-                             jnp.full((B, 1), -1, jnp.int32)], axis=1)       # [B, K+1]
-
+    one_hot_q = draft_probs is None
+    in_specs, args = [], []
+    if K:  # the bonus row (i = K) re-reads draft K - 1 and ignores it
+        in_specs.append(pl.BlockSpec((None, None), lambda b, i, s: (b, jnp.minimum(i, K - 1))))
+        args.append(draft_tokens.astype(jnp.int32))
     row = pl.BlockSpec((None, None, V), lambda b, i, s: (b, i, 0))
-    in_specs = [pl.BlockSpec((None, None), lambda b, i, s: (b, i)), row, row]
-    args = [d_ext, target_probs, residual_noise]
-    if has_q:
+    in_specs += [row, row]
+    args += [target_probs, residual_noise]
+    if K and not one_hot_q:
         in_specs.append(pl.BlockSpec((None, None, V),
                                      lambda b, i, s: (b, jnp.minimum(i, K - 1), 0)))
         args.append(draft_probs)
     stat = pl.BlockSpec((None, None, None), lambda b, i, s: (b, i, s))
-    f32 = jax.ShapeDtypeStruct((B, K1, splits), jnp.float32)
-    i32 = jax.ShapeDtypeStruct((B, K1, splits), jnp.int32)
+    # the split axis padded to a power of two: the finish kernel loads it as one vector
+    padded = (B, K1, _next_pow2(splits))
+    f32, i32 = (jax.ShapeDtypeStruct(padded, t) for t in (jnp.float32, jnp.int32))
     kernel = functools.partial(_gpu_kernel, V=V, K=K, block_v=block_v,
-                               tiles_per_split=tiles_per_split, has_q=has_q)
-    res_best, res_idx, rmax, pd, qd, p_best, p_idx = pl.pallas_call(
-        kernel, grid=(B, K1, splits), in_specs=in_specs, out_specs=(stat,) * 7,
-        out_shape=(f32, i32, f32, f32, f32, f32, i32), interpret=interpret,
-        name="rejection_sample_triton",
+                               tiles_per_split=tiles_per_split, one_hot_q=one_hot_q)
+    stats = pl.pallas_call(
+        kernel, grid=(B, K1, splits), in_specs=in_specs, out_specs=(stat,) * 4,
+        out_shape=(f32, i32, f32, i32), interpret=interpret, name="rejection_pass_triton",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(*args)
-    # Merge the vocab splits: first split attaining the max (splits are in vocab order).
-    res_token = _merge_argmax(res_best, res_idx)
-    p_token = _merge_argmax(p_best, p_idx)
-    return (res_token[:, :K], jnp.max(rmax, -1)[:, :K], jnp.sum(pd, -1)[:, :K],
-            jnp.sum(qd, -1)[:, :K], p_token)
+    return stats, splits
 
 
-def _merge_argmax(best, idx):
-    m = jnp.max(best, axis=-1, keepdims=True)
-    first = jnp.argmax(best == m, axis=-1)[..., None]
-    return jnp.take_along_axis(idx, first, axis=-1)[..., 0]
+def _gpu_finish_kernel(*refs, K, V, splits, one_hot_q):
+    """One program per sequence: merges the vocab splits of each position's statistics,
+    then the accept test, the first rejection and the token select, on scalars. (As XLA
+    ops around the pass, this epilogue and the split merge were some 70 small ops.)"""
+    from jax.experimental.pallas import triton as plgpu
+
+    if K:
+        d_ref, u_ref, p_ref, g_ref, *refs = refs
+        q_ref, *refs = (None, *refs) if one_hot_q else refs
+    res_best, res_idx, p_best, p_idx, n_ref, tok_ref = refs
+    b = pl.program_id(0)
+    lanes = res_best.shape[-1]
+    valid = jnp.arange(lanes, dtype=jnp.int32) < splits
+
+    def argmax(best_ref, idx_ref, i):
+        # the smallest index among the splits attaining the max is the first split's: the
+        # splits are in vocabulary order and each holds its own first argmax
+        at = (b, jnp.int32(i), pl.ds(0, lanes))
+        best = plgpu.load(best_ref.at[at], mask=valid, other=NEG_INF)
+        m = jnp.max(best)
+        idx = plgpu.load(idx_ref.at[at], mask=valid, other=0)
+        return m, jnp.min(jnp.where(valid & (best == m), idx, BIG_INDEX))
+
+    drafts, recovered, num_accepted, alive = [], [], jnp.int32(0), True
+    for i in range(K):
+        d = d_ref[b, i]
+        at = (b, i, jnp.clip(d, 0, V - 1))       # drafts are in [0, V); never read outside
+        p_at_d = p_ref[at]
+        q_at_d = 1.0 if one_hot_q else q_ref[at]
+        alive = alive & (u_ref[b, i] * q_at_d < p_at_d)   # accept iff u q(d) < p(d)
+        num_accepted += alive.astype(jnp.int32)
+        best, token = argmax(res_best, res_idx, i)
+        if one_hot_q:  # the draft column's residual, left out of the pass
+            score = jnp.log(jnp.maximum(p_at_d - 1.0, 0.0)) + g_ref[at]
+            token = jnp.where((score > best) | ((score == best) & (d < token)), d, token)
+            best = jnp.maximum(best, score)
+        drafts.append(d)
+        # with finite noise a score is > -inf iff its residual is > 0: the reference's
+        # "the residual has mass" (else any row works, as a rejection cannot happen)
+        recovered.append((best > NEG_INF, token))
+    for i in range(K + 1):
+        token = argmax(p_best, p_idx, i)[1]               # the bonus; the fallback when r = 0
+        if i < K:
+            has_mass, res_token = recovered[i]
+            token = jnp.where(i < num_accepted, drafts[i], jnp.where(has_mass, res_token, token))
+        plgpu.store(tok_ref.at[b, jnp.int32(i)], token)
+    plgpu.store(n_ref.at[b], num_accepted)
+
+
+def _sample_gpu(target_probs, draft_probs, draft_tokens, uniforms, residual_noise, *,
+                interpret, block_v, num_splits):
+    """Two Triton calls: the pass over the vocabulary, then `_gpu_finish_kernel`."""
+    from jax.experimental.pallas import triton as plgpu
+
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    stats, splits = _pass_gpu(target_probs, draft_probs, draft_tokens, residual_noise,
+                              interpret=interpret, block_v=block_v, num_splits=num_splits)
+    args = []
+    if K:
+        args = [draft_tokens.astype(jnp.int32), uniforms.astype(jnp.float32), target_probs,
+                residual_noise] + ([] if draft_probs is None else [draft_probs])
+    kernel = functools.partial(_gpu_finish_kernel, K=K, V=V, splits=splits,
+                               one_hot_q=draft_probs is None)
+    return pl.pallas_call(
+        kernel, grid=(B,), interpret=interpret, name="rejection_finish_triton",
+        compiler_params=plgpu.CompilerParams(num_warps=1),   # vectors of `splits` lanes at most
+        out_shape=(jax.ShapeDtypeStruct((B,), jnp.int32), jax.ShapeDtypeStruct((B, K1), jnp.int32)),
+    )(*args, *stats)
 
 
 # ----------------------------------------------------------------------------- TPU (Mosaic)
@@ -310,16 +373,21 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
     vocab split factor; None picks the defaults (GPU_BLOCK_V / TPU_BLOCK_V, splits from the
     SM count).
     """
-    B, K1, V = target_probs.shape
+    B, K1, _ = target_probs.shape
     K = K1 - 1
     if draft_tokens.shape != (B, K) or uniforms.shape != (B, K):
         raise ValueError(f"draft_tokens/uniforms must be [B, K] = {(B, K)}, got "
                          f"{draft_tokens.shape}, {uniforms.shape}")
-    res_token, rmax, p_at_d, q_at_d, p_token = rejection_stats(
-        target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret, platform=platform,
-        block_v=block_v, num_splits=num_splits)
+    platform, (target_probs, draft_probs, residual_noise) = _prepare(
+        target_probs, draft_probs, residual_noise, interpret, platform)
+    if platform == "gpu":
+        return _sample_gpu(target_probs, draft_probs, draft_tokens, uniforms, residual_noise,
+                           interpret=interpret, block_v=block_v, num_splits=num_splits)
+    res_token, rmax, p_at_d, q_at_d, p_token = _stats_tpu(
+        target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
+        block_v=block_v)
 
-    # Epilogue on [B, K+1] scalars: accept test, first rejection, token select.
+    # TPU epilogue on [B, K+1] scalars (XLA): accept test, first rejection, token select.
     if draft_probs is None:
         q_at_d = jnp.ones_like(p_at_d)
     num_accepted = first_rejection(uniforms * q_at_d < p_at_d)
@@ -333,30 +401,33 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, residual
     return num_accepted, tokens
 
 
-def rejection_stats(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret=False,
-                    platform=None, block_v=None, num_splits=None):
-    """The pass over the vocabulary alone (the kernel, and on a GPU the merge of its vocab
-    splits), arguments as `rejection_sample`'s: per row and draft, (the recovered token
-    [B, K], max of the residual [B, K], p(d) [B, K], q(d) [B, K]; q(d) is unread for a
-    one-hot q), and the bonus token candidates [B, K+1]. What the device check times as the
-    kernel, beside the whole sampler."""
+def vocab_pass(target_probs, draft_probs, draft_tokens, residual_noise, *, interpret=False,
+               platform=None, block_v=None, num_splits=None):
+    """The pass over the vocabulary alone, arguments as `rejection_sample`'s: what the device
+    check times as the kernel, beside the whole sampler. Returns its raw statistics: on a GPU
+    the seven [B, K+1, splits] partials of `_gpu_kernel` (unmerged; `_gpu_finish_kernel`
+    merges them), on a TPU the merged per-row statistics of `_stats_tpu`."""
+    platform, (target_probs, draft_probs, residual_noise) = _prepare(
+        target_probs, draft_probs, residual_noise, interpret, platform)
+    if platform == "gpu":
+        return _pass_gpu(target_probs, draft_probs, draft_tokens, residual_noise,
+                         interpret=interpret, block_v=block_v, num_splits=num_splits)[0]
+    return _stats_tpu(target_probs, draft_probs, draft_tokens, residual_noise,
+                      interpret=interpret, block_v=block_v)
+
+
+def _prepare(target_probs, draft_probs, residual_noise, interpret, platform):
+    """Checks the vocabulary-sized inputs and casts them to float32 (a no-op for the
+    engine's float32 probabilities); returns (the variant to build, the inputs)."""
     B, K1, V = target_probs.shape
-    K = K1 - 1
     if residual_noise.shape != target_probs.shape:
         raise ValueError(f"residual_noise {residual_noise.shape} != target_probs "
                          f"{target_probs.shape}")
-    if draft_probs is not None and draft_probs.shape != (B, K, V):
-        raise ValueError(f"draft_probs must be [B, K, V] = {(B, K, V)}, got {draft_probs.shape}")
-    target_probs = target_probs.astype(jnp.float32)
-    residual_noise = residual_noise.astype(jnp.float32)
-    if draft_probs is not None:
-        draft_probs = draft_probs.astype(jnp.float32)
-
+    if draft_probs is not None and draft_probs.shape != (B, K1 - 1, V):
+        raise ValueError(f"draft_probs must be [B, K, V] = {(B, K1 - 1, V)}, got "
+                         f"{draft_probs.shape}")
     platform = resolve_platform(platform, interpret)
-    if platform == "gpu":
-        if interpret not in (True, False):
-            raise ValueError("InterpretParams are for the TPU variant; use interpret=True")
-        return _stats_gpu(target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
-                          block_v=block_v, num_splits=num_splits)
-    return _stats_tpu(target_probs, draft_probs, draft_tokens, residual_noise, interpret=interpret,
-                      block_v=block_v)
+    if platform == "gpu" and interpret not in (True, False):
+        raise ValueError("InterpretParams are for the TPU variant; use interpret=True")
+    f32 = lambda x: None if x is None else x.astype(jnp.float32)
+    return platform, (f32(target_probs), f32(draft_probs), f32(residual_noise))

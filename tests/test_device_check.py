@@ -26,6 +26,8 @@ def test_cpu_smoke_end_to_end(tmp_path):
         assert row["xla"]["us"] > 0 and row["interpret"]["us"] > 0, row
     assert res["timings"]["attention"][0]["kernel"]["us"] > 0
     assert res["timings"]["rejection"][0]["kernel"]["us"] > 0  # the pass over the vocabulary alone
+    sweep = res["timings"]["rejection"][0]["gpu_splits"]  # the GPU sampler's tiling, interpreted
+    assert [v["default"] for v in sweep] == [True] and sweep[0]["us"] > 0
     assert res["timings"]["chain_overhead_us"] > 0  # a trivial call's share, beside the kernels
     e2e = res["e2e"]
     assert e2e["tokens_identical"] is True, e2e
@@ -50,7 +52,8 @@ def test_cpu_smoke_end_to_end(tmp_path):
     report = (out / "device_check.txt").read_text()
     for heading in ("## Kernels on the device", "## Kernel timings", "## End to end",
                     "## ITL(B, K) profile", "vLLM PR, profiled on an H100", "a trivial call in such a chain",
-                    "steps against their floors", "the drafter's share of a K=1 step"):
+                    "steps against their floors", "the drafter's share of a K=1 step",
+                    "at each number of vocab splits"):
         assert heading in report
 
 

@@ -76,8 +76,9 @@ def format_report(results: dict) -> str:
                          f"{_fmt(kk.get('floor_us', x.get('floor_us'))):>8} | {_fmt(r.get('speedup_vs_xla'), '.2f')}"
                          + "".join(f"  [{n}: {v['error']}]" for n, v in (("kernel", kk), (be, p), ("xla", x))
                                    if "error" in v))
-        lines.append(f"  rejection: kernel = the pass over the vocabulary alone (its split merge included), "
-                     f"{be} = the whole sampler (the kernel, then the accept test and token select)")
+        lines.append(f"  rejection: kernel = the pass over the vocabulary alone (vocab_pass), "
+                     f"{be} = the whole sampler (on a GPU the pass, then the finish kernel: split merge, "
+                     "accept test, token select)")
         lines.append(f"  rejection  model          B   K  q       |  xla us  {be} us  kernel us | floor us | "
                      f"{be} GB/s  frac | xla frac | speedup")
         for r in t.get("rejection", []):
@@ -93,6 +94,13 @@ def format_report(results: dict) -> str:
                          + (f"  [{be}: {p['error']}]" if "error" in p else "")
                          + (f"  [kernel: {kk['error']}]" if "error" in kk else "")
                          + (f"  [xla: {x['error']}]" if "error" in x else ""))
+        sweeps = [r for r in t.get("rejection", []) if r.get("gpu_splits")]
+        if sweeps:
+            lines.append(f"  rejection, {be} us at each number of vocab splits (* = the default):")
+        for r in sweeps:
+            lines.append(f"    {r['model']:<12} {r['B']:>3} {r['K']:>3}  {r['q']:<7} | " + "  ".join(
+                f"{v['splits']}{'*' if v['default'] else ''}: "
+                + (_fmt(v['us']) if "us" in v else v.get("error", "?")) for v in r["gpu_splits"]))
         lines.append("")
     e = results.get("e2e")
     if e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
@@ -130,27 +131,30 @@ def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
     return out
 
 
-def rejection_chain_step(backend: str):
+def rejection_chain_step(backend: str, sample: Callable | None = None):
     """One call of `time_chain`'s chain for the rejection sampler: `u' = step(u, tiny, p, q,
     d, g)`, each call of the chain given its own copy of p, q and g (`per_call`). The passes
     over the vocabulary read p, q and g, not u: given the same buffers, XLA merges the
     chain's identical passes into one (it timed 10 calls as 1); writing into them to tell
-    the calls apart would cost a full pass over each on XLA:CPU."""
+    the calls apart would cost a full pass over each on XLA:CPU. `sample(p, q, d, u, g)`
+    replaces `kernels.rejection_sample(..., backend=backend)` (a variant's tiling)."""
+    sample = sample or functools.partial(kernels.rejection_sample, backend=backend)
+
     def f(u, tiny, p, q, d, g):
-        n, t = kernels.rejection_sample(p, q, d, u, g, backend=backend)
+        n, t = sample(p, q, d, u, g)
         return u + tiny * (n[:, None] + t[:, :u.shape[1]]).astype(u.dtype)
     return f
 
 
-def rejection_stats_chain_step(interpret: bool):
+def vocab_pass_chain_step(interpret: bool):
     """As `rejection_chain_step`, the Pallas pass over the vocabulary alone
-    (`rejection_pallas.rejection_stats`: the kernel and, on a GPU, the merge of its splits),
-    without the sampler's epilogue: on the H200 the whole sampler took 65 us at B = 1
-    against XLA's 30 and a floor of 1.5, and this says how much of it is the kernel."""
+    (`rejection_pallas.vocab_pass`), without the step that turns its statistics into tokens
+    (on a GPU the finish kernel): what share of the sampler's time the pass is. Each call
+    depends on the last through one element a row of each output."""
     def f(u, tiny, p, q, d, g):
-        K = u.shape[1]
-        res, rmax, pd, qd, bonus = rejection_pallas.rejection_stats(p, q, d, g, interpret=interpret)
-        return u + tiny * (res + rmax + pd + qd + bonus[:, :K]).astype(u.dtype)
+        outs = rejection_pallas.vocab_pass(p, q, d, g, interpret=interpret)
+        dep = sum(o.reshape(o.shape[0], -1)[:, 0].astype(u.dtype) for o in outs)
+        return u + tiny * dep[:, None]
     return f
 
 
@@ -173,12 +177,32 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
                                                        s.timing_reps, s.chain, per_call=copies)})
         out[backend] = _with_floor(roof, res["t"], bw) if "t" in res else res
     if s.backend in ("pallas", "interpret"):
-        res = _guard(lambda: {"t": time_chain(rejection_stats_chain_step(s.backend == "interpret"), jnp.copy(u),
+        res = _guard(lambda: {"t": time_chain(vocab_pass_chain_step(s.backend == "interpret"), jnp.copy(u),
                                               (tiny,), s.timing_reps, s.chain, per_call=copies)})
         out["kernel"] = _with_floor(roof, res["t"], bw) if "t" in res else res
+        if s.rej_split_factors and (s.backend == "interpret" or jax.default_backend() == "gpu"):
+            out["gpu_splits"] = _time_gpu_splits(B, K, V, s, lambda step: time_chain(
+                step, jnp.copy(u), (tiny,), s.timing_reps, s.chain, per_call=copies))
     if "us" in out["xla"] and "us" in out[s.backend]:
         out["speedup_vs_xla"] = out["xla"]["us"] / out[s.backend]["us"]
     return out
+
+
+def _time_gpu_splits(B, K, V, s: Settings, timed: Callable) -> list[dict]:
+    """The GPU sampler at its default vocab splits and at `s.rej_split_factors` times as
+    many (each timed by `timed(chain step)`): the default aims at ~2 waves of programs, and
+    at B = 64 that is one split, so each program walks the whole vocabulary alone.
+    Interpreted on a CPU, which times nothing real but runs every variant."""
+    default = rejection_pallas.gpu_config(B, K, V)[1]
+    num_tiles = -(-V // rejection_pallas.GPU_BLOCK_V)
+    rows = []
+    for splits in sorted({min(default * f, num_tiles) for f in (1, *s.rej_split_factors)}):
+        sample = functools.partial(rejection_pallas.rejection_sample, platform="gpu",
+                                   interpret=s.backend == "interpret", num_splits=splits)
+        res = _guard(lambda: {"us": 1e6 * timed(rejection_chain_step(s.backend, sample))})
+        rows.append({"splits": splits, "default": splits == default, **res})
+        gc.collect()
+    return rows
 
 
 def chain_overhead_us(s: Settings) -> float:

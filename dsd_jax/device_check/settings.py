@@ -81,7 +81,8 @@ class Settings:
     # (B, K, one-hot q)
     rej_points: Sequence = ((1, 4, False), (8, 4, False), (8, 4, True), (64, 4, False), (64, 4, True))
     rej_points_short: Sequence = ((1, 4, False), (8, 4, False), (64, 4, False))
-    # the GPU sampler also at these multiples of its default vocab splits (`gpu_config`)
+    # the GPU sampler also at these multiples of its default vocab splits (`gpu_config`), at
+    # the first model's points
     rej_split_factors: Sequence = (4, 16)
     timing_reps: int = 7
     chain: int = 10  # kernel calls per timed program (one dispatch amortised over them)

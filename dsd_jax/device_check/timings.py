@@ -158,7 +158,7 @@ def vocab_pass_chain_step(interpret: bool):
     return f
 
 
-def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
+def time_rejection(model: str, shape, point, s: Settings, bw, split_sweep: bool = True) -> dict:
     V = shape[3]
     B, K, one_hot_q = point
     keys = jax.random.split(jax.random.PRNGKey(B * 13 + K), 5)
@@ -180,7 +180,8 @@ def time_rejection(model: str, shape, point, s: Settings, bw) -> dict:
         res = _guard(lambda: {"t": time_chain(vocab_pass_chain_step(s.backend == "interpret"), jnp.copy(u),
                                               (tiny,), s.timing_reps, s.chain, per_call=copies)})
         out["kernel"] = _with_floor(roof, res["t"], bw) if "t" in res else res
-        if s.rej_split_factors and (s.backend == "interpret" or jax.default_backend() == "gpu"):
+        if split_sweep and s.rej_split_factors and (s.backend == "interpret"
+                                                    or jax.default_backend() == "gpu"):
             out["gpu_splits"] = _time_gpu_splits(B, K, V, s, lambda step: time_chain(
                 step, jnp.copy(u), (tiny,), s.timing_reps, s.chain, per_call=copies))
     if "us" in out["xla"] and "us" in out[s.backend]:
@@ -225,7 +226,8 @@ def time_kernels(s: Settings, deadline: float | None = None) -> dict:
             gc.collect()
         for point in (s.rej_points if i == 0 else s.rej_points_short):
             rej.append({"model": model, "point": list(point),
-                        **_unless_expired(deadline, time_rejection, model, shape, point, s, bw)})
+                        **_unless_expired(deadline, time_rejection, model, shape, point, s, bw,
+                                          split_sweep=i == 0)})
             gc.collect()
     return {"backend": s.backend, "dtype": s.dtype, "hbm_bytes_per_s": bw, "chain": s.chain,
             "reps": s.timing_reps, "chain_overhead_us": overhead, "attention": attn, "rejection": rej}

@@ -60,3 +60,27 @@ def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
     sizes += plan_for(length - sum(sizes))
     starts = np.cumsum([0] + sizes[:-1])
     return [(int(s), c) for s, c in zip(starts, sizes)]
+
+
+def serving_buckets(table, batch_sizes: Sequence[int], candidates: Sequence[int] | None = None,
+                    margin: float = 0.0) -> dict[int, int]:
+    """{bucket: the larger bucket to run its batches in} from a latency table [context,
+    batch, K] over `batch_sizes`: a bucket is served by a larger one when that one is more
+    than `margin` faster at every context and K (the cheapest such, by its summed latency).
+
+    A part-filled bucket is just a bucket, so a batch may run in any program at least its
+    size. Usually the smallest is the cheapest; but on an H200 a one-row forward took 1.36x
+    (8B target) and 1.50x (1B draft) as long as a two-row one, XLA compiling one-row dots
+    into more kernels. `candidates` limits both sides to the buckets an engine compiled."""
+    t = np.asarray(table, dtype=float)
+    sizes = list(batch_sizes)
+    allowed = set(sizes if candidates is None else candidates)
+    serve = {}
+    for i, s in enumerate(sizes):
+        if s not in allowed:
+            continue
+        faster = [j for j in range(i + 1, len(sizes)) if sizes[j] in allowed
+                  and np.all(t[:, j] * (1.0 + margin) < t[:, i])]
+        if faster:
+            serve[s] = sizes[min(faster, key=lambda j: t[:, j].sum())]
+    return serve

@@ -74,6 +74,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from .acceptance import GlobalAcceptance, RequestAcceptance, al_curve, check_num_accepted, padded_prior
+from .buckets import bucket_for
 from .calibration import Calibration, step_ms
 from .config import SpecConfig
 from .latency import LatencyModel
@@ -172,6 +173,7 @@ class Controller:
             raise ValueError(f"context_subdivisions must be >= 1, got {subdiv}")
         self.profile = profile = _load_profile(spec, self.mode, profile)
         buckets = None if batch_buckets is None else _check_buckets(batch_buckets, self.max_batch_size)
+        self._buckets = buckets
         self._init_policy(spec.dynamic)
         # Candidate Ks: 0..max_k restricted to the profile's ks (its ITL has no others).
         self._kc = self.max_k if profile is None else min(self.max_k, profile.max_k)
@@ -433,6 +435,18 @@ class Controller:
                rounds.tolist())
         self._gtabs[key] = tab
         return tab
+
+    def serving_bucket(self, batch_size: int) -> int | None:
+        """The compiled batch bucket a live batch of `batch_size` rows runs in, the one whose
+        ITL priced its K: the smallest that holds it, or a larger one the profile shows
+        faster at every context and K (`LatencyModel.serving`). The engine dispatches it.
+        None for a controller built without the engine's batch_buckets."""
+        if self._buckets is None:
+            return None
+        b = _index("batch_size", batch_size)
+        if not 1 <= b <= self._buckets[-1]:
+            raise ValueError(f"batch_size must be in 1..{self._buckets[-1]}, got {b}")
+        return bucket_for(b, self._buckets) if self._latency is None else self._latency.bucket(b)
 
     def context_bucket(self, context_len: float | None) -> float:
         """The context length whose ITL the controller uses for `context_len`."""

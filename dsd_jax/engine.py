@@ -252,6 +252,20 @@ class SpecEngine:
         # threads calling one engine cannot both get in
         self._run_lock = threading.Lock()
 
+    def _serving_bucket(self, fullest: int) -> int:
+        """The batch bucket the next step runs in: the controller's (a larger bucket where
+        its profile shows one faster at every cell), else the smallest that holds the
+        fullest shard. A controller's answer is checked: an uncompiled bucket or one too
+        small for the batch would fail late or drop rows."""
+        serving = getattr(self.controller, "serving_bucket", None)
+        b = None if serving is None else serving(fullest)
+        if b is None:
+            return bucket_for(fullest, self.batch_buckets)
+        if b not in self.batch_buckets or b < fullest:
+            raise RuntimeError(f"the controller chose batch bucket {b} for {fullest} live rows; "
+                               f"the engine compiled {list(self.batch_buckets)}")
+        return b
+
     @property
     def controller(self):
         """The controller the dispatch policy asks for K (assignable: the bench and tests
@@ -856,7 +870,7 @@ class SpecEngine:
                     k = self._policy.choose_k(live, fullest, context, refilled=bool(queue))
                     rounds = self._policy.rounds(live, k, bool(queue), inflight, fullest, context,
                                                  self._prefilled)
-                    b = bucket_for(fullest, self.batch_buckets)
+                    b = self._serving_bucket(fullest)
                     self.state, out = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))
                     snapshot = [shard[i] if i < len(shard) else None for shard in shards

@@ -18,7 +18,8 @@ measured relatively slower or faster moves away from the others only as far as
 its evidence outweighs the prior.
 
 `LatencyModel` is what the controller reads: the profile's ITL at the compiled
-batch bucket a live batch runs in and at a context bucket (context lengths are
+batch bucket a live batch runs in (the smallest that holds it, or a larger one the
+profile shows faster at every cell: `buckets.serving_buckets`) and at a context bucket (context lengths are
 rounded to `context_subdivisions` points per profiled interval, so the tables
 built per bucket stay few), times the `LatencyCorrection` when one is learnt.
 
@@ -40,6 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .buckets import serving_buckets
 from .profile import Profile
 
 __all__ = ["LatencyCorrection", "LatencyModel"]
@@ -131,7 +133,8 @@ class LatencyModel:
       num_k: ITLs cover K = 0..num_k-1.
       batch_buckets: the engine's compiled batch buckets (sorted), or None: a live
         batch of n rows runs the program of the smallest bucket >= n, so its ITL is
-        the profile's at that bucket, not the interpolation at n.
+        the profile's at that bucket, not the interpolation at n; or of a larger
+        profiled bucket that is faster at every context and K (`serving`).
       context_subdivisions: context buckets per profiled context interval.
       forgetting: the `LatencyCorrection`'s (0: trust the profile, no correction).
     """
@@ -142,6 +145,9 @@ class LatencyModel:
         self._max_b = max_batch_size
         self._num_k = num_k
         self._buckets = None if batch_buckets is None else list(batch_buckets)
+        # {bucket: larger bucket its batches run in}; among buckets the profile timed itself
+        self.serving = {} if self._buckets is None else serving_buckets(
+            profile.latency_ms, profile.batch_sizes, candidates=self._buckets)
         self._subdiv = context_subdivisions
         self.correction = None
         if forgetting > 0:
@@ -163,7 +169,8 @@ class LatencyModel:
         if self._buckets is None:
             return b
         i = bisect.bisect_left(self._buckets, b)
-        return self._buckets[i] if i < len(self._buckets) else b
+        smallest = self._buckets[i] if i < len(self._buckets) else b
+        return self.serving.get(smallest, smallest)
 
     def context_key(self, context_len) -> int:
         """The context bucket of a context length (0: the first profiled one)."""

@@ -56,13 +56,14 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from dsd_jax.buckets import serving_buckets
 from dsd_jax.inputs import encode_text
 from dsd_jax.profile import Profile, check_nonincreasing
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.step import MAX_ROUNDS, unpack_rounds
 
 __all__ = ["profile_engine", "model_fingerprint", "engine_fingerprints", "device_kind",
-           "format_profile", "monotone_latency", "paired_cells"]
+           "format_profile", "monotone_latency", "paired_cells", "profile_latency", "SERVE_MARGIN"]
 
 
 # --------------------------------------------------------------------------- monotone fit
@@ -108,6 +109,28 @@ def monotone_latency(table: np.ndarray, rounds: int = 20) -> np.ndarray:
         t = np.apply_along_axis(_isotonic, 2, t)
         t = np.apply_along_axis(_isotonic, 1, t)
     return np.maximum.accumulate(np.maximum.accumulate(t, axis=2), axis=1)
+
+
+# A bucket's row is left out of the fit along B when a larger bucket is this much faster at
+# every cell (`buckets.serving_buckets`): the noise between repeated profiles is 1.3-3.7%
+# (`paired_cells`), the one-row penalty on the H200 36-50%.
+SERVE_MARGIN = 0.05
+
+
+def profile_latency(table: np.ndarray, batch_sizes: Sequence[int]) -> np.ndarray:
+    """The latency table a profile stores: `monotone_latency`, except that a bucket a larger
+    one beats by more than SERVE_MARGIN at every cell keeps its own (K-monotone) row. Fit
+    along B, a one-row bucket slower than the two-row one (an H200's) would be pooled with
+    it and hide that the controller should serve one row in the two-row program."""
+    t = np.array(table, dtype=float)
+    served = serving_buckets(t, batch_sizes, margin=SERVE_MARGIN)
+    rows = [i for i, b in enumerate(batch_sizes) if b in served]
+    keep = [i for i, b in enumerate(batch_sizes) if b not in served]
+    t[:, keep] = monotone_latency(t[:, keep])
+    if rows:
+        own = np.apply_along_axis(_isotonic, 2, t[:, rows])
+        t[:, rows] = np.maximum.accumulate(own, axis=2)
+    return t
 
 
 # --------------------------------------------------------------------------- fingerprints
@@ -537,7 +560,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
         batch_sizes=buckets,
         ks=ks,
         context_lengths=context_lengths,
-        latency_ms=monotone_latency(table).tolist(),
+        latency_ms=profile_latency(table, buckets).tolist(),
         acceptance=acceptance,
         acceptance_by_temperature=by_temp,
         catchup_ms=catchup,
@@ -590,4 +613,7 @@ def format_profile(prof: Profile) -> str:
             best = int(np.argmax(good))
             lines.append(f"{b:4d} | " + " ".join(f"{x:<9.3f}" for x in row)
                          + f" | {best} ({good[best]:.0f})")
+    for b, c in serving_buckets(prof.latency_ms, prof.batch_sizes).items():
+        lines.append(f"batch bucket {b} is slower than bucket {c} at every context and K: an "
+                     f"engine that compiled both runs the batches bucket {b} would hold in bucket {c}")
     return "\n".join(lines)

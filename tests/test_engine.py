@@ -797,6 +797,40 @@ def test_round_times_are_credited_to_the_bucket_their_program_ran(pair):
     assert any(t["bucket"] > bucket_for(t["batch_size"], [1, 2, 4]) for t in trace)  # the case that was wrong
 
 
+def test_one_live_row_runs_in_the_bucket_its_profile_finds_faster(pair):
+    """A profile timing one row slower than two at every cell (an H200's one-row matmuls)
+    makes the engine run a lone request in the two-row program, with the same tokens; two
+    requests, then one left, stay in that program too. A controller naming a bucket the
+    engine did not compile fails loudly."""
+    from dsd_jax import DynamicConfig
+    from dsd_jax.controller import Controller
+    from dsd_jax.profile import Profile
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=2, dynamic=DynamicConfig(warmup_steps=0))
+    prof = Profile("cpu", [1, 2, 4], [0, 1, 2], [[9.0, 9.5, 10.0], [5.0, 5.1, 5.2], [6.0, 6.1, 6.2]],
+                   [0.9, 0.8])
+    eng = make_engine(*pair, controller=Controller(spec, prof, max_batch_size=4, batch_buckets=[1, 2, 4]),
+                      method="draft_model", num_speculative_tokens=2, max_seq_len=48, batch_buckets=[1, 2, 4])
+    ran = []
+    step = eng.programs.step
+
+    def recording_step(k, b):
+        ran.append(b)
+        return step(k, b)
+
+    eng.programs.step = recording_step
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    got = eng.generate([[1, 2, 3, 4, 5]], params)
+    assert set(ran) == {2}
+    plain = make_engine(*pair, method="none", num_speculative_tokens=0, max_seq_len=48)
+    assert got[0].token_ids == plain.generate([[1, 2, 3, 4, 5]], params)[0].token_ids
+    ran.clear()
+    eng.generate([[1, 2, 3], [4, 5, 6, 7]], [SamplingParams(temperature=0.0, max_tokens=m) for m in (3, 10)])
+    assert set(ran) == {2}
+    eng.controller.serving_bucket = lambda n: 3
+    with pytest.raises(RuntimeError, match="batch bucket 3 for 1 live rows"):
+        eng.generate([[1, 2, 3]], params)
+
+
 def test_set_params_keeps_weights_of_its_own_and_names_what_differs(engine, pair):
     """The usual RL loop: sync the policy, then a jitted training step donates its params.
     The engine kept the caller's arrays and its next generate failed ("Array has been

@@ -119,6 +119,45 @@ def test_model_reads_the_profile_at_the_batch_bucket_and_context_bucket():
         lm.context_key(float("nan"))
 
 
+def test_serving_buckets_take_a_larger_bucket_only_where_it_is_faster_everywhere():
+    from dsd_jax.buckets import serving_buckets
+    # [context, batch, K] over buckets 1, 2, 4, 8: one row (an H200's M = 1 matmuls) is
+    # slower than two at every K and context (by 12-30%); four rows beat one except at K = 2
+    t = np.array([[[6.9, 6.8, 8.4], [5.3, 6.0, 7.5], [5.2, 6.4, 8.6], [5.9, 7.0, 9.0]],
+                  [[7.1, 7.0, 8.6], [5.5, 6.2, 7.7], [5.4, 6.6, 8.8], [6.1, 7.2, 9.2]]])
+    assert serving_buckets(t, [1, 2, 4, 8]) == {1: 2}
+    assert serving_buckets(t, [1, 2, 4, 8], candidates=[1, 4, 8]) == {}  # 4 loses at K = 2
+    assert serving_buckets(t, [1, 2, 4, 8], margin=0.1) == {1: 2}
+    assert serving_buckets(t, [1, 2, 4, 8], margin=0.12) == {}  # 8.4 / 7.5 = 1.12
+    t[:, 2] = t[:, 1] - 0.2                # now four rows beat one and two everywhere
+    assert serving_buckets(t, [1, 2, 4, 8]) == {1: 4, 2: 4}  # 1: the cheaper of 2 and 4
+    t[1, 1, 2] = 8.7                       # two rows slower than one at one cell
+    assert serving_buckets(t, [1, 2, 4, 8]) == {1: 4, 2: 4}
+    assert serving_buckets(t, [1, 2, 4, 8], candidates=[1, 2, 8]) == {}
+
+
+def test_model_and_controller_serve_a_batch_in_the_bucket_its_profile_finds_faster():
+    """One live row priced and dispatched at the two-row bucket when the profile times it
+    faster there at every cell; the engine runs the bucket `serving_bucket` names."""
+    from dsd_jax.profile import Profile
+    table = [[6.9, 6.8, 8.4], [5.3, 6.0, 7.5], [5.6, 6.9, 8.6], [6.1, 7.2, 9.0]]
+    p = Profile("cpu", [1, 2, 4, 8], [0, 1, 2], table, [0.7, 0.4])
+    lm = LatencyModel(p, max_batch_size=8, num_k=3, batch_buckets=[1, 2, 4, 8], context_subdivisions=4)
+    assert lm.serving == {1: 2} and [lm.bucket(b) for b in (1, 2, 3, 5)] == [2, 2, 4, 8]
+    np.testing.assert_array_equal(lm.itl(1, 0), table[1])
+    ctl = Controller(goodput_spec(max_k=2, warmup_steps=0), p, max_batch_size=8, batch_buckets=[1, 2, 4, 8])
+    assert [ctl.serving_bucket(b) for b in (1, 2, 3, 8)] == [2, 2, 4, 8]
+    np.testing.assert_allclose(ctl.predicted_goodput(1), ctl.predicted_goodput(2))
+    # without that bucket compiled, or without the engine's buckets, the smallest that holds it
+    assert Controller(goodput_spec(max_k=2), p, max_batch_size=8, batch_buckets=[1, 4, 8]).serving_bucket(1) == 1
+    assert Controller(goodput_spec(max_k=2), p, max_batch_size=8).serving_bucket(1) is None
+    from dsd_jax.config import SpecConfig
+    static = Controller(SpecConfig(num_speculative_tokens=2), None, max_batch_size=8, batch_buckets=[1, 2, 8])
+    assert [static.serving_bucket(b) for b in (1, 3)] == [1, 8]  # no profile: the smallest
+    with pytest.raises(ValueError, match="batch_size"):
+        ctl.serving_bucket(9)
+
+
 def test_model_rebuilds_its_rows_only_when_a_factor_moved():
     p = realistic_profile()
     lm = LatencyModel(p, max_batch_size=8, num_k=3, batch_buckets=None, context_subdivisions=8, forgetting=0.1)

@@ -74,9 +74,11 @@ def test_latency_table_shape_and_positive(run, engine):
     assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["passes"] == 2 and m["rounds_per_sample"] == 4 and m["num_prompts"] == len(PROMPTS)
     assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
     assert m["engine"]["kernel_backends"] == {"attention": "xla", "rejection": "xla"}
-    # the stored table is the monotone fit of the raw medians kept in meta
+    # the stored table is the monotone fit of the raw medians kept in meta (on a CPU two
+    # rows cost more than one: no bucket is served by a larger one)
     raw = np.asarray(m["latency_ms_raw"])
     assert raw.shape == table.shape and np.all(raw > 0)
+    np.testing.assert_allclose(table, prof_lib.profile_latency(raw, [1, 2]))
     np.testing.assert_allclose(table, prof_lib.monotone_latency(raw))
     assert np.all(np.diff(table, axis=2) >= 0) and np.all(np.diff(table, axis=1) >= 0)
 
@@ -92,6 +94,25 @@ def test_monotone_latency_fit():
     assert np.all(np.diff(fit, axis=2) >= 0) and np.all(np.diff(fit, axis=1) >= 0)
     # a least-squares fit stays near the data: no worse than the data's own distance to truth
     assert np.linalg.norm(fit - ok) <= np.linalg.norm(noisy - ok)
+
+
+def test_profile_latency_keeps_a_bucket_a_larger_one_beats_everywhere():
+    """An H200 timed a one-row forward 1.36x as long as a two-row one. Fit monotone along B,
+    that row would be pooled with the next and the inversion lost; kept, the controller
+    serves one row in the two-row bucket (`buckets.serving_buckets`). A small inversion
+    (within SERVE_MARGIN: noise) is still smoothed away."""
+    from dsd_jax.buckets import serving_buckets
+    raw = np.array([[[6.9, 6.7, 8.4, 10.0], [5.3, 6.0, 7.5, 9.0], [5.9, 7.6, 9.0, 10.5]]])
+    fit = prof_lib.profile_latency(raw, [1, 2, 16])
+    np.testing.assert_array_equal(fit[:, 1:], prof_lib.monotone_latency(raw[:, 1:]))
+    np.testing.assert_allclose(fit[0, 0], [6.8, 6.8, 8.4, 10.0])  # its own row, monotone in K
+    assert serving_buckets(fit, [1, 2, 16]) == {1: 2}
+    text = prof_lib.format_profile(Profile("gpu", [1, 2, 16], [0, 1, 2, 3], fit[0].tolist(), [0.7, 0.4, 0.2]))
+    assert "batch bucket 1 is slower than bucket 2 at every context and K" in text
+    assert np.all(prof_lib.monotone_latency(raw)[0, 0] <= prof_lib.monotone_latency(raw)[0, 1])  # pooled
+    near = raw.copy()
+    near[0, 0] = raw[0, 1] * 1.04                   # 4% slower than two rows: noise, pooled
+    np.testing.assert_array_equal(prof_lib.profile_latency(near, [1, 2, 16]), prof_lib.monotone_latency(near))
 
 
 def test_paired_cells_cancel_a_rep_wide_slowdown():

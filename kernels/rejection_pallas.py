@@ -405,8 +405,9 @@ def vocab_pass(target_probs, draft_probs, draft_tokens, residual_noise, *, inter
                platform=None, block_v=None, num_splits=None):
     """The pass over the vocabulary alone, arguments as `rejection_sample`'s: what the device
     check times as the kernel, beside the whole sampler. Returns its raw statistics: on a GPU
-    the seven [B, K+1, splits] partials of `_gpu_kernel` (unmerged; `_gpu_finish_kernel`
-    merges them), on a TPU the merged per-row statistics of `_stats_tpu`."""
+    the four [B, K+1, next_pow2(splits)] partials of `_gpu_kernel` (unmerged, entries past
+    the splits unwritten; `_gpu_finish_kernel` merges them), on a TPU the merged per-row
+    statistics of `_stats_tpu`."""
     platform, (target_probs, draft_probs, residual_noise) = _prepare(
         target_probs, draft_probs, residual_noise, interpret, platform)
     if platform == "gpu":

@@ -38,11 +38,12 @@ class PallasFallbackWarning(RuntimeWarning):
     """A Pallas kernel failed to compile under backend="auto"; the engine uses XLA for it."""
 
 
-# What "auto" runs, by platform. On an H200 (benchmarks/results/h200, jax 0.11.2) the Pallas
-# attention beat XLA's blocked loop 4-11x at every 8B shape, but the Pallas rejection sampler
-# was slower than XLA's at 9 of 11 points (at 0.45-0.97x XLA's speed; half of it with one-hot
-# q), so GPU samples with XLA unless asked for "pallas" (the kernel has been reworked since:
-# time it again, `benchmarks/results/h200/README.md`). TPU is not measured yet: Pallas for both.
+# What "auto" runs, by platform. On an H200 (benchmarks/results/h200 and h200/run2, jax 0.11.2)
+# the Pallas attention beat XLA's blocked loop 3-13x at every 8B shape, but the Pallas
+# rejection sampler ran at 0.45-1.02x XLA's speed in both runs, so GPU samples with XLA unless
+# asked for "pallas". The sampler has been reworked since (two Triton calls, no XLA ops
+# around them): time it again (`benchmarks/results/README.md`, "On a GPU"). TPU is not
+# measured yet: Pallas for both.
 AUTO = {"gpu": KernelBackends(attention="pallas", rejection="xla"),
         "tpu": KernelBackends(attention="pallas", rejection="pallas")}
 

@@ -274,30 +274,35 @@ def test_pallas_interpret_backend_matches_xla(pair):
     assert outs["interpret"] == outs["xla"]
 
 
-@pytest.mark.parametrize("variant", ["gpu", "tpu"])
 @pytest.mark.parametrize("draft_sampling", ["sample", "argmax"], ids=["dense-q", "one-hot-q"])
-def test_pallas_rejection_variants_sample_as_xla_in_the_engine(pair, monkeypatch, variant,
-                                                                draft_sampling):
+def test_pallas_rejection_variants_sample_as_xla_in_the_engine(pair, monkeypatch, draft_sampling):
     """Sampled generation, where the rejection sampler runs (all-greedy steps take a
     shortcut past it), with each Pallas variant interpreted (on a CPU "interpret" builds the
     TPU one unless told): the engine's tokens equal XLA's for the same seeds, with the
-    drafter's q and with one-hot q (argmax drafts)."""
-    from dsd_jax.kernels import rejection_pallas
+    drafter's q and with one-hot q (argmax drafts). Attention stays XLA."""
+    from dsd_jax.kernels import KernelBackends, rejection_pallas
     real = rejection_pallas.rejection_sample
-    monkeypatch.setattr(rejection_pallas, "rejection_sample",
-                        lambda *a, **kw: real(*a, **{**kw, "platform": variant}))
     target, draft = pair
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 7, 8, 7]]
     sp = [SamplingParams(temperature=t, max_tokens=16, seed=s) for t, s in ((0.3, 11), (0.6, 12))]
-    outs = {}
-    for backend in ("xla", "interpret"):
+    outs, traced = {}, []
+
+    def pallas_variant(variant):
+        def sample(*a, **kw):
+            traced.append(variant)
+            return real(*a, **{**kw, "platform": variant})
+        return sample
+
+    for variant in ("xla", "gpu", "tpu"):
+        monkeypatch.setattr(rejection_pallas, "rejection_sample", pallas_variant(variant))
         engine = SpecEngine(target, draft, SpecConfig(num_speculative_tokens=2, draft_sampling=draft_sampling),
-                            max_batch_size=2, max_seq_len=32, prefill_chunk=16, backend=backend,
-                            controller=FixedK([2]))
-        outs[backend] = [o.token_ids for o in engine.generate(prompts, sp)]
+                            max_batch_size=2, max_seq_len=32, prefill_chunk=16, controller=FixedK([2]),
+                            backend=KernelBackends("xla", "xla" if variant == "xla" else "interpret"))
+        outs[variant] = [o.token_ids for o in engine.generate(prompts, sp)]
         st = engine.stats
         assert 0 < st.accepted_per_pos[0] < st.proposed_per_pos[0]  # drafts accepted and rejected
-    assert outs["interpret"] == outs["xla"]
+    assert set(traced) == {"gpu", "tpu"}
+    assert outs["gpu"] == outs["xla"] and outs["tpu"] == outs["xla"]
 
 
 def test_abandoned_stream_frees_its_slots(engine, pair):

@@ -799,6 +799,18 @@ def test_engine_assigned_seeds_stay_off_the_seeds_users_pick():
     assert set(seeds).isdisjoint(engine_seed(1, rid) for rid in range(2000))
 
 
+def dispatched_buckets(engine) -> list[int]:
+    """The batch bucket of every step program `engine` dispatches from now on, in order."""
+    ran, step = [], engine.programs.step
+
+    def recording_step(k, b):
+        ran.append(b)
+        return step(k, b)
+
+    engine.programs.step = recording_step
+    return ran
+
+
 def test_round_times_are_credited_to_the_bucket_their_program_ran(pair):
     """A dispatch is launched before the one ahead of it is read back, so it runs at the
     bucket of rows that may just have finished, and rows finish inside multi-round
@@ -807,19 +819,13 @@ def test_round_times_are_credited_to_the_bucket_their_program_ran(pair):
     from dsd_jax.buckets import bucket_for
     engine = make_engine(*pair, method="draft_model", max_seq_len=64, batch_buckets=[1, 2, 4],
                          num_speculative_tokens=2)
-    ran, credited = [], []
-    step = engine.programs.step
-
-    def recording_step(k, b):
-        ran.append(b)
-        return step(k, b)
+    ran, credited = dispatched_buckets(engine), []
 
     class Recorder(FixedK):
         def observe(self, k, num_accepted, step_time_s=None, request_ids=None, context_len=None,
                     batch_size=None):
             credited.append(batch_size)
 
-    engine.programs.step = recording_step
     engine.controller = Recorder([2])
     engine.generate([[1, 2, 3, 4, 5]] * 3, [SamplingParams(temperature=0.0, max_tokens=m) for m in (3, 9, 20)])
     trace = engine.stats.trace
@@ -841,14 +847,7 @@ def test_one_live_row_runs_in_the_bucket_its_profile_finds_faster(pair):
                    [0.9, 0.8])
     eng = make_engine(*pair, controller=Controller(spec, prof, max_batch_size=4, batch_buckets=[1, 2, 4]),
                       method="draft_model", num_speculative_tokens=2, max_seq_len=48, batch_buckets=[1, 2, 4])
-    ran = []
-    step = eng.programs.step
-
-    def recording_step(k, b):
-        ran.append(b)
-        return step(k, b)
-
-    eng.programs.step = recording_step
+    ran = dispatched_buckets(eng)
     params = SamplingParams(temperature=0.0, max_tokens=12)
     got = eng.generate([[1, 2, 3, 4, 5]], params)
     assert set(ran) == {2}

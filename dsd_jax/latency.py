@@ -19,9 +19,10 @@ its evidence outweighs the prior.
 
 `LatencyModel` is what the controller reads: the profile's ITL at the compiled
 batch bucket a live batch runs in (the smallest that holds it, or a larger one the
-profile shows faster at every cell: `buckets.serving_buckets`) and at a context bucket (context lengths are
-rounded to `context_subdivisions` points per profiled interval, so the tables
-built per bucket stay few), times the `LatencyCorrection` when one is learnt.
+profile shows faster at every cell: `buckets.serving_buckets`) and at a context
+bucket (context lengths are rounded to `context_subdivisions` points per profiled
+interval, so the tables built per bucket stay few), times the `LatencyCorrection`
+when one is learnt.
 
 The first K > 0 round after K = 0 rounds also runs the draft's catch-up on every
 token committed since the draft last ran: a one-off the correction must not learn

@@ -131,7 +131,7 @@ def time_attention(model: str, shape, point, s: Settings, bw) -> dict:
     return out
 
 
-def rejection_chain_step(backend: str, sample: Callable | None = None):
+def rejection_chain_step(backend: str | None = None, sample: Callable | None = None):
     """One call of `time_chain`'s chain for the rejection sampler: `u' = step(u, tiny, p, q,
     d, g)`, each call of the chain given its own copy of p, q and g (`per_call`). The passes
     over the vocabulary read p, q and g, not u: given the same buffers, XLA merges the
@@ -200,7 +200,7 @@ def _time_gpu_splits(B, K, V, s: Settings, timed: Callable) -> list[dict]:
     for splits in sorted({min(default * f, num_tiles) for f in (1, *s.rej_split_factors)}):
         sample = functools.partial(rejection_pallas.rejection_sample, platform="gpu",
                                    interpret=s.backend == "interpret", num_splits=splits)
-        res = _guard(lambda: {"us": 1e6 * timed(rejection_chain_step(s.backend, sample))})
+        res = _guard(lambda: {"us": 1e6 * timed(rejection_chain_step(sample=sample))})
         rows.append({"splits": splits, "default": splits == default, **res})
         gc.collect()
     return rows

@@ -1,9 +1,11 @@
-"""Subprocess suites: the mesh and multi-process cases.
+"""Subprocess suites: the mesh and multi-process cases, and the notebook.
 
 The mesh and multi-process cases need processes of their own (the CPU device count is
-fixed when a backend starts). They take minutes, mostly compiling on one core. The
-multi-process job starts as soon as collection has picked its test module, and runs while
-the in-process tests do. The mesh job starts when its fixture asks: three times in
+fixed when a backend starts); the notebook runs in a kernel of its own. They take
+minutes, mostly compiling on one core, while the in-process tests leave the second core
+mostly idle. The multi-process and notebook jobs start as soon as collection has picked
+their test modules, and run while the in-process tests do. The mesh job starts when its
+fixture asks, once the others have finished: three times in
 full-suite runs on 2 cores, three of its four fake devices' threads waited at an XLA:CPU
 all-reduce for a fourth that never came (the same op each time; synchronous dispatch
 did not help), never when it ran alone. It runs alone now, and once more if XLA:CPU
@@ -43,8 +45,13 @@ def _multihost_argvs() -> list[list[str]]:
     return [[sys.executable, os.path.join(HERE, "multihost_cases.py"), port, str(i)] for i in range(2)]
 
 
-JOBS = {"test_mesh.py": _mesh_argvs, "test_multihost.py": _multihost_argvs}
-EAGER = {"test_multihost.py"}  # started at collection, beside the in-process tests
+def _notebook_argvs() -> list[list[str]]:
+    return [[sys.executable, os.path.join(HERE, "notebook_run.py")]]
+
+
+JOBS = {"test_mesh.py": _mesh_argvs, "test_multihost.py": _multihost_argvs,
+        "test_notebook.py": _notebook_argvs}
+EAGER = {"test_multihost.py", "test_notebook.py"}  # started at collection, beside the in-process tests
 RENDEZVOUS_ABORT = "Termination timeout for `all reduce"  # XLA:CPU gave up on a collective
 
 
@@ -54,7 +61,7 @@ class Job:
 
     def __init__(self, argvs: list[list[str]], retry_rendezvous_abort: bool = False):
         self._argvs, self._retry = argvs, retry_rendezvous_abort
-        self._results = None
+        self._results, self._done = None, False
         self._launch()
 
     def _launch(self) -> None:
@@ -76,14 +83,22 @@ class Job:
                 return True
         return False
 
+    def finish(self, timeout: float = 900.0) -> None:
+        """Waits for the processes (bounded), running them once more if XLA:CPU aborted a
+        retried job at a collective rendezvous."""
+        if self._done:
+            return
+        self._wait(timeout)
+        if self._retry and self._aborted_at_rendezvous():
+            print(f"{self._argvs[0][1]}: XLA:CPU aborted at a collective rendezvous; running it again",
+                  file=sys.stderr)
+            self._launch()
+            self._wait(timeout)
+        self._done = True
+
     def results(self, timeout: float = 900.0) -> list[dict]:
         if self._results is None:
-            self._wait(timeout)
-            if self._retry and self._aborted_at_rendezvous():
-                print(f"{self._argvs[0][1]}: XLA:CPU aborted at a collective rendezvous; running it again",
-                      file=sys.stderr)
-                self._launch()
-                self._wait(timeout)
+            self.finish(timeout)
             self._results = [self._parse(p, out, err) for p, (out, err) in zip(self.procs, self._logs)]
         return self._results
 
@@ -108,8 +123,14 @@ _started: dict[str, Job] = {}
 
 def start(test_files, eager_only: bool = True) -> None:
     """Starts the jobs of these test modules (once): only the eager ones at collection."""
-    for name in set(test_files) & set(JOBS):
+    for name in sorted(set(test_files) & set(JOBS)):
         if name not in _started and (name in EAGER or not eager_only):
+            if name not in EAGER:  # runs alone: the eager jobs finish first
+                for job in list(_started.values()):
+                    try:
+                        job.finish()
+                    except subprocess.TimeoutExpired:
+                        pass  # killed; its own tests report it
             _started[name] = Job(JOBS[name](), retry_rendezvous_abort=name not in EAGER)
 
 

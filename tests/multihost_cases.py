@@ -10,8 +10,10 @@ import time
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "2"
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 sys.path.insert(0, os.path.dirname(__file__))
+from xla_flags import FAST_COMPILE  # noqa: E402
+
+os.environ.setdefault("XLA_FLAGS", FAST_COMPILE)
 
 import jax  # noqa: E402
 

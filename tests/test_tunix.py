@@ -22,6 +22,7 @@ from dsd_jax import SpecConfig, param_mapping
 from dsd_jax.compilation import compilation_count
 from dsd_jax.distill import token_logps
 from dsd_jax.integrations.tunix import SpecRollout, from_tunix
+from xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(29)]
@@ -400,7 +401,7 @@ def test_grpo_learner_end_to_end(tmp_path):
     trainer's after every sync, nothing compiles after the first step, rollout logprobs
     equal Tunix's recomputation, GRPO groups arrive as n=G requests."""
     out = tmp_path / "grpo.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
+    env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "grpo_tunix.py"),
                            "--steps", "2", "--max-tokens", "8", "--distill-steps", "2",
                            "--json", str(out)], env=env, capture_output=True, text=True,

@@ -1,7 +1,7 @@
 """notebooks/quickstart.ipynb executed end to end (nbclient) so it can never rot.
 
 It runs in a process of its own (`notebook_run.py`), started at collection so it overlaps
-the rest of the suite; these tests read what its cells printed and drew.
+the rest of the suite; the test reads what its cells printed and drew.
 """
 
 from __future__ import annotations

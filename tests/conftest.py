@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import os
 
-from xla_flags import FAST_COMPILE
+from xla_flags import fast_compile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", FAST_COMPILE)  # compile-bound, nothing timed (`xla_flags.py`)
+os.environ.setdefault("XLA_FLAGS", fast_compile())  # compile-bound, nothing timed (`xla_flags.py`)
 
 import jax
 import jax.numpy as jnp

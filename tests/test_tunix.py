@@ -22,7 +22,7 @@ from dsd_jax import SpecConfig, param_mapping
 from dsd_jax.compilation import compilation_count
 from dsd_jax.distill import token_logps
 from dsd_jax.integrations.tunix import SpecRollout, from_tunix
-from xla_flags import FAST_COMPILE
+from xla_flags import fast_compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(29)]
@@ -401,7 +401,7 @@ def test_grpo_learner_end_to_end(tmp_path):
     trainer's after every sync, nothing compiles after the first step, rollout logprobs
     equal Tunix's recomputation, GRPO groups arrive as n=G requests."""
     out = tmp_path / "grpo.json"
-    env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+    env = dict(os.environ, XLA_FLAGS=fast_compile())
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "grpo_tunix.py"),
                            "--steps", "2", "--max-tokens", "8", "--distill-steps", "2",
                            "--json", str(out)], env=env, capture_output=True, text=True,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import os
 
-from xla_flags import fast_compile
+from xla_flags import use_fast_compile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", fast_compile())  # compile-bound, nothing timed (`xla_flags.py`)
+use_fast_compile()  # compile-bound, nothing timed (`xla_flags.py`)
 
 import jax
 import jax.numpy as jnp

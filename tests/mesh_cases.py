@@ -9,12 +9,12 @@ import sys
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "4"
 sys.path.insert(0, os.path.dirname(__file__))
-from xla_flags import fast_compile  # noqa: E402
+from xla_flags import use_fast_compile  # noqa: E402
 
 # A collective waits up to 3 minutes for a slow device thread (XLA:CPU's default is 60 s);
 # past that XLA:CPU aborts, and `background.py` runs the suite once more (a rare hang at
 # one all-reduce, seen only beside the rest of the suite).
-os.environ.setdefault("XLA_FLAGS", fast_compile() + " --xla_cpu_collective_call_terminate_timeout_seconds=180")
+use_fast_compile("--xla_cpu_collective_call_terminate_timeout_seconds=180")
 
 import functools  # noqa: E402
 import tempfile  # noqa: E402

@@ -11,9 +11,9 @@ import time
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "2"
 sys.path.insert(0, os.path.dirname(__file__))
-from xla_flags import fast_compile  # noqa: E402
+from xla_flags import use_fast_compile  # noqa: E402
 
-os.environ.setdefault("XLA_FLAGS", fast_compile())
+use_fast_compile()
 
 import jax  # noqa: E402
 

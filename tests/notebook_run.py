@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbclient
 import nbformat
-from xla_flags import fast_compile
+from xla_flags import use_fast_compile
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
 KERNEL = "dsd-jax-test-python"
@@ -32,7 +32,7 @@ def main() -> None:
         "display_name": "dsd-jax tests", "language": "python"}))
     os.environ["JUPYTER_PATH"] = str(work / "jupyter")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ.setdefault("XLA_FLAGS", fast_compile())  # as conftest.py
+    use_fast_compile()  # as conftest.py
     os.environ.pop("MPLBACKEND", None)  # the kernel's inline backend renders the plots
 
     nb = nbformat.read(NOTEBOOK, as_version=4)

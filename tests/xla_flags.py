@@ -31,3 +31,10 @@ def fast_compile() -> str:
         both = f"{OPT_LEVEL_0} {OLD_FUSION_EMITTERS}"
         os.environ[_ANSWER] = both if known(both) else OPT_LEVEL_0
     return os.environ[_ANSWER]
+
+
+def use_fast_compile(extra: str = "") -> None:
+    """Sets XLA_FLAGS to `fast_compile()` and `extra` for this process and its children,
+    unless the caller set XLA_FLAGS; before the backend starts."""
+    if "XLA_FLAGS" not in os.environ:
+        os.environ["XLA_FLAGS"] = f"{fast_compile()} {extra}".strip()

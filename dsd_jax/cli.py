@@ -482,6 +482,7 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         # --ignore-eos, and the records' settings name it whole
         return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                max_tokens=args.max_tokens, stop_token_ids=stop, ignore_eos=True,
+                               stop=args.stop or (),
                                seed=None if args.seed is None else args.seed + i) for i in range(n)]
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
@@ -493,7 +494,8 @@ def _check_sampling_flags(cmd: str, args) -> None:
     from dsd_jax import SamplingParams
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                       max_tokens=args.max_tokens, stop_token_ids=list(args.stop_token_ids or []))
+                       max_tokens=args.max_tokens, stop_token_ids=list(args.stop_token_ids or []),
+                       stop=args.stop or ())
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
 
@@ -592,7 +594,7 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
 _RECORD_FLAGS = ("temperature", "top_k", "top_p", "max_tokens", "seed", "logprobs", "max_seq_len", "dtype",
-                 "method", "prompt_format")
+                 "method", "prompt_format", "stop")
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -661,6 +663,9 @@ def cmd_generate(args) -> int:
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
 
     target, draft, tokenizer, _ = loading.load_models(args)
+    if args.stop and tokenizer is None:
+        _fail(cmd, "--stop", "stop strings are matched in the decoded text: they need a tokenizer "
+              "(--tokenizer FILE, or an --hf-target directory holding tokenizer.json)")
     draft = _engine_draft(args, spec, draft, target)
     prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
     for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
@@ -791,6 +796,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")
     g.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per request (default 64)")
     g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
+    g.add_argument("--stop", action="append", metavar="STR",
+                   help="a stop string (repeat the flag for more): the completion ends with the token "
+                        "that completes it; its text ends before it, and its record's stop_reason names it")
     g.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the tokenizer's end-of-text token")
     g.add_argument("--logprobs", action="store_true", help="write per-token logprobs")

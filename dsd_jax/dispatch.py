@@ -97,7 +97,8 @@ class DispatchPolicy:
         free a slot for it), the controller's choice is stable, and no live row can reach
         its length limit before the last round (counting what the dispatch still in flight
         may emit). Rows stopping on a stop token end early on device all the same. The
-        controller still observes every round.
+        controller still observes every round. A stop string, found on the host, is not seen
+        early: with one in any live row a dispatch runs ADAPTIVE_ROUNDS at most.
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
         size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
@@ -113,8 +114,11 @@ class DispatchPolicy:
         stable = fixed or (len(self._history) == STABLE_DECISIONS and all(x == k for x in self._history))
         if queued or not stable or after_prefill:
             return 1
-        most = MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
-        if fixed and len(live) == 1:  # the dispatch ends when its one row does
+        # a stop string ends a row on the host, after the dispatch: the device runs the
+        # dispatch out, so rows that have stop strings get ADAPTIVE_ROUNDS at most
+        strings = any(r.params.stop for r in live)
+        most = MAX_ROUNDS if fixed and not strings else ADAPTIVE_ROUNDS
+        if fixed and len(live) == 1 and not strings:  # the dispatch ends when its one row does
             return most
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self.remaining(r) for r in live) - pending

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters, inputs, kernels, multihost
+from dsd_jax import compilation, drafters, inputs, kernels, multihost, stop_strings
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
@@ -510,6 +510,10 @@ class SpecEngine:
                              f"seed + g, which must stay below 2**32")
         if sp.top_k > vocab:  # the same distribution (every token kept), and it fits int32
             sp = dataclasses.replace(sp, top_k=vocab)
+        if sp.stop and self.tokenizer is None:
+            raise ValueError(f"request {i}: stop strings {list(sp.stop)!r} are matched in the "
+                             "decoded text: they need an engine with a tokenizer "
+                             "(SpecEngine(..., tokenizer=...))")
         return sp
 
     def _check_call(self, prompts, sampling, references=None, memory=None) -> list[tuple]:
@@ -640,11 +644,13 @@ class SpecEngine:
 
     def _output(self, r: Request, return_logprobs: bool) -> RequestOutput:
         text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
+        if r.text_end is not None:  # a stop string ended it: the text ends there
+            text = text[:r.text_end]
         # the n completions of a prompt share one prompt list: each output gets its own copy
         return RequestOutput(r.request_id, list(r.prompt), list(r.tokens), r.finish_reason,
                              list(r.logprobs) if return_logprobs else None,
                              list(r.raw_logprobs) if return_logprobs else None, text,
-                             r.prompt_index, r.index, r.seed)
+                             r.prompt_index, r.index, r.seed, r.stop_reason)
 
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: Request) -> int:
@@ -760,9 +766,11 @@ class SpecEngine:
                     src[s], dst[s] = last, i
                     live[i] = live[last]
                     live[i].slot = i
+                elif r.stopped_on_host:  # still active on the device: a move with no
+                    src[s] = i           # destination frees it
                 live.pop()
                 r.slot = -1
-            if (dst < self.slots_per_shard).any():
+            if (src < self.slots_per_shard).any():
                 self.state = move(self.state, src, dst)
 
     def _process(self, d: _Dispatch) -> tuple:
@@ -785,6 +793,19 @@ class SpecEngine:
         bucket = len(snapshot) // self.data
         # the round each row finished in (R if it is still running)
         last = np.where(done[:, rows].any(0), done[:, rows].argmax(0), R)
+        emitted_by = lambda i, j_end: ((np.arange(tokens.shape[-1]) < n_emit[:, i, None])
+                                       & (np.arange(R) <= j_end)[:, None])  # [R, K+1]
+        n_emit, stopped_by = n_emit.copy(), {}
+        for at, i in enumerate(rows):
+            r = snapshot[i]
+            if r.params.stop:  # a stop string ends the row where it completes (`stop_strings`)
+                hit = self._stop_string(r, tokens[:, i], emitted_by(i, last[at]))
+                if hit is not None:
+                    stopped_by[i], j, count = hit
+                    last[at] = j  # its rounds after j never happened, for the stats too
+                    n_emit[max(j, 0):, i] = 0
+                    if j >= 0:
+                        n_emit[j, i] = count
         for j in range(R):
             live = rows[last >= j]
             if not len(live):
@@ -805,22 +826,26 @@ class SpecEngine:
                                     request_ids=[snapshot[i].request_id for i in live],
                                     context_len=context, batch_size=bucket)
         events, finished = [], []
-        width = np.arange(tokens.shape[-1])
         for i, j_end in zip(rows, last):
             r = snapshot[i]
-            emitted = (width < n_emit[:, i, None]) & (np.arange(R) <= j_end)[:, None]  # [R, K+1]
+            emitted = emitted_by(i, j_end)
             before = len(r.tokens)
             if emitted.any():
                 r.tokens += tokens[:, i][emitted].tolist()
                 r.logprobs += lp[:, i][emitted].tolist()
                 r.raw_logprobs += raw[:, i][emitted].tolist()
                 r.first_token_time = r.first_token_time or times[emitted.any(1).argmax()]
-            if j_end < R:
-                stopped = bool(r.tokens) and r.tokens[-1] in r.params.stop_token_ids
-                r.finish_reason = "stop" if stopped else "length"
-                if stopped and not r.params.include_stop_token:
-                    del r.tokens[-1], r.logprobs[-1], r.raw_logprobs[-1]
-                r.finish_time = times[j_end]
+            if j_end < R:  # finished: on the device, or by a stop string here
+                if i in stopped_by:
+                    r.finish_reason, r.stop_reason, r.text_end = "stop", stopped_by[i].stop, stopped_by[i].text_end
+                else:
+                    stopped = bool(r.tokens) and r.tokens[-1] in r.params.stop_token_ids
+                    r.finish_reason = "stop" if stopped else "length"
+                    if stopped and (r.params.ignore_eos or r.tokens[-1] not in self.eos_token_ids):
+                        r.stop_reason = r.tokens[-1]  # None for the end-of-text ids, as vLLM
+                    if stopped and not r.params.include_stop_token:
+                        del r.tokens[-1], r.logprobs[-1], r.raw_logprobs[-1]
+                r.finish_time = times[max(j_end, 0)]
                 finished.append(r)
                 self._forget([r])
             # the event carries what the output keeps (after a dropped stop token), so the
@@ -828,6 +853,24 @@ class SpecEngine:
             if len(r.tokens) > before or j_end < R:
                 events.append((r, r.tokens[before:]))
         return events, finished
+
+    def _stop_string(self, r: Request, tokens: np.ndarray, emitted: np.ndarray):
+        """If this dispatch's tokens of request r (`tokens` [R, K+1], `emitted` the mask of
+        those it emitted) complete one of its stop strings: (the `stop_strings.Match`, the
+        round of the last token kept, how many tokens that round keeps); else None."""
+        new = tokens[emitted].tolist()
+        if not new:
+            return None
+        hit, r.searched = stop_strings.scan(self.tokenizer.decode, r.tokens + new, len(r.tokens),
+                                            r.params.stop, r.searched,
+                                            r.params.include_stop_str_in_output)
+        if hit is None:
+            return None
+        kept = hit.keep - len(r.tokens)  # of the new ones (0: the match ended in older ones)
+        if kept == 0:
+            return hit, -1, 0
+        rounds, places = np.nonzero(emitted)  # in token order
+        return hit, int(rounds[kept - 1]), int(places[kept - 1]) + 1
 
     def _forget(self, requests: list[Request], finished: bool = True) -> None:
         """The controller's per-request state of `requests` is dropped: finished, or (not

@@ -64,7 +64,8 @@ class InOrder:
 
     def line(self, i: int, o) -> str:
         rec: dict[str, Any] = {"prompt": self.raw_prompts[i].get("prompt"), "prompt_token_ids": self.prompts[i],
-                               "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+                               "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                               "stop_reason": o.stop_reason}
         if self.logprobs:
             rec["logprobs"] = o.logprobs
             rec["raw_logprobs"] = o.raw_logprobs

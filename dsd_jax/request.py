@@ -33,6 +33,9 @@ class RequestOutput:
     # back as a reference (or kept by a RolloutMemory) carries it, so the next draw's noise
     # is kept apart from the noise that drew the reference
     noise_seed: int | None = None
+    # what stopped it, as vLLM: the stop string, or the stop token id (the last token, kept
+    # or not: `include_stop_token`); None for the end-of-text ids and for "length"
+    stop_reason: int | str | None = None
 
 
 @dataclasses.dataclass
@@ -53,8 +56,16 @@ class Request:
     shard: int = 0  # data shard holding the request
     slot: int = -1  # slot within its shard
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # RequestOutput's
+    text_end: int | None = None  # where the text ends when a stop string ended it
+    searched: int = 0  # characters of the completion's text searched for stop strings
     first_token_time: float | None = None
     finish_time: float | None = None
+
+    @property
+    def stopped_on_host(self) -> bool:
+        """Ended by a stop string: the device, which knows only token ids, runs it on."""
+        return isinstance(self.stop_reason, str)
 
 
 def remember(memory, requests) -> None:

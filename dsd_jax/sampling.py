@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsd_jax.stop_strings import stop_list
+
 # Noise streams per (seed, position).
 STREAM_TARGET = 0  # Gumbel noise for the target's token (plain sampling, drafter-invariant mode)
 STREAM_DRAFT = 1  # Gumbel noise for a draft proposal sampled from q
@@ -93,6 +95,10 @@ class SamplingParams:
     `stop_token_ids`: token ids that end the completion (a sequence, or one id; a repeated
     id is kept once, at its first place: at most `state.MAX_STOP_IDS` (8) distinct ids).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
+    `stop` (vLLM's name): strings that end the completion, matched in its decoded text (the
+    engine needs a tokenizer; `dsd_jax.stop_strings`): its token ids end with the token
+    that completed the string, its text before the string, or after it with
+    `include_stop_str_in_output`.
     `ignore_eos` (vLLM's name): leave out the engine's end-of-text ids
     (`SpecEngine.eos_token_ids`, by default its tokenizer's), which otherwise end the
     completion as stop ids do; `stop_token_ids` still apply.
@@ -128,6 +134,8 @@ class SamplingParams:
     include_stop_token: bool = True
     n: int = 1
     ignore_eos: bool = False
+    stop: Sequence[str] = ()
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -145,9 +153,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
         set_("stop_token_ids", distinct_token_ids(self.stop_token_ids))
+        set_("stop", stop_list(self.stop))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
-        for name in ("include_stop_token", "ignore_eos"):
+        for name in ("include_stop_token", "ignore_eos", "include_stop_str_in_output"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):  # "False" would be true
                 raise ValueError(f"{name} must be a bool, got {value!r}")

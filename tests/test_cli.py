@@ -137,6 +137,33 @@ def test_generate_text_prompts_with_profile(profile_path, files, tmp_path, capsy
         assert "logprobs" not in r
 
 
+def test_generate_with_stop_strings(files, tmp_path, capsys):
+    """--stop (repeatable): a record ends with the token completing the string, its text
+    before it, and its stop_reason names it; without a tokenizer, an error naming --stop."""
+    gen = ["generate", "--target", files.target, "--draft", files.draft, "--tokenizer", files.tokenizer,
+           "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
+           "--prompts", files.jsonl, "--temperature", "0", "--max-tokens", "8"]
+    assert cli.main(gen) == 0
+    free = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    word = free[0]["text"].split(" ")[3]  # the 4th token of the first completion: " w17" -> "w17"
+    assert cli.main(gen + ["--stop", word, "--stop", "never"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    from tokenizers import Tokenizer
+    decode = Tokenizer.from_file(files.tokenizer).decode
+    for r, f in zip(recs, free):
+        ids = f["token_ids"]
+        if word in f["text"]:  # cut at the fewest tokens whose text holds it
+            n = next(n for n in range(1, len(ids) + 1) if word in decode(ids[:n]))
+            assert r["token_ids"] == ids[:n] and r["text"] == f["text"][:f["text"].index(word)]
+            assert (r["finish_reason"], r["stop_reason"]) == ("stop", word)
+        else:
+            assert r["token_ids"] == ids and r["stop_reason"] is None
+    assert recs[0]["finish_reason"] == "stop"
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl,
+              "--stop", "w1"])
+    assert "--stop" in m and "tokenizer" in m
+
+
 def test_generate_with_an_eagle3_head(files, tmp_path, capsys):
     """--speculative-config naming an EAGLE-3 head directory: the engine drafts with the head
     and greedy output equals plain greedy decoding."""
@@ -775,7 +802,8 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("w1\n"))  # a stdin without .buffer
     assert loading.read_prompts("--prompts", "-") == [{"prompt": "w1"}]
 
-    out = types.SimpleNamespace(text="\u2192 done", token_ids=[1], finish_reason="length")
+    out = types.SimpleNamespace(text="\u2192 done", token_ids=[1], finish_reason="length",
+                                stop_reason=None)
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
     records.InOrder(False, [{"prompt": "x = \u2192"}], [[1, 2]], cli._stdout_lines())(0, out)
@@ -823,7 +851,8 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
     os.close(r)  # the reader left
     broken = open(w, "w", encoding="utf-8")
     monkeypatch.setattr(sys, "stdout", broken)
-    out = types.SimpleNamespace(text="t", token_ids=[1], finish_reason="length")
+    out = types.SimpleNamespace(text="t", token_ids=[1], finish_reason="length",
+                                stop_reason=None)
 
     def generate(args):
         write = records.InOrder(False, [{"prompt": "p"}] * 3, [[1]] * 3, cli._stdout_lines())
@@ -846,7 +875,8 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
     a run that stops leaves FILE as it was and the finished prefix in FILE.partial."""
     out = tmp_path / "out.jsonl"
     out.write_text("earlier\n")
-    done = lambda i: types.SimpleNamespace(text=f"t{i}", token_ids=[i], finish_reason="length")  # noqa: E731
+    done = lambda i: types.SimpleNamespace(text=f"t{i}", token_ids=[i], finish_reason="length",
+                                             stop_reason=None)  # noqa: E731
 
     class Engine:  # finishes requests 2, 0, 1 (then, if `dies`, fails before 3)
         dies = False

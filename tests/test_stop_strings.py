@@ -1,0 +1,193 @@
+"""Stop strings (`SamplingParams.stop`): matched in the decoded text on the host, the
+completion cut at the token that completes the first match, the slot freed on the device."""
+
+import numpy as np
+import pytest
+
+from dsd_jax import SamplingParams
+from dsd_jax.stop_strings import Match, scan
+from conftest import FixedK, greedy_reference, make_engine, scaled
+
+
+class Pieces:
+    """A tokenizer whose token i decodes to two letters (all 64 distinct): a string can
+    start inside one token and end inside another."""
+
+    letters = "abcdefgh"
+
+    def piece(self, i: int) -> str:
+        return self.letters[i % 8] + self.letters[(i // 8) % 8]
+
+    def decode(self, ids) -> str:
+        return "".join(self.piece(int(i)) for i in ids)
+
+    def encode(self, text):  # prompts are token ids in these tests
+        raise AssertionError("not used")
+
+
+# ---- the matcher -----------------------------------------------------------------------
+
+def test_scan_cuts_at_the_token_that_completes_the_first_match():
+    tok = Pieces()
+    tokens = [0, 9, 18, 27, 36]  # "aa" "bb" "cc" "dd" "ee"
+    # "bc" starts inside token 1 and ends inside token 2: 3 tokens kept, text "aab"
+    hit, searched = scan(tok.decode, tokens, 0, ["bc"], 0, include=False)
+    assert hit == Match(3, 3, "bc") and searched == 10
+    assert scan(tok.decode, tokens, 0, ["bc"], 0, include=True)[0] == Match(3, 5, "bc")
+    # of two strings, the one completed first wins, whatever the order they are listed in
+    assert scan(tok.decode, tokens, 0, ["dde", "bb"], 0, include=False)[0] == Match(2, 2, "bb")
+    # none: everything searched
+    assert scan(tok.decode, tokens, 0, ["zz"], 0, include=False) == (None, 10)
+
+
+def test_scan_finds_a_string_straddling_what_was_searched_before():
+    tok = Pieces()
+    first = [0, 9]  # "aabb", searched: no "bc"
+    assert scan(tok.decode, first, 0, ["bc"], 0, include=False) == (None, 4)
+    hit, _ = scan(tok.decode, first + [18, 27], 2, ["bc"], 4, include=False)
+    assert hit == Match(3, 3, "bc")  # the match began in the tokens already given out
+    # text searched before is not searched again (but for the overlap a string may straddle)
+    assert scan(tok.decode, first + [18], 2, ["aa"], 4, include=False) == (None, 6)
+
+
+def test_scan_waits_for_an_incomplete_character():
+    """A byte-level tokenizer decodes half a character to U+FFFD: the text searched stops
+    before it, so a string that needs the whole character is found once it is complete."""
+    decode = lambda ids: "".join({1: "x", 2: "\ufffd", 3: "\u00e9"}[i] for i in ids)  # noqa: E731
+    assert scan(decode, [1, 2], 0, ["x\ufffd"], 0, include=False) == (None, 1)
+    # ("\u00e9" standing for the character token 2 began and token 3 completed)
+    assert scan(lambda ids: "x\u00e9" if ids == [1, 2, 3] else decode(ids), [1, 2, 3], 2,
+                ["x\u00e9"], 1, include=False)[0] == Match(3, 0, "x\u00e9")
+
+
+def test_scan_with_the_builtin_tokenizer():
+    from tokenizers import Tokenizer
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
+    ids = tok.encode("def f(x):\n    return x\n\n\nprint(f(2))").ids
+    hit, _ = scan(tok.decode, ids, 0, ["\n\n"], 0, include=False)
+    text = tok.decode(ids[:hit.keep])
+    assert "\n\n" not in tok.decode(ids[:hit.keep - 1]) and "\n\n" in text
+    assert text[:hit.text_end] == "def f(x):\n    return x"
+
+
+def test_stop_strings_are_checked():
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(stop=["a", "b", "a"]).stop == ("a", "b")
+    assert SamplingParams(stop=None).stop == ()
+    for bad, match in (([""], "empty"), ([1], "must be a string"), (b"x", "string"), (3, "string")):
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(stop=bad)
+    with pytest.raises(ValueError, match="include_stop_str_in_output"):
+        SamplingParams(stop="x", include_stop_str_in_output="yes")
+
+
+# ---- the engine ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return scaled(tiny_pair[0], 3.0), tiny_pair[1]
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    engine = make_engine(*pair, method="draft_model", max_seq_len=48)
+    engine.tokenizer = Pieces()
+    return engine
+
+
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
+
+
+def _expected(tok, reference: list[int], stop: str):
+    """What a completion stopped by `stop` holds: the fewest tokens whose text contains it."""
+    n = next(n for n in range(1, len(reference) + 1) if stop in tok.decode(reference[:n]))
+    text = tok.decode(reference[:n])
+    return reference[:n], text[:text.index(stop)]
+
+
+def _stop_inside(tok, reference: list[int]) -> str:
+    """A string of the reference's text that starts inside its 4th token and ends inside its
+    6th (and first occurs there)."""
+    text = tok.decode(reference)
+    for start in range(7, 2, -1):
+        s = text[start:11]
+        if text.index(s) == start:
+            return s
+    raise AssertionError(f"no usable stop string in {text!r}")
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_greedy_completions_end_at_their_stop_strings(engine, pair, k):
+    """More prompts than slots: rows stopped on the host free their slots for queued
+    prompts, whose completions are still exact; the device holds no active row after."""
+    tok = engine.tokenizer
+    engine.controller = FixedK([k])
+    refs = [greedy_reference(pair[0], p, 20) for p in PROMPTS]
+    stops = [_stop_inside(tok, r) for r in refs]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=20, stop=[s, "zzzz"]) for s in stops]
+    sampling[3] = SamplingParams(temperature=0.0, max_tokens=20)  # no stop string: runs its 20
+    engine.max_batch_size, old = 2, engine.max_batch_size
+    engine.reset_metrics()
+    try:
+        outs = engine.generate(PROMPTS, sampling, return_logprobs=True)
+    finally:
+        engine.max_batch_size = old
+    # the rounds the device ran past a stop string count for nothing
+    assert engine.metrics()["tokens"] == sum(len(o.token_ids) for o in outs)
+    for o, ref, stop in zip(outs[:3], refs, stops):
+        tokens, text = _expected(tok, ref, stop)
+        assert (o.token_ids, o.text, o.finish_reason, o.stop_reason) == (tokens, text, "stop", stop)
+        assert len(o.logprobs) == len(o.token_ids)
+    assert outs[3].token_ids == refs[3] and outs[3].finish_reason == "length"
+    assert outs[3].stop_reason is None
+    assert not np.asarray(engine.state.active).any()
+    # the text kept with include_stop_str_in_output ends after the string; a lone row
+    # stopped long before its length limit is freed on the device too
+    out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=40, stop=stops[0],
+                                                       include_stop_str_in_output=True))[0]
+    tokens, text = _expected(tok, refs[0], stops[0])
+    assert out.token_ids == tokens and out.text == text + stops[0]
+    assert not np.asarray(engine.state.active).any()
+
+
+def test_stream_and_groups_with_stop_strings(engine, pair):
+    """A stream's tokens join to generate's; a group's completions each stop on their own."""
+    tok = engine.tokenizer
+    engine.controller = FixedK([2])
+    ref = greedy_reference(pair[0], PROMPTS[2], 20)
+    stop = _stop_inside(tok, ref)
+    sp = SamplingParams(temperature=0.0, max_tokens=20, stop=stop, n=2)
+    outs = engine.generate([PROMPTS[2]], sp)
+    joined = {0: [], 1: []}
+    for i, new in engine.stream([PROMPTS[2]], sp):
+        joined[i] += new
+    tokens, _ = _expected(tok, ref, stop)
+    assert [o.token_ids for o in outs] == [tokens, tokens] == [joined[0], joined[1]]
+    # sampled (at a static K, so the drafts are the same): each completion is cut where its
+    # own text first holds the string
+    sampled = SamplingParams(temperature=1.0, max_tokens=20, seed=3, n=4)
+    free = engine.generate([PROMPTS[0]], sampled)
+    stop = tok.decode(free[0].token_ids)[5:8]
+    cut = engine.generate([PROMPTS[0]], SamplingParams(temperature=1.0, max_tokens=20, seed=3, n=4,
+                                                       stop=stop))
+    for f, c in zip(free, cut):
+        if stop in tok.decode(f.token_ids):
+            assert (c.token_ids, c.stop_reason) == (_expected(tok, f.token_ids, stop)[0], stop)
+        else:
+            assert c.token_ids == f.token_ids and c.stop_reason is None
+
+
+def test_stop_strings_need_a_tokenizer_and_stop_ids_report_theirs(engine, pair):
+    engine.controller = FixedK([1])
+    old, engine.tokenizer = engine.tokenizer, None
+    try:
+        with pytest.raises(ValueError, match="request 1: stop strings.*tokenizer"):
+            engine.generate([[1], [2]], [SamplingParams(), SamplingParams(stop="ab")])
+        # a stop token id names itself as the stop reason (end-of-text ids would give None)
+        ref = greedy_reference(pair[0], PROMPTS[0], 12)
+        out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12,
+                                                           stop_token_ids=[ref[4]]))[0]
+        assert out.stop_reason == ref[4] and out.token_ids == ref[:ref.index(ref[4]) + 1]
+    finally:
+        engine.tokenizer = old

@@ -461,7 +461,7 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
     # a repeat, and an end-of-text id given, count once
     args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
                                  temperature=1.0, top_k=0, top_p=1.0, max_tokens=4, seed=None,
-                                 hf_target=None)
+                                 hf_target=None, stop=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):

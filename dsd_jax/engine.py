@@ -861,9 +861,8 @@ class SpecEngine:
         new = tokens[emitted].tolist()
         if not new:
             return None
-        hit, r.searched = stop_strings.scan(self.tokenizer.decode, r.tokens + new, len(r.tokens),
-                                            r.params.stop, r.searched,
-                                            r.params.include_stop_str_in_output)
+        hit = stop_strings.scan(self.tokenizer.decode, r.tokens + new, len(r.tokens), r.params.stop,
+                                r.stop_text, r.params.include_stop_str_in_output)
         if hit is None:
             return None
         kept = hit.keep - len(r.tokens)  # of the new ones (0: the match ended in older ones)

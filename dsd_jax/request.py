@@ -9,6 +9,7 @@ import hashlib
 import numpy as np
 
 from dsd_jax.sampling import SamplingParams
+from dsd_jax.stop_strings import Text
 
 __all__ = ["Request", "RequestOutput", "engine_seed", "references_seed", "remember"]
 
@@ -58,7 +59,7 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # RequestOutput's
     text_end: int | None = None  # where the text ends when a stop string ended it
-    searched: int = 0  # characters of the completion's text searched for stop strings
+    stop_text: Text = dataclasses.field(default_factory=Text)  # its text so far, with stop strings
     first_token_time: float | None = None
     finish_time: float | None = None
 

@@ -2,8 +2,9 @@
 
 The device ends a row at a stop token id by itself; a string can span tokens and a token
 can hold more than the string, so only text can find it. After each dispatch the engine
-decodes each such request's completion and looks for its stop strings in the text not yet
-searched (plus the overlap a string could straddle). The completion then ends with the
+decodes each such request's new tokens (`Text`: with a few before them, not the whole
+completion) and looks for its stop strings in the text not yet searched (plus the overlap
+a string could straddle). The completion then ends with the
 token that completed the first match, as if it had stopped there: the device's rounds
 after it are dropped, and the row's slot is freed like any finished one's.
 
@@ -20,6 +21,11 @@ from typing import Callable, NamedTuple, Sequence
 # characters may be such a placeholder until the next token completes them, so the text
 # searched stops before them.
 INCOMPLETE = "\ufffd"
+# Tokens decoded again before new ones (vLLM's incremental detokenizing): a tokenizer may
+# decode a sequence's first token differently (a leading space dropped), and a character's
+# bytes may be split between tokens; a few tokens of context make the new text read as it
+# does in the whole text.
+CONTEXT_TOKENS = 6
 
 
 class Match(NamedTuple):
@@ -28,45 +34,67 @@ class Match(NamedTuple):
     stop: str      # the stop string matched
 
 
-def settled_text(decode: Callable[[list[int]], str], tokens: Sequence[int]) -> str:
-    """The decoded text of `tokens` without a trailing incomplete character."""
-    return decode(list(tokens)).rstrip(INCOMPLETE)
+class Text:
+    """A completion's text as it grows: `text` is the decoded text of its first `read`
+    tokens, settled (no incomplete character at its end). Each call decodes the new tokens
+    with `CONTEXT_TOKENS` before them, not the whole completion: a scan per dispatch then
+    costs what the dispatch added, not what the completion holds."""
+
+    def __init__(self):
+        self.text, self.read = "", 0
+
+    def upto(self, decode: Callable[[list[int]], str], tokens: Sequence[int], n: int) -> tuple[str, bool]:
+        """(the text of the first n >= `read` tokens, whether it is settled); changes nothing."""
+        start = max(0, self.read - CONTEXT_TOKENS)
+        before = decode(list(tokens[start:self.read])) if start < self.read else ""
+        whole = decode(list(tokens[start:n]))
+        settled = not whole.endswith(INCOMPLETE)
+        return self.text + whole[len(before):].rstrip(INCOMPLETE), settled
+
+    def extend(self, decode: Callable[[list[int]], str], tokens: Sequence[int]) -> None:
+        """Reads every token of `tokens` (the whole completion so far) it has not read; the
+        text stays as it was while the last character is incomplete."""
+        text, settled = self.upto(decode, tokens, len(tokens))
+        if settled:
+            self.text, self.read = text, len(tokens)
 
 
 def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], committed: int,
-         stops: Sequence[str], searched: int, include: bool) -> tuple[Match | None, int]:
-    """Looks for `stops` in the completion `tokens`, of which the first `committed` were
-    searched before (their text up to `searched` characters, found free of every string).
+         stops: Sequence[str], text: Text, include: bool) -> Match | None:
+    """Looks for `stops` in the completion `tokens`, whose first `committed` were scanned
+    before (`text` holds what they decoded to, found free of every string), and reads the
+    rest into `text`.
 
-    Returns (the match that completes first, or None; the characters now searched). Of two
-    strings completed by the same token, the one that ends first in the text wins (then the
-    one listed first). The kept count is at least `committed`: tokens already given out
-    stay. `decode` is the tokenizer's (called once, and once per halving of the new tokens
-    when a string is found)."""
-    text = settled_text(decode, tokens)
+    Returns the match that completes first, or None. Of two strings completed by the same
+    token, the one that ends first in the text wins (then the one listed first). The kept
+    count is at least `committed`: tokens already given out stay. `decode` is the
+    tokenizer's (called on the new tokens and a few before them; again once per halving of
+    the new tokens when a string is found)."""
+    searched, read = len(text.text), text.read
+    text.extend(decode, tokens)
     start = max(0, searched - max(map(len, stops)) + 1)  # a string straddling the old end
     best = None
     for s in stops:
-        i = text.find(s, start)
+        i = text.text.find(s, start)
         if i >= 0 and (best is None or i + len(s) < best[0] + len(best[1])):
             best = (i, s)
     if best is None:
-        return None, len(text)
+        return None
     i, s = best
+    before = Text()
+    before.text, before.read = text.text[:searched], read
 
     def holds(n: int) -> bool:  # the first n tokens' text already holds the match
-        return settled_text(decode, tokens[:n])[i:i + len(s)] == s
+        return before.upto(decode, tokens, n)[0][i:i + len(s)] == s
 
-    lo, hi = committed, len(tokens)  # holds(hi) is true: the match is in the whole text
+    lo, hi = max(committed, read), text.read  # holds(hi): the match is in the text read
     while lo < hi:  # the fewest tokens whose text holds it (prefix texts grow monotonically)
         mid = (lo + hi) // 2
         if holds(mid):
             hi = mid
         else:
             lo = mid + 1
-    return Match(lo, i + len(s) if include else i, s), len(text)
-
-
+    return Match(lo, i + len(s) if include else i, s)
 def stop_list(value, name: str = "stop") -> tuple[str, ...]:
     """Stop strings as a tuple of distinct non-empty strings, in first-occurrence order: one
     string, a sequence of them, or None (none)."""

@@ -95,6 +95,8 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], committed: i
         else:
             lo = mid + 1
     return Match(lo, i + len(s) if include else i, s)
+
+
 def stop_list(value, name: str = "stop") -> tuple[str, ...]:
     """Stop strings as a tuple of distinct non-empty strings, in first-occurrence order: one
     string, a sequence of them, or None (none)."""

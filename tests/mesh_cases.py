@@ -180,6 +180,25 @@ ref_uneven = [o.token_ids for o in ref.generate(PROMPTS, uneven)]
 dp = engine(mesh(2, 2))
 results["2x2"]["uneven"] = [o.token_ids for o in dp.generate(PROMPTS, uneven)] == ref_uneven
 results["2x2"]["shard_rows"] = [t["shard_rows"] for t in dp.stats.trace]
+# stop strings on 2x2: a row stopped on the host frees its slot on its own shard (by a move
+# to nowhere where it is its shard's last row), and the tokens are one device's
+
+
+class Letters:  # a token decodes to a letter
+    decode = staticmethod(lambda ids: "".join(chr(97 + int(i) % 26) for i in ids))
+
+
+ref.tokenizer = dp.tokenizer = Letters()
+texts = [Letters.decode(t) for t in ref_uneven]
+stops = [SamplingParams(temperature=0.0, max_tokens=m, stop=text[2:4] if len(text) >= 4 else None)
+         for m, text in zip((4, 20, 8, 16, 12, 6), texts)]
+ref_stops = ref.generate(PROMPTS, stops)
+dp_stops = dp.generate(PROMPTS, stops)
+results["2x2"]["stop_strings"] = {
+    "same": [o.token_ids for o in dp_stops] == [o.token_ids for o in ref_stops],
+    "stopped": sum(o.stop_reason is not None for o in dp_stops),
+    "shorter": sum(len(o.token_ids) < len(t) for o, t in zip(dp_stops, ref_uneven)),
+    "active_after": bool(jax.device_get(dp.state.active).any())}
 # a goodput controller (the makespan objective, the default) on 2x2: it gets the fullest
 # shard's rows as the batch and every live request's id
 from dsd_jax import DynamicConfig  # noqa: E402

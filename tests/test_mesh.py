@@ -120,6 +120,13 @@ def test_data_parallel_uneven_lengths(results):
     assert all(len(r) == 2 and max(r) <= 2 for r in rows)
 
 
+def test_data_parallel_stop_strings(results):
+    """2x2, six requests through four slots, stop strings taken from each one's own text:
+    the tokens are one device's, and no slot stays active on the device after the call."""
+    r = results["2x2"]["stop_strings"]
+    assert r["same"] and r["stopped"] >= 4 and r["shorter"] >= 4 and not r["active_after"], r
+
+
 def test_data_parallel_with_a_goodput_controller(results):
     """2x2 under dynamic K (the makespan objective): the controller is asked with the
     fullest shard's rows as the batch and every live request's id (it had refused the

@@ -130,8 +130,8 @@ def _expected(tok, reference: list[int], stop: str):
 
 
 def _stop_inside(tok, reference: list[int]) -> str:
-    """A string of the reference's text that starts inside its 4th token and ends inside its
-    6th (and first occurs there)."""
+    """A string of the reference's text that ends inside its 6th token and starts inside an
+    earlier one (the shortest such string that first occurs there)."""
     text = tok.decode(reference)
     for start in range(7, 2, -1):
         s = text[start:11]

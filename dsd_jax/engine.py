@@ -793,9 +793,9 @@ class SpecEngine:
         bucket = len(snapshot) // self.data
         # the round each row finished in (R if it is still running)
         last = np.where(done[:, rows].any(0), done[:, rows].argmax(0), R)
+        n_emit, stopped_by = n_emit.copy(), {}  # a stop string cuts a row's counts below
         emitted_by = lambda i, j_end: ((np.arange(tokens.shape[-1]) < n_emit[:, i, None])
                                        & (np.arange(R) <= j_end)[:, None])  # [R, K+1]
-        n_emit, stopped_by = n_emit.copy(), {}
         for at, i in enumerate(rows):
             r = snapshot[i]
             if r.params.stop:  # a stop string ends the row where it completes (`stop_strings`)

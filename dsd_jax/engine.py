@@ -861,11 +861,16 @@ class SpecEngine:
         new = tokens[emitted].tolist()
         if not new:
             return None
-        hit = stop_strings.scan(self.tokenizer.decode, r.tokens + new, len(r.tokens), r.params.stop,
-                                r.stop_text, r.params.include_stop_str_in_output)
+        committed = len(r.tokens)
+        r.tokens += new  # scanned in place, then taken off again: no copy of the completion
+        try:
+            hit = stop_strings.scan(self.tokenizer.decode, r.tokens, committed, r.params.stop,
+                                    r.stop_text, r.params.include_stop_str_in_output)
+        finally:
+            del r.tokens[committed:]  # the caller commits what the dispatch keeps
         if hit is None:
             return None
-        kept = hit.keep - len(r.tokens)  # of the new ones (0: the match ended in older ones)
+        kept = hit.keep - committed  # of the new ones (0: the match ended in older ones)
         if kept == 0:
             return hit, -1, 0
         rounds, places = np.nonzero(emitted)  # in token order

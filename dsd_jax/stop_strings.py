@@ -15,6 +15,7 @@ the string starts (with `include_stop_str_in_output`, where it ends).
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, NamedTuple, Sequence
 
 # What a byte-level tokenizer decodes an incomplete UTF-8 sequence to. A completion's last
@@ -70,7 +71,8 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], committed: i
     count is at least `committed`: tokens already given out stay. `decode` is the
     tokenizer's (called on the new tokens and a few before them; again once per halving of
     the new tokens when a string is found)."""
-    searched, read = len(text.text), text.read
+    before = copy.copy(text)  # what earlier scans read
+    searched, read = len(before.text), before.read
     text.extend(decode, tokens)
     start = max(0, searched - max(map(len, stops)) + 1)  # a string straddling the old end
     best = None
@@ -81,8 +83,6 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], committed: i
     if best is None:
         return None
     i, s = best
-    before = Text()
-    before.text, before.read = text.text[:searched], read
 
     def holds(n: int) -> bool:  # the first n tokens' text already holds the match
         return before.upto(decode, tokens, n)[0][i:i + len(s)] == s

@@ -481,8 +481,8 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         # ignore_eos: `stop` already holds the end-of-text ids (the checkpoint's too) unless
         # --ignore-eos, and the records' settings name it whole
         return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                               max_tokens=args.max_tokens, stop_token_ids=stop, ignore_eos=True,
-                               stop=args.stop or (),
+                               max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                               stop_token_ids=stop, ignore_eos=True, stop=args.stop or (),
                                seed=None if args.seed is None else args.seed + i) for i in range(n)]
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
@@ -494,8 +494,8 @@ def _check_sampling_flags(cmd: str, args) -> None:
     from dsd_jax import SamplingParams
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                       max_tokens=args.max_tokens, stop_token_ids=list(args.stop_token_ids or []),
-                       stop=args.stop or ())
+                       max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                       stop_token_ids=list(args.stop_token_ids or []), stop=args.stop or ())
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
 
@@ -593,8 +593,8 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
-_RECORD_FLAGS = ("temperature", "top_k", "top_p", "max_tokens", "seed", "logprobs", "max_seq_len", "dtype",
-                 "method", "prompt_format", "stop")
+_RECORD_FLAGS = ("temperature", "top_k", "top_p", "max_tokens", "min_tokens", "seed", "logprobs",
+                 "max_seq_len", "dtype", "method", "prompt_format", "stop")
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -795,6 +795,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--top-k", type=nonneg_int, default=0, help="0 = off (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")
     g.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per request (default 64)")
+    g.add_argument("--min-tokens", type=nonneg_int, default=0,
+                   help="tokens each completion has before a stop id, end-of-text token or stop string "
+                        "can end it (default 0; at most --max-tokens)")
     g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
     g.add_argument("--stop", action="append", metavar="STR",
                    help="a stop string (repeat the flag for more): the completion ends with the token "

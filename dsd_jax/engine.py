@@ -508,6 +508,10 @@ class SpecEngine:
         if sp.seed is not None and sp.seed + sp.n - 1 >= 2 ** 32:
             raise ValueError(f"request {i}: seed {sp.seed} with n={sp.n}: completion g draws from "
                              f"seed + g, which must stay below 2**32")
+        if sp.min_tokens and len(sp.stop_token_ids) >= vocab:
+            raise ValueError(f"request {i}: min_tokens={sp.min_tokens} bans every stop id before "
+                             f"then, and here they are the whole vocabulary of {vocab}: nothing is "
+                             "left to draw")
         if sp.top_k > vocab:  # the same distribution (every token kept), and it fits int32
             sp = dataclasses.replace(sp, top_k=vocab)
         if sp.stop and self.tokenizer is None:
@@ -742,6 +746,7 @@ class SpecEngine:
                         name, AdmissionRequest(r.group, r.prompt, r.references))
         init = SlotInit(field(lambda r: r.slot, pad), field(lambda r: len(r.prompt)),
                         field(lambda r: len(r.prompt) + self._budget(r)),
+                        field(lambda r: len(r.prompt) + r.params.min_tokens),
                         field(lambda r: r.params.temperature, dtype=np.float32),
                         field(lambda r: r.params.top_k),
                         field(lambda r: r.params.top_p, 1.0, np.float32),
@@ -861,10 +866,16 @@ class SpecEngine:
         new = tokens[emitted].tolist()
         if not new:
             return None
-        committed = len(r.tokens)
+        committed, floor = len(r.tokens), r.params.min_tokens
+        decode = self.tokenizer.decode
         r.tokens += new  # scanned in place, then taken off again: no copy of the completion
         try:
-            hit = stop_strings.scan(self.tokenizer.decode, r.tokens, committed, r.params.stop,
+            if len(r.tokens) <= floor:  # as vLLM, no match ends in the first min_tokens' text
+                r.stop_text.extend(decode, r.tokens)
+                return None
+            if r.stop_text.read < floor:
+                r.stop_text.extend(decode, r.tokens[:floor])
+            hit = stop_strings.scan(decode, r.tokens, max(committed, floor + 1), r.params.stop,
                                     r.stop_text, r.params.include_stop_str_in_output)
         finally:
             del r.tokens[committed:]  # the caller commits what the dispatch keeps

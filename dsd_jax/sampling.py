@@ -1,4 +1,5 @@
-"""Sampling: per-row temperature -> top-k -> top-p -> softmax, shared by every path.
+"""Sampling: per-row temperature -> top-k -> top-p -> softmax, shared by every path
+(stop ids banned before min_tokens first).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:
@@ -99,6 +100,11 @@ class SamplingParams:
     engine needs a tokenizer; `dsd_jax.stop_strings`): its token ids end with the token
     that completed the string, its text before the string, or after it with
     `include_stop_str_in_output`.
+    `min_tokens` (vLLM's name): the completion's first min_tokens tokens are never its stop
+    ids (nor the engine's end-of-text ids): those get probability 0 there, before
+    temperature, top-k and top-p, in the target's distribution and the drafter's alike (so
+    the output is an exact sample of that law), and a stop string must end after them.
+    At most `max_tokens`; a slot too short for it still ends at max_seq_len ("length").
     `ignore_eos` (vLLM's name): leave out the engine's end-of-text ids
     (`SpecEngine.eos_token_ids`, by default its tokenizer's), which otherwise end the
     completion as stop ids do; `stop_token_ids` still apply.
@@ -129,6 +135,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     max_tokens: int = 16
+    min_tokens: int = 0
     stop_token_ids: Sequence[int] = ()
     seed: int | None = None
     include_stop_token: bool = True
@@ -152,6 +159,10 @@ class SamplingParams:
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
+        set_("min_tokens", _integer("min_tokens", self.min_tokens, 0))
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens "
+                             f"({self.max_tokens})")
         set_("stop_token_ids", distinct_token_ids(self.stop_token_ids))
         set_("stop", stop_list(self.stop))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
@@ -199,25 +210,49 @@ def _filter_logits(logits, top_k, top_p):
     return jnp.where(logits < threshold, neg_inf, logits)
 
 
-def processed_logits(logits, temperature, top_k, top_p):
+def banned_ids(stop_ids, positions, min_length):
+    """The ids a row may not draw at each position (`SamplingParams.min_tokens`), [B, T, S]
+    (-1: none): its stop ids, end-of-text ids included, at positions below its min_length
+    (prompt length + min_tokens). stop_ids [B, S] (-1: unused), positions [B, T]."""
+    early = positions < min_length[:, None]
+    return jnp.where(early[..., None], stop_ids[:, None, :], -1)
+
+
+def suppress(logits, banned):
+    """logits [..., V] with each position's `banned` ids [..., S] (-1: none) at -inf."""
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    ids = jnp.where(banned >= 0, banned, V).reshape(flat.shape[0], -1)  # V: out of range, dropped
+    rows = jnp.arange(flat.shape[0])[:, None]
+    return flat.at[rows, ids].set(-jnp.inf, mode="drop").reshape(logits.shape)
+
+
+def processed_logits(logits, temperature, top_k, top_p, banned=None):
     """Temperature-scaled, filtered float32 logits: log of the sampling distribution
-    up to a constant. Greedy rows (temperature 0) keep their raw logits."""
+    up to a constant. Greedy rows (temperature 0) keep their raw logits. `banned`
+    (`banned_ids`, [..., S]; None: none) are set to -inf first, as vLLM's min_tokens
+    processor runs before temperature and the filters (top-k counts only what is left)."""
     logits = logits.astype(jnp.float32)
     t = _expand(temperature, logits)
-    scaled = logits / jnp.where(t > 0, t, 1.0)
+    scaled = logits / jnp.where(t > 0, t, 1.0)  # a fresh buffer: the ban writes into it in place
+    if banned is not None:  # -inf / t is -inf: banning after scaling is banning before it
+        scaled = suppress(scaled, banned)
     return filter_logits(scaled, top_k, top_p)
 
 
-def processed_logprobs(logits, temperature, top_k, top_p):
+def processed_logprobs(logits, temperature, top_k, top_p, banned=None):
     """log of the sampling distribution (vLLM's "processed" logprobs)."""
-    return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p), axis=-1)
+    return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p, banned), axis=-1)
 
 
-def plain_greedy(active, temperature, top_k, top_p):
-    """Whether every live row is greedy and unfiltered (a scalar): then the sampling
-    distribution is the one-hot argmax of the raw logits and the processed logprobs are
-    the raw ones, so the steps may skip processing, noise and sampling."""
+def plain_greedy(active, temperature, top_k, top_p, banned=None):
+    """Whether every live row is greedy and unfiltered, and bans nothing (a scalar): then
+    the sampling distribution is the one-hot argmax of the raw logits and the processed
+    logprobs are the raw ones, so the steps may skip processing, noise and sampling.
+    banned: `banned_ids` [B, T, S] or [B, S], or None."""
     sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
+    if banned is not None:
+        sampled_or_filtered |= jnp.any((banned >= 0).reshape(banned.shape[0], -1), axis=-1)
     return ~jnp.any(active & sampled_or_filtered)
 
 
@@ -230,9 +265,10 @@ def token_logprobs(logits, tokens):
     return at - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
 
 
-def sampling_probs(logits, temperature, top_k, top_p):
+def sampling_probs(logits, temperature, top_k, top_p, banned=None):
     """The distribution tokens are drawn from: one-hot argmax for greedy rows."""
-    return probs_from_processed(processed_logits(logits, temperature, top_k, top_p), temperature)
+    return probs_from_processed(processed_logits(logits, temperature, top_k, top_p, banned),
+                                temperature)
 
 
 def probs_from_processed(processed, temperature):

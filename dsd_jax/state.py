@@ -24,6 +24,7 @@ class DecodeState(NamedTuple):
     tokens: jax.Array  # [N, capacity] int32
     length: jax.Array  # [N] int32 committed tokens
     limit: jax.Array  # [N] int32 length at which the request finishes ("length")
+    min_length: jax.Array  # [N] int32 length before which stop ids are banned (min_tokens)
     active: jax.Array  # [N] bool: live and not finished on device
     temperature: jax.Array  # [N] float32 (0 = greedy)
     top_k: jax.Array  # [N] int32 (0 = off)
@@ -53,6 +54,7 @@ def init_state(target_cfg: ModelConfig, drafter, num_slots: int, capacity: int,
         tokens=jnp.zeros((num_slots, capacity), jnp.int32),
         length=zeros_i(),
         limit=zeros_i(),
+        min_length=zeros_i(),
         active=jnp.zeros((num_slots,), bool),
         temperature=jnp.zeros((num_slots,), jnp.float32),
         top_k=zeros_i(),

@@ -65,12 +65,13 @@ def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_pa
     return out[0], out[1], drafter_state
 
 
-def _accept(opts: StepOptions, K: int, logits, drafts, q, temperature, top_k, top_p, seed, length):
+def _accept(opts: StepOptions, K: int, logits, drafts, q, temperature, top_k, top_p, seed,
+            token_pos, banned):
     """Acceptance under the rows' sampling settings: (n_accepted, tokens, logprobs under
-    the sampling distribution, logprobs of the raw logits), tokens [B, K+1]."""
+    the sampling distribution, logprobs of the raw logits), tokens [B, K+1]. token_pos
+    [B, K+1]: the position of the token each output decides; banned: `sampling.banned_ids`."""
     V = logits.shape[-1]
-    token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
-    proc = sampling.processed_logits(logits, temperature, top_k, top_p)
+    proc = sampling.processed_logits(logits, temperature, top_k, top_p, banned)
     target_noise = sampling.noise_if_sampling(
         temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
     if opts.acceptance == "drafter_invariant" or K == 0:
@@ -93,8 +94,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     tokens = state.tokens[:B]
     length, limit, active = state.length[:B], state.limit[:B], state.active[:B]
     temperature, top_k, top_p = state.temperature[:B], state.top_k[:B], state.top_p[:B]
-    seed, stop_ids = state.seed[:B], state.stop_ids[:B]
-    ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed)
+    seed, stop_ids, min_length = state.seed[:B], state.stop_ids[:B], state.min_length[:B]
+    ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length)
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -114,8 +115,11 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         positions, state.target_kv, drafter_state)
 
     # 3. accept
+    token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
+    banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
+
     def exact(_):
-        return _accept(opts, K, logits, drafts, q, temperature, top_k, top_p, seed, length)
+        return _accept(opts, K, logits, drafts, q, temperature, top_k, top_p, seed, token_pos, banned)
 
     def plain_greedy(_):  # every live row greedy and unfiltered: the same tokens, fewer ops
         n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(logits, -1).astype(jnp.int32), drafts)
@@ -123,7 +127,7 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         return n_acc, out_tokens, logprobs, logprobs
 
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.cond(
-        sampling.plain_greedy(active, temperature, top_k, top_p), plain_greedy, exact, None)
+        sampling.plain_greedy(active, temperature, top_k, top_p, banned), plain_greedy, exact, None)
 
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)
@@ -250,6 +254,7 @@ class SlotInit(NamedTuple):
     rows: jax.Array  # [N] int32, out of range (>= num_slots) for padding
     length: jax.Array
     limit: jax.Array
+    min_length: jax.Array  # prompt length + min_tokens
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
@@ -269,6 +274,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         if init.drafter else drafter.admit(state.drafter, init.rows, held),
         length=put(state.length, init.length),
         limit=put(state.limit, init.limit),
+        min_length=put(state.min_length, init.min_length),
         active=put(state.active, jnp.ones_like(init.length, bool)),
         temperature=put(state.temperature, init.temperature),
         top_k=put(state.top_k, init.top_k),
@@ -278,7 +284,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
     )
 
 
-_PER_SLOT = ("tokens", "length", "limit", "active", "temperature", "top_k", "top_p", "seed",
+_PER_SLOT = ("tokens", "length", "limit", "min_length", "active", "temperature", "top_k", "top_p", "seed",
              "stop_ids")
 
 

@@ -60,24 +60,24 @@ class Text:
             self.text, self.read = text, len(tokens)
 
 
-def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], committed: int,
+def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], at_least: int,
          stops: Sequence[str], text: Text, include: bool) -> Match | None:
-    """Looks for `stops` in the completion `tokens`, whose first `committed` were scanned
-    before (`text` holds what they decoded to, found free of every string), and reads the
-    rest into `text`.
+    """Looks for `stops` in the completion `tokens` and reads what `text` has not read of it
+    into `text`. A match must end past the text read before: that text was searched by an
+    earlier scan, or (`SamplingParams.min_tokens`, as vLLM) is the first tokens' text, where
+    no match counts.
 
     Returns the match that completes first, or None. Of two strings completed by the same
     token, the one that ends first in the text wins (then the one listed first). The kept
-    count is at least `committed`: tokens already given out stay. `decode` is the
-    tokenizer's (called on the new tokens and a few before them; again once per halving of
-    the new tokens when a string is found)."""
+    count is at least `at_least`: the tokens already given out stay (and, as vLLM, the
+    first min_tokens). `decode` is the tokenizer's (called on the new tokens and a few
+    before them; again once per halving of the new tokens when a string is found)."""
     before = copy.copy(text)  # what earlier scans read
     searched, read = len(before.text), before.read
     text.extend(decode, tokens)
-    start = max(0, searched - max(map(len, stops)) + 1)  # a string straddling the old end
     best = None
     for s in stops:
-        i = text.text.find(s, start)
+        i = text.text.find(s, max(0, searched - len(s) + 1))  # may straddle the old end
         if i >= 0 and (best is None or i + len(s) < best[0] + len(best[1])):
             best = (i, s)
     if best is None:
@@ -87,7 +87,7 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], committed: i
     def holds(n: int) -> bool:  # the first n tokens' text already holds the match
         return before.upto(decode, tokens, n)[0][i:i + len(s)] == s
 
-    lo, hi = max(committed, read), text.read  # holds(hi): the match is in the text read
+    lo, hi = max(at_least, read), text.read  # holds(hi): the match is in the text read
     while lo < hi:  # the fewest tokens whose text holds it (prefix texts grow monotonically)
         mid = (lo + hi) // 2
         if holds(mid):

@@ -83,10 +83,15 @@ def oracle_logits(model, tokens: list[int], length: int = 128) -> np.ndarray:
     return np.asarray(_full_forward(graph, length)(params, padded, len(tokens)))
 
 
-def greedy_reference(model, prompt: list[int], max_tokens: int, stop_ids=()) -> list[int]:
+def greedy_reference(model, prompt: list[int], max_tokens: int, stop_ids=(), min_tokens=0) -> list[int]:
+    """Greedy decoding by full forwards; `stop_ids` end it, and cannot be drawn before
+    `min_tokens` tokens (vLLM's min_tokens)."""
     seq, out = list(prompt), []
     for _ in range(max_tokens):
-        tok = int(np.argmax(oracle_logits(model, seq)))
+        logits = np.array(oracle_logits(model, seq))  # a copy: the ban writes into it
+        if len(out) < min_tokens:
+            logits[list(stop_ids)] = -np.inf
+        tok = int(np.argmax(logits))
         out.append(tok)
         seq.append(tok)
         if tok in stop_ids:

@@ -162,6 +162,12 @@ def test_generate_with_stop_strings(files, tmp_path, capsys):
     m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl,
               "--stop", "w1"])
     assert "--stop" in m and "tokenizer" in m
+    # --min-tokens 4: the string in the 4th token no longer ends the first completion there
+    assert cli.main(gen + ["--stop", word, "--min-tokens", "4"]) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert len(first["token_ids"]) > 4 and free[0]["token_ids"][:len(first["token_ids"])] == first["token_ids"]
+    m = _err(gen + ["--min-tokens", "9"])
+    assert "min_tokens (9) must be at most max_tokens (8)" in m
 
 
 def test_generate_with_an_eagle3_head(files, tmp_path, capsys):
@@ -460,7 +466,7 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                  "of the tokenizer added (--ignore-eos leaves those out); at most 8 are supported"), m
     # a repeat, and an end-of-text id given, count once
     args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
-                                 temperature=1.0, top_k=0, top_p=1.0, max_tokens=4, seed=None,
+                                 temperature=1.0, top_k=0, top_p=1.0, max_tokens=4, min_tokens=0, seed=None,
                                  hf_target=None, stop=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2

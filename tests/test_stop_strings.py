@@ -1,6 +1,8 @@
 """Stop strings (`SamplingParams.stop`): matched in the decoded text on the host, the
 completion cut at the token that completes the first match, the slot freed on the device."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -27,8 +29,8 @@ class Pieces:
 
 # ---- the matcher -----------------------------------------------------------------------
 
-def _scan(decode, tokens, stops, include=False, committed=0, text=None):
-    return scan(decode, tokens, committed, stops, text or Text(), include)
+def _scan(decode, tokens, stops, include=False, at_least=0, text=None):
+    return scan(decode, tokens, at_least, stops, text or Text(), include)
 
 
 def test_scan_cuts_at_the_token_that_completes_the_first_match():
@@ -52,13 +54,25 @@ def test_scan_reads_only_new_tokens_and_finds_strings_straddling_them():
     tokens = list(range(0, 64, 9)) * 40  # 320 tokens: "aabbccddeeffgghh" again and again
     assert _scan(decode, tokens[:300], ["zz"], text=text) is None
     decoded.clear()
-    assert _scan(decode, tokens[:310], ["zz"], committed=300, text=text) is None
+    assert _scan(decode, tokens[:310], ["zz"], at_least=300, text=text) is None
     assert max(decoded) <= 10 + CONTEXT_TOKENS  # the new tokens and a few before them
     first = [0, 9]  # "aabb": no "bc"
     text = Text()
     assert _scan(tok.decode, first, ["bc"], text=text) is None
     # the match began in the tokens already given out: they stay, and the cut is after "cc"
-    assert _scan(tok.decode, first + [18, 27], ["bc"], committed=2, text=text) == Match(3, 3, "bc")
+    assert _scan(tok.decode, first + [18, 27], ["bc"], at_least=2, text=text) == Match(3, 3, "bc")
+
+
+def test_a_match_must_end_past_the_text_read_before():
+    """The text `Text` read before is not searched again: under min_tokens it is the first
+    tokens' text, where a match does not count (vLLM); a match straddling its end does."""
+    tok = Pieces()
+    tokens = [0, 9, 18, 27, 9]  # "aa" "bb" "cc" "dd" "bb"
+    text = Text()
+    text.extend(tok.decode, tokens[:2])  # "aabb": min_tokens=2, not searched
+    assert _scan(tok.decode, tokens, ["bb"], at_least=3, text=copy.copy(text)) == Match(5, 8, "bb")
+    assert _scan(tok.decode, tokens, ["bc"], at_least=3, text=copy.copy(text)) == Match(3, 3, "bc")
+    assert _scan(tok.decode, tokens[:4], ["ab"], at_least=3, text=copy.copy(text)) is None
 
 
 def test_scan_waits_for_an_incomplete_character():
@@ -74,7 +88,7 @@ def test_scan_waits_for_an_incomplete_character():
     text = Text()
     assert _scan(tok.decode, ids[:cut], ["\u6f22"], text=text) is None
     assert text.read < cut and not text.text.endswith("\ufffd")
-    hit = _scan(tok.decode, ids, ["\u6f22"], committed=cut, text=text)
+    hit = _scan(tok.decode, ids, ["\u6f22"], at_least=cut, text=text)
     assert hit == Match(cut + 2, 2, "\u6f22") and tok.decode(ids[:hit.keep]).endswith("\u6f22")
 
 
@@ -85,7 +99,7 @@ def test_scan_with_the_builtin_tokenizer():
     ids = tok.encode("def f(x):\n    return x\n\n\nprint(f(2))").ids
     text = Text()
     for n in range(1, len(ids) + 1):  # a token at a time, as the engine's rounds come
-        hit = _scan(tok.decode, ids[:n], ["\n\n"], committed=n - 1, text=text)
+        hit = _scan(tok.decode, ids[:n], ["\n\n"], at_least=n - 1, text=text)
         if hit:
             break
     assert hit.keep == n and "\n\n" not in tok.decode(ids[:n - 1]) and "\n\n" in tok.decode(ids[:n])
@@ -213,3 +227,22 @@ def test_stop_strings_need_a_tokenizer_and_stop_ids_report_theirs(engine, pair):
         assert out.stop_reason == ref[4] and out.token_ids == ref[:ref.index(ref[4]) + 1]
     finally:
         engine.tokenizer = old
+
+
+def test_no_stop_string_ends_in_the_first_min_tokens(engine, pair):
+    """As vLLM: a match that ends in the text of the first min_tokens tokens does not count;
+    the first one that ends after it does, even when it starts before."""
+    tok = engine.tokenizer
+    engine.controller = FixedK([2])
+    ref = greedy_reference(pair[0], PROMPTS[1], 20)
+    text = tok.decode(ref)  # two letters a token
+    letter = next(c for c in text[:6] if c in text[6:])  # in the first 3 tokens' text, and after
+    straddling = text[7:9]  # starts in token 4's text, ends in token 5's
+    sampling = [SamplingParams(temperature=0.0, max_tokens=20, min_tokens=3, stop=letter),
+                SamplingParams(temperature=0.0, max_tokens=20, min_tokens=4, stop=straddling)]
+    outs = engine.generate([PROMPTS[1]] * 2, sampling)
+    end = text.index(letter, 6) + 1
+    assert (outs[0].token_ids, outs[0].text, outs[0].stop_reason) == (ref[:(end + 1) // 2], text[:end - 1], letter)
+    assert (outs[1].token_ids, outs[1].text, outs[1].stop_reason) == (ref[:5], text[:7], straddling)
+    free = engine.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=20, stop=letter))[0]
+    assert len(free.token_ids) <= 3  # without min_tokens the letter ends it in the first tokens

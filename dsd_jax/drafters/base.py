@@ -36,6 +36,8 @@ class DraftContext(NamedTuple):
     top_k: jax.Array  # [B] int32
     top_p: jax.Array  # [B] float32
     seed: jax.Array  # [B] uint32
+    stop_ids: jax.Array | None = None  # [B, MAX_STOP_IDS] int32 (-1: unused); None: no ban
+    min_length: jax.Array | None = None  # [B] int32: stop ids are banned below it (min_tokens)
 
 
 class AdmissionRequest(NamedTuple):
@@ -147,13 +149,16 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
     """
     from dsd_jax import sampling
 
+    # the target bans stop ids before min_tokens: a draft that proposed one would be rejected
+    banned = (None if ctx.min_length is None
+              else sampling.banned_ids(ctx.stop_ids, position[:, None], ctx.min_length)[:, 0])
     if mode == "argmax":
-        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned)
         return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
     keep_q = mode == "sample"
 
     def exact(_):
-        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned)
         stream = sampling.STREAM_TARGET if mode == "coupled" else sampling.STREAM_DRAFT
         noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
             ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
@@ -165,5 +170,5 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
         return token, jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32) if keep_q else None
 
     # the sampling tail is a large share of a small drafter's step: skip it where it is moot
-    return jax.lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p),
-                        plain_greedy, exact, None)
+    return jax.lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p,
+                                              banned), plain_greedy, exact, None)

@@ -5,7 +5,8 @@ now with no row banning anything ("new"), and the step now with every row bannin
 
 Built-in pair, 128 committed tokens a row, one `spec_step` per call, the state reset
 between calls (untimed). Cells: B in {1, 16} x K in {0, 2} x temperature in {0, 1}.
-Usage: git show ecb72d2:dsd_jax/step.py > /tmp/old_step.py; python ab.py /tmp/old_step.py [repeats]"""
+Usage: git show ecb72d2:dsd_jax/step.py > /tmp/old_step.py; python ab.py /tmp/old_step.py [repeats]
+[cells, as B:K:T,B:K:T]"""
 import functools
 import importlib.util
 import random
@@ -23,7 +24,7 @@ from dsd_jax import step as new_step
 from dsd_jax.models.builtin import builtin
 
 spec = importlib.util.spec_from_file_location("old_step", sys.argv[1])
-old_step = importlib.util.module_from_spec(spec)
+old_step = sys.modules["old_step"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
 spec.loader.exec_module(old_step)
 REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 
@@ -52,6 +53,8 @@ def set_ban(st, ban: bool):
 
 
 cells = [(B, K, t) for B in (1, 16) for K in (0, 2) for t in (0.0, 1.0)]
+if len(sys.argv) > 3:  # some cells only, as B:K:T,B:K:T
+    cells = [(int(b), int(k), float(t)) for b, k, t in (c.split(":") for c in sys.argv[3].split(","))]
 variants = {"old": (old_step, False), "new": (new_step, False), "banned": (new_step, True)}
 fns = {(c, v): stepper(variants[v][0], c[1], c[0]) for c in cells for v in variants}
 

@@ -481,6 +481,7 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
         # ignore_eos: `stop` already holds the end-of-text ids (the checkpoint's too) unless
         # --ignore-eos, and the records' settings name it whole
         return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                               min_p=args.min_p,
                                max_tokens=args.max_tokens, min_tokens=args.min_tokens,
                                stop_token_ids=stop, ignore_eos=True, stop=args.stop or (),
                                seed=None if args.seed is None else args.seed + i) for i in range(n)]
@@ -494,7 +495,7 @@ def _check_sampling_flags(cmd: str, args) -> None:
     from dsd_jax import SamplingParams
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                       max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                       min_p=args.min_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens,
                        stop_token_ids=list(args.stop_token_ids or []), stop=args.stop or ())
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
@@ -593,7 +594,7 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
-_RECORD_FLAGS = ("temperature", "top_k", "top_p", "max_tokens", "min_tokens", "seed", "logprobs",
+_RECORD_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
                  "max_seq_len", "dtype", "method", "prompt_format", "stop")
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
@@ -794,6 +795,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     g.add_argument("--top-k", type=nonneg_int, default=0, help="0 = off (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="(0, 1]; 1 = off (default)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="[0, 1]: keep tokens at least this fraction as likely as the likeliest; 0 = off "
+                        "(default)")
     g.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per request (default 64)")
     g.add_argument("--min-tokens", type=nonneg_int, default=0,
                    help="tokens each completion has before a stop id, end-of-text token or stop string "

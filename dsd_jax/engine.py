@@ -750,6 +750,7 @@ class SpecEngine:
                         field(lambda r: r.params.temperature, dtype=np.float32),
                         field(lambda r: r.params.top_k),
                         field(lambda r: r.params.top_p, 1.0, np.float32),
+                        field(lambda r: r.params.min_p, dtype=np.float32),
                         field(lambda r: r.seed, dtype=np.uint32), stop,
                         field(lambda r: len(r.prompt) if draft_now else 1), extra)
         self.state = self.programs.admit(n)(self.state, init)

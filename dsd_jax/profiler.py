@@ -276,6 +276,7 @@ def _fill(state, key, vocab, temperature):
         temperature=jnp.full_like(state.temperature, temperature),
         top_k=jnp.zeros_like(state.top_k),
         top_p=jnp.ones_like(state.top_p),
+        min_p=jnp.zeros_like(state.min_p),
         seed=jnp.arange(state.seed.shape[0], dtype=jnp.uint32),
         stop_ids=jnp.full_like(state.stop_ids, -1),
     )

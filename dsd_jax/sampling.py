@@ -1,5 +1,5 @@
-"""Sampling: per-row temperature -> top-k -> top-p -> softmax, shared by every path
-(stop ids banned before min_tokens first).
+"""Sampling: per-row temperature -> min-p -> top-k -> top-p -> softmax, shared by every
+path (stop ids banned before min_tokens first).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:
@@ -89,9 +89,10 @@ class SamplingParams:
 
     temperature 0 is greedy, and so is one below `GREEDY_BELOW` (1e-5, as vLLM: logits / T
     would overflow float32; the distribution is one-hot there but for near-ties); top_k 0
-    (or vLLM's -1) and top_p 1.0 disable those filters (a top_k at or above the vocabulary
-    size keeps every token, as 0 does). Top-k keeps every token tied with the k-th, and
-    top-p then applies to what top-k kept.
+    (or vLLM's -1), top_p 1.0 and min_p 0.0 disable those filters (a top_k at or above the
+    vocabulary size keeps every token, as 0 does). In vLLM's order: min-p keeps the tokens
+    at least min_p times as likely as the likeliest (after temperature), top-k then keeps
+    every token tied with the k-th, and top-p applies to what top-k kept.
     `seed` fixes the request's noise (an integer in [0, 2**32); None: the engine assigns one).
     `stop_token_ids`: token ids that end the completion (a sequence, or one id; a repeated
     id is kept once, at its first place: at most `state.MAX_STOP_IDS` (8) distinct ids).
@@ -134,6 +135,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     max_tokens: int = 16
     min_tokens: int = 0
     stop_token_ids: Sequence[int] = ()
@@ -158,6 +160,9 @@ class SamplingParams:
         set_("top_p", _real("top_p", self.top_p))
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        set_("min_p", _real("min_p", self.min_p))
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
         set_("min_tokens", _integer("min_tokens", self.min_tokens, 0))
         if self.min_tokens > self.max_tokens:
@@ -180,20 +185,26 @@ def _expand(param, logits):
     return param.reshape(param.shape + (1,) * (logits.ndim - param.ndim))
 
 
-def filter_logits(logits, top_k, top_p):
-    """Top-k then top-p on (temperature-scaled) logits; filtered entries become -inf.
+def filter_logits(logits, top_k, top_p, min_p=None):
+    """Min-p, top-k, then top-p on (temperature-scaled) logits; filtered entries become
+    -inf. min_p None: 0 for every row.
 
     Ties at a threshold are all kept, identically in every path. The vocabulary sort
     is skipped when no row filters (it would dominate a small model's step).
     """
-    needed = jnp.any(jnp.asarray(top_k) > 0) | jnp.any(jnp.asarray(top_p) < 1.0)
-    return jax.lax.cond(needed, _filter_logits, lambda x, *_: x, logits, top_k, top_p)
+    min_p = jnp.zeros(jnp.shape(top_p), jnp.float32) if min_p is None else min_p
+    needed = (jnp.any(jnp.asarray(top_k) > 0) | jnp.any(jnp.asarray(top_p) < 1.0)
+              | jnp.any(jnp.asarray(min_p) > 0.0))
+    return jax.lax.cond(needed, _filter_logits, lambda x, *_: x, logits, top_k, top_p, min_p)
 
 
-def _filter_logits(logits, top_k, top_p):
+def _filter_logits(logits, top_k, top_p, min_p):
     V = logits.shape[-1]
-    top_k, top_p = _expand(top_k, logits), _expand(top_p, logits)
+    top_k, top_p, min_p = _expand(top_k, logits), _expand(top_p, logits), _expand(min_p, logits)
     neg_inf = jnp.float32(-jnp.inf)
+    # min-p: p >= min_p * p_max is logit >= max logit + log(min_p) (log 0 = -inf keeps all)
+    floor = jnp.max(logits, axis=-1, keepdims=True) + jnp.log(min_p)
+    logits = jnp.where(logits < floor, neg_inf, logits)
     sorted_desc = -jnp.sort(-logits, axis=-1)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
     kth = jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
@@ -227,7 +238,7 @@ def suppress(logits, banned):
     return flat.at[rows, ids].set(-jnp.inf, mode="drop").reshape(logits.shape)
 
 
-def processed_logits(logits, temperature, top_k, top_p, banned=None):
+def processed_logits(logits, temperature, top_k, top_p, banned=None, min_p=None):
     """Temperature-scaled, filtered float32 logits: log of the sampling distribution
     up to a constant. Greedy rows (temperature 0) keep their raw logits. `banned`
     (`banned_ids`, [..., S]; None: none) are set to -inf first, as vLLM's min_tokens
@@ -237,20 +248,23 @@ def processed_logits(logits, temperature, top_k, top_p, banned=None):
     scaled = logits / jnp.where(t > 0, t, 1.0)  # a fresh buffer: the ban writes into it in place
     if banned is not None:  # -inf / t is -inf: banning after scaling is banning before it
         scaled = suppress(scaled, banned)
-    return filter_logits(scaled, top_k, top_p)
+    return filter_logits(scaled, top_k, top_p, min_p)
 
 
-def processed_logprobs(logits, temperature, top_k, top_p, banned=None):
+def processed_logprobs(logits, temperature, top_k, top_p, banned=None, min_p=None):
     """log of the sampling distribution (vLLM's "processed" logprobs)."""
-    return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p, banned), axis=-1)
+    return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p, banned, min_p),
+                              axis=-1)
 
 
-def plain_greedy(active, temperature, top_k, top_p, banned=None):
+def plain_greedy(active, temperature, top_k, top_p, banned=None, min_p=None):
     """Whether every live row is greedy and unfiltered, and bans nothing (a scalar): then
     the sampling distribution is the one-hot argmax of the raw logits and the processed
     logprobs are the raw ones, so the steps may skip processing, noise and sampling.
     banned: `banned_ids` [B, T, S] or [B, S], or None."""
     sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
+    if min_p is not None:
+        sampled_or_filtered |= min_p > 0.0
     if banned is not None:
         sampled_or_filtered |= jnp.any((banned >= 0).reshape(banned.shape[0], -1), axis=-1)
     return ~jnp.any(active & sampled_or_filtered)
@@ -265,9 +279,9 @@ def token_logprobs(logits, tokens):
     return at - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
 
 
-def sampling_probs(logits, temperature, top_k, top_p, banned=None):
+def sampling_probs(logits, temperature, top_k, top_p, banned=None, min_p=None):
     """The distribution tokens are drawn from: one-hot argmax for greedy rows."""
-    return probs_from_processed(processed_logits(logits, temperature, top_k, top_p, banned),
+    return probs_from_processed(processed_logits(logits, temperature, top_k, top_p, banned, min_p),
                                 temperature)
 
 

@@ -29,6 +29,7 @@ class DecodeState(NamedTuple):
     temperature: jax.Array  # [N] float32 (0 = greedy)
     top_k: jax.Array  # [N] int32 (0 = off)
     top_p: jax.Array  # [N] float32
+    min_p: jax.Array  # [N] float32 (0 = off)
     seed: jax.Array  # [N] uint32
     stop_ids: jax.Array  # [N, MAX_STOP_IDS] int32, -1 = unused
     accepted_per_pos: jax.Array  # [max_k] int32 drafts accepted at position i (cumulative)
@@ -59,6 +60,7 @@ def init_state(target_cfg: ModelConfig, drafter, num_slots: int, capacity: int,
         temperature=jnp.zeros((num_slots,), jnp.float32),
         top_k=zeros_i(),
         top_p=jnp.ones((num_slots,), jnp.float32),
+        min_p=jnp.zeros((num_slots,), jnp.float32),
         seed=jnp.zeros((num_slots,), jnp.uint32),
         stop_ids=jnp.full((num_slots, MAX_STOP_IDS), -1, jnp.int32),
         accepted_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),

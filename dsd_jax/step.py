@@ -65,13 +65,13 @@ def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_pa
     return out[0], out[1], drafter_state
 
 
-def _accept(opts: StepOptions, K: int, logits, drafts, q, temperature, top_k, top_p, seed,
+def _accept(opts: StepOptions, K: int, logits, drafts, q, temperature, top_k, top_p, min_p, seed,
             token_pos, banned):
     """Acceptance under the rows' sampling settings: (n_accepted, tokens, logprobs under
     the sampling distribution, logprobs of the raw logits), tokens [B, K+1]. token_pos
     [B, K+1]: the position of the token each output decides; banned: `sampling.banned_ids`."""
     V = logits.shape[-1]
-    proc = sampling.processed_logits(logits, temperature, top_k, top_p, banned)
+    proc = sampling.processed_logits(logits, temperature, top_k, top_p, banned, min_p)
     target_noise = sampling.noise_if_sampling(
         temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
     if opts.acceptance == "drafter_invariant" or K == 0:
@@ -94,8 +94,10 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     tokens = state.tokens[:B]
     length, limit, active = state.length[:B], state.limit[:B], state.active[:B]
     temperature, top_k, top_p = state.temperature[:B], state.top_k[:B], state.top_p[:B]
-    seed, stop_ids, min_length = state.seed[:B], state.stop_ids[:B], state.min_length[:B]
-    ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length)
+    min_p, seed = state.min_p[:B], state.seed[:B]
+    stop_ids, min_length = state.stop_ids[:B], state.min_length[:B]
+    ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length,
+                       min_p)
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -119,7 +121,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
 
     def exact(_):
-        return _accept(opts, K, logits, drafts, q, temperature, top_k, top_p, seed, token_pos, banned)
+        return _accept(opts, K, logits, drafts, q, temperature, top_k, top_p, min_p, seed, token_pos,
+                       banned)
 
     def plain_greedy(_):  # every live row greedy and unfiltered: the same tokens, fewer ops
         n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(logits, -1).astype(jnp.int32), drafts)
@@ -127,7 +130,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         return n_acc, out_tokens, logprobs, logprobs
 
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.cond(
-        sampling.plain_greedy(active, temperature, top_k, top_p, banned), plain_greedy, exact, None)
+        sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p), plain_greedy, exact,
+        None)
 
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)
@@ -258,6 +262,7 @@ class SlotInit(NamedTuple):
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    min_p: jax.Array
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
     drafter_length: jax.Array  # the prompt length if the drafter was prefilled with it, else 1
@@ -279,12 +284,13 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         temperature=put(state.temperature, init.temperature),
         top_k=put(state.top_k, init.top_k),
         top_p=put(state.top_p, init.top_p),
+        min_p=put(state.min_p, init.min_p),
         seed=put(state.seed, init.seed),
         stop_ids=put(state.stop_ids, init.stop_ids),
     )
 
 
-_PER_SLOT = ("tokens", "length", "limit", "min_length", "active", "temperature", "top_k", "top_p", "seed",
+_PER_SLOT = ("tokens", "length", "limit", "min_length", "active", "temperature", "top_k", "top_p", "min_p", "seed",
              "stop_ids")
 
 

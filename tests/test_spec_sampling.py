@@ -28,7 +28,8 @@ def exact_joint(model, sp: SamplingParams, prompt=PROMPT) -> np.ndarray:
     def probs(seq):
         logits = jnp.asarray(oracle_logits(model, seq))[None]
         return np.asarray(sampling.sampling_probs(logits, jnp.array([sp.temperature]),
-                                                  jnp.array([sp.top_k]), jnp.array([sp.top_p])))[0]
+                                                  jnp.array([sp.top_k]), jnp.array([sp.top_p]),
+                                                  min_p=jnp.array([sp.min_p])))[0]
     p1 = probs(prompt)
     return np.stack([p1[a] * probs(list(prompt) + [a]) for a in range(VOCAB)])
 
@@ -54,6 +55,7 @@ SAMPLING = {
     "temperature": SamplingParams(temperature=1.0, max_tokens=2),
     "top_k": SamplingParams(temperature=0.8, top_k=3, max_tokens=2),
     "top_p": SamplingParams(temperature=1.0, top_p=0.7, max_tokens=2),
+    "min_p": SamplingParams(temperature=1.0, min_p=0.4, max_tokens=2),
 }
 
 
@@ -72,6 +74,9 @@ def test_sampled_output_matches_target_distribution(small_vocab_pair, draft_samp
         assert tv < threshold, (name, k, draft_sampling, tv, threshold)
         # the test has power: the draft's own distribution is far outside the threshold
         assert 0.5 * np.abs(exact_joint(draft, sp) - exact).sum() > 2 * threshold
+        if name == "min_p":  # and so is the target's law without min_p
+            unfiltered = exact_joint(target, SamplingParams(temperature=sp.temperature, max_tokens=2))
+            assert 0.5 * np.abs(unfiltered - exact).sum() > 2 * threshold
 
 
 def test_rejection_kernel_first_token_is_exactly_p():
@@ -97,7 +102,7 @@ def test_drafter_invariant_equals_plain_sampling(small_vocab_pair, method):
     prompts = [[1, 5, 2], [3], [2, 2, 7, 1, 2, 2, 7, 1, 2]]
     params = [SamplingParams(temperature=1.0, max_tokens=20, seed=11),
               SamplingParams(temperature=0.7, top_k=4, max_tokens=20, seed=12),
-              SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=13)]
+              SamplingParams(temperature=1.0, top_p=0.8, min_p=0.1, max_tokens=20, seed=13)]
     plain = make_engine(target, None, method="none", num_speculative_tokens=0)
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     schedules = [[1], [4], [0, 3, 0, 0, 4, 1, 2, 0]]
@@ -220,19 +225,23 @@ def test_repeated_stop_ids_count_once():
         SamplingParams(stop_token_ids=[3, 3, 3.0])
 
 
-def _reference_filter(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
-    """Top-k (ties at the k-th value kept), then top-p over what top-k kept: the kept set
-    of one row, in numpy float64."""
+def _reference_filter(logits: np.ndarray, top_k: int, top_p: float, min_p: float = 0.0) -> np.ndarray:
+    """Min-p (probability at least min_p times the largest), top-k over what it kept (ties at
+    the k-th value kept), then top-p over what top-k kept: the kept set of one row, in numpy
+    float64."""
+    full = np.exp(logits - logits.max())
+    logits = np.where(full / full.sum() >= min_p * full.max() / full.sum(), logits, -np.inf)
+    finite = np.isfinite(logits)
     order = np.argsort(-logits, kind="stable")
-    kth = logits[order[min(top_k, len(logits)) - 1]] if top_k > 0 else -np.inf
-    kept = logits >= kth
+    kth = logits[order[min(top_k, finite.sum()) - 1]] if top_k > 0 else -np.inf
+    kept = finite & (logits >= kth)
     z = np.where(kept, logits, -np.inf)
     p = np.exp(z - z.max())
     p /= p.sum()
     sorted_p = p[order]
     before = np.cumsum(sorted_p) - sorted_p
     n_keep = max(int(np.sum((before < top_p) & kept[order])), 1)
-    return logits >= logits[order[n_keep - 1]]
+    return finite & (logits >= logits[order[n_keep - 1]])
 
 
 def test_top_p_applies_to_every_token_top_k_kept():
@@ -250,6 +259,28 @@ def test_top_p_applies_to_every_token_top_k_kept():
                                                 jnp.array([p], jnp.float32)))[0] > -np.inf
         np.testing.assert_array_equal(got, _reference_filter(logits.astype(np.float64), k, p),
                                       err_msg=f"logits {logits}, top_k {k}, top_p {p}")
+
+
+def test_min_p_keeps_what_is_at_least_min_p_as_likely_as_the_likeliest():
+    """vLLM's min_p, before top-k and top-p (which then count only what it kept)."""
+    cases = [([3, 2, 1, 1], 0, 1.0, 0.3), ([3, 2, 1, 1], 3, 1.0, 0.3), ([3, 2.5, 2, 1], 0, 0.6, 0.2),
+             ([2, 2, 0, 0], 0, 1.0, 1.0), ([4, 1, 1, 1], 2, 0.9, 0.0)]
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        row = rng.normal(0, 2, 64)
+        cases.append((row, int(rng.integers(0, 12)), float(rng.uniform(0.2, 1.0)),
+                      float(rng.uniform(0.0, 0.5))))
+    for logits, k, p, m in cases:
+        logits = np.asarray(logits, np.float32)
+        got = np.asarray(sampling.filter_logits(jnp.asarray(logits)[None], jnp.array([k]),
+                                                jnp.array([p], jnp.float32),
+                                                jnp.array([m], jnp.float32)))[0] > -np.inf
+        np.testing.assert_array_equal(got, _reference_filter(logits.astype(np.float64), k, p, m),
+                                      err_msg=f"logits {logits}, top_k {k}, top_p {p}, min_p {m}")
+    assert SamplingParams(min_p=np.float32(0.5)).min_p == 0.5
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"min_p must be in \[0, 1\]"):
+            SamplingParams(min_p=bad)
 
 
 def test_temperature_edges_and_vllm_top_k_off():

@@ -38,6 +38,7 @@ class DraftContext(NamedTuple):
     seed: jax.Array  # [B] uint32
     stop_ids: jax.Array | None = None  # [B, MAX_STOP_IDS] int32 (-1: unused); None: no ban
     min_length: jax.Array | None = None  # [B] int32: stop ids are banned below it (min_tokens)
+    min_p: jax.Array | None = None  # [B] float32 (None: 0, off)
 
 
 class AdmissionRequest(NamedTuple):
@@ -153,12 +154,12 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
     banned = (None if ctx.min_length is None
               else sampling.banned_ids(ctx.stop_ids, position[:, None], ctx.min_length)[:, 0])
     if mode == "argmax":
-        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned)
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned, ctx.min_p)
         return jnp.argmax(proc, axis=-1).astype(jnp.int32), None
     keep_q = mode == "sample"
 
     def exact(_):
-        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned)
+        proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned, ctx.min_p)
         stream = sampling.STREAM_TARGET if mode == "coupled" else sampling.STREAM_DRAFT
         noise = sampling.noise_if_sampling(ctx.temperature, lambda: sampling.gumbel_noise(
             ctx.seed, position[:, None], stream, logits.shape[-1])[:, 0])
@@ -171,4 +172,4 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
 
     # the sampling tail is a large share of a small drafter's step: skip it where it is moot
     return jax.lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p,
-                                              banned), plain_greedy, exact, None)
+                                              banned, ctx.min_p), plain_greedy, exact, None)

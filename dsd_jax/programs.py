@@ -205,7 +205,8 @@ class Programs:
         f32, i32 = self._per_shard(n, dtype=jnp.float32), self._per_shard(n)
         extra = {name: self._per_shard(n, *shape, dtype=dtype)
                  for name, (shape, dtype, _) in self._drafter.admission_fields().items()}
-        init = step_lib.SlotInit(i32, i32, i32, i32, f32, i32, f32, f32, self._per_shard(n, dtype=jnp.uint32),
+        init = step_lib.SlotInit(i32, i32, i32, i32, f32, i32, f32, f32,
+                                 self._per_shard(n, dtype=jnp.uint32),
                                  self._per_shard(n, MAX_STOP_IDS), i32, extra)
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 

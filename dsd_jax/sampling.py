@@ -103,7 +103,7 @@ class SamplingParams:
     `include_stop_str_in_output`.
     `min_tokens` (vLLM's name): the completion's first min_tokens tokens are never its stop
     ids (nor the engine's end-of-text ids): those get probability 0 there, before
-    temperature, top-k and top-p, in the target's distribution and the drafter's alike (so
+    temperature and the filters, in the target's distribution and the drafter's alike (so
     the output is an exact sample of that law), and a stop string must end after them.
     At most `max_tokens`; a slot too short for it still ends at max_seq_len ("length").
     `ignore_eos` (vLLM's name): leave out the engine's end-of-text ids
@@ -242,7 +242,8 @@ def processed_logits(logits, temperature, top_k, top_p, banned=None, min_p=None)
     """Temperature-scaled, filtered float32 logits: log of the sampling distribution
     up to a constant. Greedy rows (temperature 0) keep their raw logits. `banned`
     (`banned_ids`, [..., S]; None: none) are set to -inf first, as vLLM's min_tokens
-    processor runs before temperature and the filters (top-k counts only what is left)."""
+    processor runs before temperature and the filters (top-k counts only what is left);
+    min_p: per row, None: 0 (off)."""
     logits = logits.astype(jnp.float32)
     t = _expand(temperature, logits)
     scaled = logits / jnp.where(t > 0, t, 1.0)  # a fresh buffer: the ban writes into it in place

@@ -290,8 +290,8 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
     )
 
 
-_PER_SLOT = ("tokens", "length", "limit", "min_length", "active", "temperature", "top_k", "top_p", "min_p", "seed",
-             "stop_ids")
+_PER_SLOT = ("tokens", "length", "limit", "min_length", "active", "temperature", "top_k", "top_p",
+             "min_p", "seed", "stop_ids")
 
 
 def copy_slots(state: DecodeState, src, dst) -> DecodeState:

@@ -466,7 +466,8 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                  "of the tokenizer added (--ignore-eos leaves those out); at most 8 are supported"), m
     # a repeat, and an end-of-text id given, count once
     args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
-                                 temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, min_tokens=0, seed=None,
+                                 temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4,
+                                 min_tokens=0, seed=None,
                                  hf_target=None, stop=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2

@@ -11,7 +11,8 @@ import pytest
 
 from dsd_jax import SamplingParams, sampling
 from conftest import FixedK, greedy_reference, make_engine, oracle_logits, scaled
-from test_spec_sampling import PROMPT, VOCAB, empirical_joint, exact_joint, small_vocab_pair, tv_threshold  # noqa: F401
+from test_spec_sampling import (PROMPT, VOCAB, empirical_joint, exact_joint,  # noqa: F401
+                                small_vocab_pair, tv_threshold)  # small_vocab_pair: a fixture
 
 PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10], [3, 3, 3, 9]]
 

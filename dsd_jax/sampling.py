@@ -252,12 +252,6 @@ def processed_logits(logits, temperature, top_k, top_p, banned=None, min_p=None)
     return filter_logits(scaled, top_k, top_p, min_p)
 
 
-def processed_logprobs(logits, temperature, top_k, top_p, banned=None, min_p=None):
-    """log of the sampling distribution (vLLM's "processed" logprobs)."""
-    return jax.nn.log_softmax(processed_logits(logits, temperature, top_k, top_p, banned, min_p),
-                              axis=-1)
-
-
 def plain_greedy(active, temperature, top_k, top_p, banned=None, min_p=None):
     """Whether every live row is greedy and unfiltered, and bans nothing (a scalar): then
     the sampling distribution is the one-hot argmax of the raw logits and the processed

@@ -480,10 +480,7 @@ def _sampling(cmd: str, args, tokenizer, n: int, vocab_size: int) -> list:
     try:
         # ignore_eos: `stop` already holds the end-of-text ids (the checkpoint's too) unless
         # --ignore-eos, and the records' settings name it whole
-        return [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                               min_p=args.min_p,
-                               max_tokens=args.max_tokens, min_tokens=args.min_tokens,
-                               stop_token_ids=stop, ignore_eos=True, stop=args.stop or (),
+        return [SamplingParams(**_sampling_flags(args), stop_token_ids=stop, ignore_eos=True,
                                seed=None if args.seed is None else args.seed + i) for i in range(n)]
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
@@ -494,11 +491,18 @@ def _check_sampling_flags(cmd: str, args) -> None:
     vocabulary, before any model loads (`_sampling` builds the real ones after)."""
     from dsd_jax import SamplingParams
     try:
-        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                       min_p=args.min_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens,
-                       stop_token_ids=list(args.stop_token_ids or []), stop=args.stop or ())
+        SamplingParams(**_sampling_flags(args), stop_token_ids=list(args.stop_token_ids or []))
     except ValueError as e:
         _fail(cmd, None, f"invalid sampling flags: {e}")
+
+
+# generate's flags that are `SamplingParams` fields of the same name
+_SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_tokens",
+                   "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _sampling_flags(args) -> dict:
+    return {**{flag: getattr(args, flag) for flag in _SAMPLING_FLAGS}, "stop": args.stop or ()}
 
 
 def _generate_records(args, engine, raw_prompts, prompts, sampling, settings=None, first: int = 0) -> None:
@@ -594,8 +598,12 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
-_RECORD_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
-                 "max_seq_len", "dtype", "method", "prompt_format", "stop")
+_RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "max_seq_len", "dtype", "method", "prompt_format",
+                                   "stop")
+# flags added after runs' settings files were first written, with the value a file that
+# lacks one was generated with (off): such a run resumes under that value
+_RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
+                       "presence_penalty": 0.0, "frequency_penalty": 0.0}
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -622,7 +630,7 @@ def cmd_generate(args) -> int:
                ("--stats", args.stats), ("--trace", args.trace)]
     keep = _resume_keeps(cmd, args, partial)
     if args.resume:  # the flags now, before minutes of loading; the stop ids once the tokenizer is in
-        records.check_settings(args.out, _run_settings(args))
+        records.check_settings(args.out, _run_settings(args), _RECORD_FLAGS_ADDED)
     dyn = (_spec_json(args) or {}).get("dynamic")
     dyn_profile = dyn.get("profile") if isinstance(dyn, dict) else None
     _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts),
@@ -676,7 +684,7 @@ def cmd_generate(args) -> int:
 
     sampling = _sampling(cmd, args, tokenizer, len(prompts), target.config.vocab_size)
     settings = _run_settings(args, sampling)
-    first = records.resumable(args.out, settings, prompts) if args.resume else 0
+    first = records.resumable(args.out, settings, prompts, _RECORD_FLAGS_ADDED) if args.resume else 0
     if first == len(prompts):  # every record was kept: nothing to generate, no engine
         _generate_records(args, None, raw_prompts, prompts, sampling, settings, first)
         if args.stats or args.trace:
@@ -802,6 +810,15 @@ def _add_generate(sub) -> None:
     g.add_argument("--min-tokens", type=nonneg_int, default=0,
                    help="tokens each completion has before a stop id, end-of-text token or stop string "
                         "can end it (default 0; at most --max-tokens)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0: a token of the prompt or the completion has its logit divided by this "
+                        "(multiplied, if negative); 1 = off (default)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="[-2, 2]: subtracted once from the logit of a token in the completion; 0 = off "
+                        "(default)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="[-2, 2]: subtracted from a token's logit per time it is in the completion; "
+                        "0 = off (default)")
     g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
     g.add_argument("--stop", action="append", metavar="STR",
                    help="a stop string (repeat the flag for more): the completion ends with the token "

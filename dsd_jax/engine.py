@@ -744,15 +744,19 @@ class SpecEngine:
                 for i, r in enumerate(by_shard[s]):
                     arr[s, i] = self.drafter.admission_value(
                         name, AdmissionRequest(r.group, r.prompt, r.references))
-        init = SlotInit(field(lambda r: r.slot, pad), field(lambda r: len(r.prompt)),
-                        field(lambda r: len(r.prompt) + self._budget(r)),
-                        field(lambda r: len(r.prompt) + r.params.min_tokens),
-                        field(lambda r: r.params.temperature, dtype=np.float32),
-                        field(lambda r: r.params.top_k),
-                        field(lambda r: r.params.top_p, 1.0, np.float32),
-                        field(lambda r: r.params.min_p, dtype=np.float32),
-                        field(lambda r: r.seed, dtype=np.uint32), stop,
-                        field(lambda r: len(r.prompt) if draft_now else 1), extra)
+        real = lambda name, fill=0.0: field(lambda r: getattr(r.params, name), fill, np.float32)
+        init = SlotInit(rows=field(lambda r: r.slot, pad), length=field(lambda r: len(r.prompt)),
+                        limit=field(lambda r: len(r.prompt) + self._budget(r)),
+                        min_length=field(lambda r: len(r.prompt) + r.params.min_tokens),
+                        prompt_length=field(lambda r: len(r.prompt)),
+                        temperature=real("temperature"), top_k=field(lambda r: r.params.top_k),
+                        top_p=real("top_p", 1.0), min_p=real("min_p"),
+                        repetition_penalty=real("repetition_penalty", 1.0),
+                        presence_penalty=real("presence_penalty"),
+                        frequency_penalty=real("frequency_penalty"),
+                        seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
+                        drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
+                        drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
 
     def _remove(self, shards: list[list[Request]], finished: list[Request]) -> None:

@@ -270,13 +270,16 @@ def _time_step(engine, programs, step, state, batch: int, context: int, lag: int
 
 
 def _fill(state, key, vocab, temperature):
-    """Random committed tokens everywhere; greedy or sampling rows; no stop ids."""
+    """Random committed tokens everywhere; greedy or sampling rows; no stop ids, no penalties."""
     return state._replace(
         tokens=jax.random.randint(key, state.tokens.shape, 0, vocab, jnp.int32),
         temperature=jnp.full_like(state.temperature, temperature),
         top_k=jnp.zeros_like(state.top_k),
         top_p=jnp.ones_like(state.top_p),
         min_p=jnp.zeros_like(state.min_p),
+        repetition_penalty=jnp.ones_like(state.repetition_penalty),
+        presence_penalty=jnp.zeros_like(state.presence_penalty),
+        frequency_penalty=jnp.zeros_like(state.frequency_penalty),
         seed=jnp.arange(state.seed.shape[0], dtype=jnp.uint32),
         stop_ids=jnp.full_like(state.stop_ids, -1),
     )

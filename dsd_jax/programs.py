@@ -205,9 +205,11 @@ class Programs:
         f32, i32 = self._per_shard(n, dtype=jnp.float32), self._per_shard(n)
         extra = {name: self._per_shard(n, *shape, dtype=dtype)
                  for name, (shape, dtype, _) in self._drafter.admission_fields().items()}
-        init = step_lib.SlotInit(i32, i32, i32, i32, f32, i32, f32, f32,
-                                 self._per_shard(n, dtype=jnp.uint32),
-                                 self._per_shard(n, MAX_STOP_IDS), i32, extra)
+        init = step_lib.SlotInit(
+            rows=i32, length=i32, limit=i32, min_length=i32, prompt_length=i32, temperature=f32,
+            top_k=i32, top_p=f32, min_p=f32, repetition_penalty=f32, presence_penalty=f32,
+            frequency_penalty=f32, seed=self._per_shard(n, dtype=jnp.uint32),
+            stop_ids=self._per_shard(n, MAX_STOP_IDS), drafter_length=i32, drafter=extra)
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 
     def move(self):

@@ -96,26 +96,28 @@ def discard(out: str) -> None:
             os.remove(path)
 
 
-def check_settings(out: str, settings: dict) -> None:
+def check_settings(out: str, settings: dict, added: dict | None = None) -> None:
     """Raises `loading.ArgumentError` (flag --resume) where the interrupted `--out` run's
     saved settings differ from `settings` in a key `settings` has (a run checks its flags
-    before loading models, the rest after); nothing to check without a partial file."""
+    before loading models, the rest after); nothing to check without a partial file.
+    added: settings newer than some saved files, with the value a file lacking one meant."""
     if os.path.exists(partial_path(out)):
-        _check_settings(out, settings, set(settings))
+        _check_settings(out, settings, set(settings), added)
 
 
-def resumable(out: str, settings: dict, prompts: list) -> int:
+def resumable(out: str, settings: dict, prompts: list, added: dict | None = None) -> int:
     """How many records of an interrupted `--out` run can be kept: those in its partial file,
     each checked against its prompt (`prompts`: token-id lists), after checking that the run
     was started with `settings`. A last line the kill tore (no newline) is cut from the file;
     any other line that is not a record is an error. 0 when there is no partial file. Raises
-    `loading.ArgumentError` (flag --resume) naming what does not match."""
+    `loading.ArgumentError` (flag --resume) naming what does not match. added: as
+    `check_settings`."""
     partial, saved_at = partial_path(out), settings_path(out)
     if not os.path.exists(partial):
         if os.path.exists(saved_at):
             os.remove(saved_at)  # a run that stopped before its first record
         return 0
-    _check_settings(out, settings, None)
+    _check_settings(out, settings, None, added)
     kept, size = _complete_records(partial)
     if len(kept) > len(prompts):
         raise loading.ArgumentError("--resume", f"{partial!r} holds {len(kept)} records and --prompts "
@@ -130,7 +132,7 @@ def resumable(out: str, settings: dict, prompts: list) -> int:
     return len(kept)
 
 
-def _check_settings(out: str, settings: dict, keys: set | None) -> None:
+def _check_settings(out: str, settings: dict, keys: set | None, added: dict | None) -> None:
     """The saved settings of the `--out` run against `settings`, on `keys` (None: all)."""
     partial, saved_at = partial_path(out), settings_path(out)
     if not os.path.exists(saved_at):
@@ -144,6 +146,7 @@ def _check_settings(out: str, settings: dict, keys: set | None) -> None:
         raise loading.ArgumentError("--resume", f"cannot read {saved_at!r}: {e}") from e
     if not isinstance(saved, dict):
         raise loading.ArgumentError("--resume", f"{saved_at!r} is not a settings file")
+    saved = {**(added or {}), **saved}  # a file from before a setting existed was run without it
     keys = set(saved) | set(settings) if keys is None else keys
     differ = sorted(k for k in keys if saved.get(k) != settings.get(k))
     if differ:

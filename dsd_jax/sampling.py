@@ -1,5 +1,5 @@
 """Sampling: per-row temperature -> min-p -> top-k -> top-p -> softmax, shared by every
-path (stop ids banned before min_tokens first).
+path (stop ids banned before min_tokens, then the penalties of `dsd_jax.penalties`, first).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:
@@ -109,6 +109,12 @@ class SamplingParams:
     `ignore_eos` (vLLM's name): leave out the engine's end-of-text ids
     (`SpecEngine.eos_token_ids`, by default its tokenizer's), which otherwise end the
     completion as stop ids do; `stop_token_ids` still apply.
+    `repetition_penalty` (1: off, > 0), `presence_penalty` and `frequency_penalty` (0: off,
+    in [-2, 2]), vLLM's and the OpenAI API's: on the raw logits, before temperature and
+    the filters, a token seen in the prompt or the completion has a positive logit divided
+    by the repetition penalty and a negative one multiplied by it, and a token in the
+    completion loses presence_penalty once and frequency_penalty per occurrence
+    (`dsd_jax.penalties`). A greedy row takes the argmax of the penalised logits.
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g`, or from an
     engine-assigned seed of its own. With a seed, completion g equals a single request
@@ -145,6 +151,9 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: Sequence[str] = ()
     include_stop_str_in_output: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -168,6 +177,14 @@ class SamplingParams:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens "
                              f"({self.max_tokens})")
+        set_("repetition_penalty", _real("repetition_penalty", self.repetition_penalty))
+        if not 0.0 < self.repetition_penalty < float("inf"):  # also NaN
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1: off), got "
+                             f"{self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            set_(name, _real(name, getattr(self, name)))
+            if not -2.0 <= getattr(self, name) <= 2.0:  # vLLM's and OpenAI's range; also NaN
+                raise ValueError(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}")
         set_("stop_token_ids", distinct_token_ids(self.stop_token_ids))
         set_("stop", stop_list(self.stop))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from dsd_jax.models import KVCache, ModelConfig, init_kv_cache
+from dsd_jax.penalties import Penalties
 
 MAX_STOP_IDS = 8
 
@@ -25,17 +26,26 @@ class DecodeState(NamedTuple):
     length: jax.Array  # [N] int32 committed tokens
     limit: jax.Array  # [N] int32 length at which the request finishes ("length")
     min_length: jax.Array  # [N] int32 length before which stop ids are banned (min_tokens)
+    prompt_length: jax.Array  # [N] int32: tokens[:prompt_length] are the prompt (penalties)
     active: jax.Array  # [N] bool: live and not finished on device
     temperature: jax.Array  # [N] float32 (0 = greedy)
     top_k: jax.Array  # [N] int32 (0 = off)
     top_p: jax.Array  # [N] float32
     min_p: jax.Array  # [N] float32 (0 = off)
+    repetition_penalty: jax.Array  # [N] float32 (1 = off)
+    presence_penalty: jax.Array  # [N] float32 (0 = off)
+    frequency_penalty: jax.Array  # [N] float32 (0 = off)
     seed: jax.Array  # [N] uint32
     stop_ids: jax.Array  # [N, MAX_STOP_IDS] int32, -1 = unused
     accepted_per_pos: jax.Array  # [max_k] int32 drafts accepted at position i (cumulative)
     proposed_per_pos: jax.Array  # [max_k] int32 drafts proposed at position i (cumulative)
     target_kv: KVCache
     drafter: Any  # the drafter's state: a pytree with the slot axis first, or None
+
+    def penalties(self, B: int):
+        """Rows 0..B-1's penalty settings."""
+        return Penalties(self.repetition_penalty[:B], self.presence_penalty[:B],
+                         self.frequency_penalty[:B])
 
     @property
     def num_slots(self) -> int:
@@ -56,11 +66,15 @@ def init_state(target_cfg: ModelConfig, drafter, num_slots: int, capacity: int,
         length=zeros_i(),
         limit=zeros_i(),
         min_length=zeros_i(),
+        prompt_length=zeros_i(),
         active=jnp.zeros((num_slots,), bool),
         temperature=jnp.zeros((num_slots,), jnp.float32),
         top_k=zeros_i(),
         top_p=jnp.ones((num_slots,), jnp.float32),
         min_p=jnp.zeros((num_slots,), jnp.float32),
+        repetition_penalty=jnp.ones((num_slots,), jnp.float32),
+        presence_penalty=jnp.zeros((num_slots,), jnp.float32),
+        frequency_penalty=jnp.zeros((num_slots,), jnp.float32),
         seed=jnp.zeros((num_slots,), jnp.uint32),
         stop_ids=jnp.full((num_slots, MAX_STOP_IDS), -1, jnp.int32),
         accepted_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),

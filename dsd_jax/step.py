@@ -10,7 +10,10 @@ One round with K drafts, for the first B slots:
   2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
   3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
      max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling;
-     a batch whose live rows are all greedy and unfiltered takes the argmax instead,
+     p is the target's law under each row's settings (min_tokens' ban, the penalties of
+     `dsd_jax.penalties` over the row's tokens and the drafts before each position,
+     temperature, filters); a batch whose live rows are all greedy and unfiltered, and
+     penalise nothing, takes the argmax instead,
      which is what both give there (the sampling tail was 2% of a B=1 step),
   4. commit on device: append the accepted drafts + one emitted token, advance length,
      and tell the drafter what was accepted.
@@ -26,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsd_jax import kernels, sampling
+from dsd_jax import kernels, penalties, sampling
 from dsd_jax.drafters.base import DraftContext, Drafter, gather_tokens
 from dsd_jax.models import forward
 from dsd_jax.models.transformer import config_of
@@ -65,13 +68,14 @@ def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_pa
     return out[0], out[1], drafter_state
 
 
-def _accept(opts: StepOptions, K: int, logits, drafts, q, temperature, top_k, top_p, min_p, seed,
-            token_pos, banned):
+def _accept(opts: StepOptions, K: int, logits, penalised, drafts, q, temperature, top_k, top_p,
+            min_p, seed, token_pos, banned):
     """Acceptance under the rows' sampling settings: (n_accepted, tokens, logprobs under
-    the sampling distribution, logprobs of the raw logits), tokens [B, K+1]. token_pos
-    [B, K+1]: the position of the token each output decides; banned: `sampling.banned_ids`."""
+    the sampling distribution, logprobs of the raw logits), tokens [B, K+1]. penalised:
+    the logits with the rows' penalties applied (`dsd_jax.penalties`); token_pos [B, K+1]:
+    the position of the token each output decides; banned: `sampling.banned_ids`."""
     V = logits.shape[-1]
-    proc = sampling.processed_logits(logits, temperature, top_k, top_p, banned, min_p)
+    proc = sampling.processed_logits(penalised, temperature, top_k, top_p, banned, min_p)
     target_noise = sampling.noise_if_sampling(
         temperature, lambda: sampling.gumbel_noise(seed, token_pos, sampling.STREAM_TARGET, V))
     if opts.acceptance == "drafter_invariant" or K == 0:
@@ -120,18 +124,22 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
     banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
 
-    def exact(_):
-        return _accept(opts, K, logits, drafts, q, temperature, top_k, top_p, min_p, seed, token_pos,
-                       banned)
+    settings = state.penalties(B)
 
-    def plain_greedy(_):  # every live row greedy and unfiltered: the same tokens, fewer ops
+    def exact(_):
+        penalised = penalties.penalised_logits(logits, settings, active, tokens,
+                                                state.prompt_length[:B], length, drafts)
+        return _accept(opts, K, logits, penalised, drafts, q, temperature, top_k, top_p, min_p, seed,
+                       token_pos, banned)
+
+    def plain_greedy(_):  # every live row greedy, unfiltered, unpenalised: the same tokens, fewer ops
         n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(logits, -1).astype(jnp.int32), drafts)
         logprobs = sampling.token_logprobs(logits, out_tokens)
         return n_acc, out_tokens, logprobs, logprobs
 
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.cond(
-        sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p), plain_greedy, exact,
-        None)
+        sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p)
+        & ~settings.any_on(active), plain_greedy, exact, None)
 
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)
@@ -259,10 +267,14 @@ class SlotInit(NamedTuple):
     length: jax.Array
     limit: jax.Array
     min_length: jax.Array  # prompt length + min_tokens
+    prompt_length: jax.Array
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
     min_p: jax.Array
+    repetition_penalty: jax.Array
+    presence_penalty: jax.Array
+    frequency_penalty: jax.Array
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
     drafter_length: jax.Array  # the prompt length if the drafter was prefilled with it, else 1
@@ -280,18 +292,23 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         length=put(state.length, init.length),
         limit=put(state.limit, init.limit),
         min_length=put(state.min_length, init.min_length),
+        prompt_length=put(state.prompt_length, init.prompt_length),
         active=put(state.active, jnp.ones_like(init.length, bool)),
         temperature=put(state.temperature, init.temperature),
         top_k=put(state.top_k, init.top_k),
         top_p=put(state.top_p, init.top_p),
         min_p=put(state.min_p, init.min_p),
+        repetition_penalty=put(state.repetition_penalty, init.repetition_penalty),
+        presence_penalty=put(state.presence_penalty, init.presence_penalty),
+        frequency_penalty=put(state.frequency_penalty, init.frequency_penalty),
         seed=put(state.seed, init.seed),
         stop_ids=put(state.stop_ids, init.stop_ids),
     )
 
 
-_PER_SLOT = ("tokens", "length", "limit", "min_length", "active", "temperature", "top_k", "top_p",
-             "min_p", "seed", "stop_ids")
+_PER_SLOT = ("tokens", "length", "limit", "min_length", "prompt_length", "active", "temperature",
+             "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+             "seed", "stop_ids")
 
 
 def copy_slots(state: DecodeState, src, dst) -> DecodeState:

@@ -467,7 +467,8 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
     # a repeat, and an end-of-text id given, count once
     args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
                                  temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4,
-                                 min_tokens=0, seed=None,
+                                 min_tokens=0, seed=None, repetition_penalty=1.0,
+                                 presence_penalty=0.0, frequency_penalty=0.0,
                                  hf_target=None, stop=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
@@ -478,6 +479,13 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 2))
     with pytest.raises(SystemExit, match=r"--stop-token-ids: 9 stop ids: 9 given; at most 8"):
         cli._sampling("generate", args, tok, 1, 64)
+    # the penalty flags reach every request's SamplingParams, and are checked
+    args.stop_token_ids, args.repetition_penalty, args.frequency_penalty = [], 1.3, -0.5
+    sp = cli._sampling("generate", args, tok, 2, 64)[1]
+    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.3, 0.0, -0.5)
+    args.presence_penalty = 3.0
+    with pytest.raises(SystemExit, match=r"invalid sampling flags: presence_penalty must be in \[-2, 2\]"):
+        cli._check_sampling_flags("generate", args)
 
 
 def test_plot_format_is_checked_before_the_run(tmp_path):
@@ -960,7 +968,14 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
     with monkeypatch.context() as m:  # other flags are refused before minutes of loading
         m.setattr(loading, "load_models", no_loading)
         msg = _err(argv(out, "--resume", "--temperature", "0.5"))
-    assert "--resume" in msg and "temperature 0.9 (now 0.5)" in msg
+        assert "--resume" in msg and "temperature 0.9 (now 0.5)" in msg
+        # a settings file from before the penalty flags stands for them off
+        saved = json.loads(settings.read_text())
+        for flag in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "min_tokens"):
+            del saved[flag]
+        settings.write_text(json.dumps(saved))
+        msg = _err(argv(out, "--resume", "--repetition-penalty", "1.2"))
+        assert msg.count("(now") == 1 and "repetition_penalty 1.0 (now 1.2)" in msg, msg
     assert "--resume" in _err(argv(out, "--resume", "--overwrite"))
     assert "give its --out" in _err([a for a in argv(out) if a not in ("--out", str(out))] + ["--resume"])
 

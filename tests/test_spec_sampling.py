@@ -64,7 +64,9 @@ def test_sampled_output_matches_target_distribution(small_vocab_pair, draft_samp
     target, draft = small_vocab_pair
     engine = make_engine(target, draft, method="draft_model", draft_sampling=draft_sampling,
                          max_batch_size=64, batch_buckets=(64,))
-    for (name, sp), k in itertools.product(SAMPLING.items(), (1, 4)):
+    # a one-hot q (argmax drafts) is checked at K = 4 only: its K = 1 rounds hold nothing K = 4 lacks
+    ks = (1, 4) if draft_sampling == "sample" else (4,)
+    for (name, sp), k in itertools.product(SAMPLING.items(), ks):
         engine.controller = FixedK([k])
         params = [SamplingParams(**{**sp.__dict__, "seed": 1000 * k + i}) for i in range(N_SAMPLES)]
         outs = engine.generate([PROMPT] * N_SAMPLES, params)
@@ -128,7 +130,7 @@ def test_a_draft_with_a_differently_padded_vocabulary_stays_exact(small_vocab_pa
     plain = make_engine(target, None, method="none", num_speculative_tokens=0)
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     invariant = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant")
-    for schedule in ([4], [0, 3, 1, 4, 2]):
+    for schedule in ([4], [0, 4]):  # [0, 4]: the draft catches up after rounds without it
         invariant.controller = FixedK(schedule)
         assert [o.token_ids for o in invariant.generate(prompts, params)] == expected, schedule
 
@@ -339,8 +341,8 @@ def test_a_fixed_seed_rl_loop_drafting_from_its_own_rollouts_stays_exact(small_v
 
     as_outputs = epochs(lambda prev: engine.generate(
         [prompt] * n, params, references=None if prev is None else [[o] for o in prev]))
-    bare = epochs(lambda prev: engine.generate(
-        [prompt] * n, params, references=None if prev is None else [[o.token_ids] for o in prev]))
+    bare = epochs(lambda prev: engine.generate(  # (the call number is mixed in: fewer epochs do)
+        [prompt] * n, params, references=None if prev is None else [[o.token_ids] for o in prev]), 3)
     for outs in (as_outputs, bare):
         assert min(map(p_value, outs)) > 1e-4, [p_value(o) for o in outs]
     # a RolloutMemory keeps each completion's noise seed, and each epoch draws from a new one

@@ -16,9 +16,9 @@ from test_spec_sampling import (PROMPT, VOCAB, empirical_joint, exact_joint,  # 
                                 small_vocab_pair, tv_threshold)  # small_vocab_pair: a fixture
 
 PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10], [3, 3, 3, 9]]
-PENALTIES = [dict(repetition_penalty=1.8), dict(frequency_penalty=1.5),
+PENALTIES = [dict(frequency_penalty=1.5), dict(),  # an unpenalised row beside the others
              dict(presence_penalty=2.0, repetition_penalty=0.7),
-             dict(frequency_penalty=-0.5, presence_penalty=1.0, repetition_penalty=1.3)]
+             dict(frequency_penalty=-0.5, presence_penalty=1.0, repetition_penalty=1.8)]
 
 
 def reference_penalised(logits, prompt, completion, repetition_penalty=1.0, presence_penalty=0.0,
@@ -94,15 +94,20 @@ def pair(tiny_pair):
 
 
 def test_greedy_with_penalties_equals_the_full_forward_reference(pair):
-    """Every row penalises differently, and each output differs from the unpenalised
-    greedy one; plain decoding, every K schedule and both drafters give the reference."""
+    """Rows penalise differently (one not at all), and each penalised output differs from
+    the unpenalised greedy one; plain decoding, every K schedule and both drafters give
+    the reference. Rows finish at different steps: the third moves into the unpenalised
+    row's slot after 7 tokens, its settings with it. One batch bucket: nothing here
+    depends on it (fewer programs)."""
     target, draft = pair
-    expected = [penalised_greedy(target, p, 16, **s) for p, s in zip(PROMPTS, PENALTIES)]
-    assert all(e != penalised_greedy(target, p, 16) for e, p in zip(expected, PROMPTS))
-    params = [SamplingParams(temperature=0.0, max_tokens=16, **s) for s in PENALTIES]
-    engines = {"draft_model": make_engine(target, draft, method="draft_model"),
+    lengths = [16, 7, 12, 4]
+    expected = [penalised_greedy(target, p, m, **s) for p, m, s in zip(PROMPTS, lengths, PENALTIES)]
+    assert [e != penalised_greedy(target, p, m) for e, p, m in zip(expected, PROMPTS, lengths)] == [
+        True, False, True, True]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, **s) for m, s in zip(lengths, PENALTIES)]
+    engines = {"draft_model": make_engine(target, draft, method="draft_model", batch_buckets=(4,)),
                "ngram": make_engine(target, None, method="ngram", prompt_lookup_min=1,
-                                    prompt_lookup_max=3)}
+                                    prompt_lookup_max=3, batch_buckets=(4,))}
     for (name, engine), schedule in itertools.product(engines.items(), [[0], [4], [0, 3, 1, 4, 2]]):
         if name == "ngram" and schedule != [4]:  # the draft model covers the others
             continue
@@ -157,12 +162,13 @@ def test_drafter_invariant_with_penalties_equals_plain_sampling(small_vocab_pair
               SamplingParams(temperature=0.7, top_k=4, max_tokens=20, seed=32, frequency_penalty=0.8),
               SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=33, presence_penalty=1.2,
                              repetition_penalty=0.8)]
-    plain = make_engine(target, None, method="none", num_speculative_tokens=0)
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,))
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     unpenalised = [SamplingParams(**{**sp.__dict__, "repetition_penalty": 1.0, "presence_penalty": 0.0,
                                      "frequency_penalty": 0.0}) for sp in params]
     assert expected != [o.token_ids for o in plain.generate(prompts, unpenalised)]
-    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant")
+    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant",
+                         batch_buckets=(4,))
     for schedule in ([4], [0, 3, 1, 4, 2]):
         engine.controller = FixedK(schedule)
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule

@@ -62,9 +62,9 @@ def test_greedy_completions_hold_no_stop_id_before_min_tokens(pair):
     assert all(not set(e[:m]) & set(s) for e, s, m in zip(expected, stops, min_tokens))
     params = [SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=s, min_tokens=m)
               for s, m in zip(stops, min_tokens)]
-    engines = {"draft_model": make_engine(target, draft, method="draft_model"),
+    engines = {"draft_model": make_engine(target, draft, method="draft_model", batch_buckets=(4,)),
                "ngram": make_engine(target, None, method="ngram", prompt_lookup_min=1,
-                                    prompt_lookup_max=3)}
+                                    prompt_lookup_max=3, batch_buckets=(4,))}  # one bucket: fewer programs
     for (name, engine), schedule in itertools.product(engines.items(), _schedules()):
         if name == "ngram" and schedule in ([0], [4]):  # the draft model covers those
             continue
@@ -142,10 +142,11 @@ def test_drafter_invariant_with_min_tokens_equals_plain_sampling(small_vocab_pai
                              stop_token_ids=[1]),
               SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=23, min_tokens=20,
                              stop_token_ids=[2, 7])]
-    plain = make_engine(target, None, method="none", num_speculative_tokens=0)
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,))
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     assert all(len(e) >= sp.min_tokens for e, sp in zip(expected, params))
-    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant")
+    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant",
+                         batch_buckets=(4,))
     for schedule in _schedules()[2:]:
         engine.controller = FixedK(schedule)
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule

@@ -12,9 +12,9 @@ One round with K drafts, for the first B slots:
      max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling;
      p is the target's law under each row's settings (min_tokens' ban, the penalties of
      `dsd_jax.penalties` over the row's tokens and the drafts before each position,
-     temperature, filters); a batch whose live rows are all greedy and unfiltered, and
-     penalise nothing, takes the argmax instead,
-     which is what both give there (the sampling tail was 2% of a B=1 step),
+     temperature, filters); a batch whose live rows are all greedy and unfiltered takes
+     the argmax instead (of the raw logits unless a row bans or penalises), which is
+     what both give there (the sampling tail was 2% of a B=1 step),
   4. commit on device: append the accepted drafts + one emitted token, advance length,
      and tell the drafter what was accepted.
      Rejected KV entries simply sit past `length`: no copy, no rollback.
@@ -137,9 +137,18 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         logprobs = sampling.token_logprobs(logits, out_tokens)
         return n_acc, out_tokens, logprobs, logprobs
 
-    n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.cond(
-        sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p)
-        & ~settings.any_on(active), plain_greedy, exact, None)
+    def greedy(_):  # every live row greedy and unfiltered, some banning or penalising: what
+        # `exact` gives there (its processed logits are these), without temperature or noise
+        scored = sampling.suppress(penalties.penalised_logits(
+            logits, settings, active, tokens, state.prompt_length[:B], length, drafts), banned)
+        n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(scored, -1).astype(jnp.int32), drafts)
+        return (n_acc, out_tokens, sampling.token_logprobs(scored, out_tokens),
+                sampling.token_logprobs(logits, out_tokens))
+
+    unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, None, min_p)
+    plain = sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p) & ~settings.any_on(active)
+    n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.switch(
+        jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)), (plain_greedy, greedy, exact), None)
 
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)

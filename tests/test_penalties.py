@@ -172,3 +172,23 @@ def test_drafter_invariant_with_penalties_equals_plain_sampling(small_vocab_pair
     for schedule in ([4], [0, 3, 1, 4, 2]):
         engine.controller = FixedK(schedule)
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule
+
+
+def test_greedy_shortcut_gives_what_the_exact_path_gives(pair):
+    """An all-greedy batch that bans (min_tokens) or penalises takes a shortcut without
+    temperature or noise; a sampled row beside the same requests sends every round down
+    the exact path. The greedy rows' tokens and logprobs are the same both ways."""
+    from conftest import greedy_reference
+    target, draft = pair
+    free = greedy_reference(target, PROMPTS[1], 3)
+    greedy = [SamplingParams(temperature=0.0, max_tokens=10, **PENALTIES[3]),
+              SamplingParams(temperature=0.0, max_tokens=10, min_tokens=6, stop_token_ids=free[:2])]
+    engine = make_engine(target, draft, method="draft_model", batch_buckets=(4,),
+                         controller=FixedK([3]))
+    alone = engine.generate(PROMPTS[:2], greedy, return_logprobs=True)
+    mixed = engine.generate(PROMPTS[:3], greedy + [SamplingParams(temperature=1.0, max_tokens=10, seed=5)],
+                            return_logprobs=True)
+    assert alone[1].token_ids[:2] != free[:2]  # the ban changed the tokens
+    for a, m in zip(alone, mixed):
+        assert a.token_ids == m.token_ids
+        np.testing.assert_allclose(a.logprobs, m.logprobs, rtol=1e-6, atol=1e-7)

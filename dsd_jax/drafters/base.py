@@ -166,10 +166,18 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
         token = sampling.gumbel_argmax(proc, noise, ctx.temperature)
         return token, sampling.probs_from_processed(proc, ctx.temperature) if keep_q else None
 
-    def plain_greedy(_):  # what `exact` gives when every live row is greedy and unfiltered
-        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    def greedy(scored):  # what `exact` gives when every live row is greedy and unfiltered
+        token = jnp.argmax(scored, axis=-1).astype(jnp.int32)
         return token, jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32) if keep_q else None
 
     # the sampling tail is a large share of a small drafter's step: skip it where it is moot
-    return jax.lax.cond(sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p,
-                                              banned, ctx.min_p), plain_greedy, exact, None)
+    plain = sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p, banned, ctx.min_p)
+    if banned is None:
+        return jax.lax.cond(plain, lambda _: greedy(logits), exact, None)
+    unfiltered_greedy = sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p, None,
+                                              ctx.min_p)
+
+    def banning_greedy(_):
+        return greedy(sampling.suppress(logits.astype(jnp.float32), banned))
+    return jax.lax.switch(jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)),
+                          (lambda _: greedy(logits), banning_greedy, exact), None)

@@ -1,5 +1,5 @@
 """Sampling: per-row temperature -> min-p -> top-k -> top-p -> softmax, shared by every
-path (stop ids banned before min_tokens, then the penalties of `dsd_jax.penalties`, first).
+path (before them: stop ids banned before min_tokens, and `dsd_jax.penalties`).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:

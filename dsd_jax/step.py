@@ -126,10 +126,12 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
 
     settings = state.penalties(B)
 
+    def penalised():
+        return penalties.penalised_logits(logits, settings, active, tokens, state.prompt_length[:B],
+                                          length, drafts)
+
     def exact(_):
-        penalised = penalties.penalised_logits(logits, settings, active, tokens,
-                                                state.prompt_length[:B], length, drafts)
-        return _accept(opts, K, logits, penalised, drafts, q, temperature, top_k, top_p, min_p, seed,
+        return _accept(opts, K, logits, penalised(), drafts, q, temperature, top_k, top_p, min_p, seed,
                        token_pos, banned)
 
     def plain_greedy(_):  # every live row greedy, unfiltered, unpenalised: the same tokens, fewer ops
@@ -139,14 +141,14 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
 
     def greedy(_):  # every live row greedy and unfiltered, some banning or penalising: what
         # `exact` gives there (its processed logits are these), without temperature or noise
-        scored = sampling.suppress(penalties.penalised_logits(
-            logits, settings, active, tokens, state.prompt_length[:B], length, drafts), banned)
+        scored = sampling.suppress(penalised(), banned)
         n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(scored, -1).astype(jnp.int32), drafts)
         return (n_acc, out_tokens, sampling.token_logprobs(scored, out_tokens),
                 sampling.token_logprobs(logits, out_tokens))
 
     unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, None, min_p)
-    plain = sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p) & ~settings.any_on(active)
+    plain = (sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p)
+             & ~settings.any_on(active))
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.switch(
         jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)), (plain_greedy, greedy, exact), None)
 

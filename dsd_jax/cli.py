@@ -64,6 +64,24 @@ _float_list = _number_list(float, "finite numbers")
 _nonneg_float_list = _number_list(float, "finite numbers >= 0", low=0.0)
 
 
+def _logit_bias(text: str) -> dict[int, float]:
+    """ID=BIAS,ID=BIAS: token ids and the biases added to their logits (ranges: `SamplingParams`)."""
+    out = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        token, _, bias = item.partition("=")
+        try:
+            token, bias = int(token), float(bias)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected ID=BIAS,ID=BIAS,... (integer ids, numeric biases), "
+                                             f"got {item!r}") from None
+        if token in out:
+            raise argparse.ArgumentTypeError(f"token id {token} is given twice")
+        out[token] = bias
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected ID=BIAS,ID=BIAS,..., got {text!r}")
+    return out
+
+
 def _str_list(text: str) -> list[str]:
     out = [x.strip() for x in text.split(",") if x.strip()]
     if not out:
@@ -498,7 +516,7 @@ def _check_sampling_flags(cmd: str, args) -> None:
 
 # generate's flags that are `SamplingParams` fields of the same name
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_tokens",
-                   "repetition_penalty", "presence_penalty", "frequency_penalty")
+                   "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
 def _sampling_flags(args) -> dict:
@@ -603,7 +621,7 @@ _RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "max_seq_len", "dtype", "
 # flags added after runs' settings files were first written, with the value a file that
 # lacks one was generated with (off): such a run resumes under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
-                       "presence_penalty": 0.0, "frequency_penalty": 0.0}
+                       "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None}
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -819,6 +837,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="[-2, 2]: subtracted from a token's logit per time it is in the completion; "
                         "0 = off (default)")
+    g.add_argument("--logit-bias", type=_logit_bias, metavar="ID=BIAS,...",
+                   help="biases in [-100, 100] added to those tokens' logits before the penalties "
+                        "(-100 all but bans a token)")
     g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
     g.add_argument("--stop", action="append", metavar="STR",
                    help="a stop string (repeat the flag for more): the completion ends with the token "

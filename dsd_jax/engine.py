@@ -38,7 +38,7 @@ from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed, remember
 from dsd_jax.programs import Programs
-from dsd_jax.sampling import SamplingParams, distinct_token_ids
+from dsd_jax.sampling import MAX_LOGIT_BIAS, SamplingParams, bias_arrays, distinct_token_ids
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import SlotInit, StepOptions, unpack_rounds
@@ -505,6 +505,10 @@ class SpecEngine:
             if t >= vocab:  # could never match (and may not fit int32)
                 raise ValueError(f"request {i}: stop_token_ids has {t}, outside the vocabulary "
                                  f"[0, {vocab})")
+        outside = [t for t in sp.logit_bias or () if t >= vocab]
+        if outside:
+            raise ValueError(f"request {i}: logit_bias has token id {outside[0]}, outside the "
+                             f"vocabulary [0, {vocab})")
         if sp.seed is not None and sp.seed + sp.n - 1 >= 2 ** 32:
             raise ValueError(f"request {i}: seed {sp.seed} with n={sp.n}: completion g draws from "
                              f"seed + g, which must stay below 2**32")
@@ -734,9 +738,12 @@ class SpecEngine:
             return self._per_shard(lambda s: [value(r) for r in by_shard[s]], n, fill, dtype)
 
         stop = np.full((self.data, n, MAX_STOP_IDS), -1, np.int32)
+        bias_ids = np.full((self.data, n, MAX_LOGIT_BIAS), -1, np.int32)
+        bias_values = np.zeros((self.data, n, MAX_LOGIT_BIAS), np.float32)
         for s in range(self.data):
             for i, r in enumerate(by_shard[s]):
                 stop[s, i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
+                bias_ids[s, i], bias_values[s, i] = bias_arrays(r.params.logit_bias)
         extra = {}
         for name, (shape, dtype, fill) in self.drafter.admission_fields().items():
             arr = extra[name] = np.full((self.data, n) + tuple(shape), fill, dtype)
@@ -754,6 +761,7 @@ class SpecEngine:
                         repetition_penalty=real("repetition_penalty", 1.0),
                         presence_penalty=real("presence_penalty"),
                         frequency_penalty=real("frequency_penalty"),
+                        bias_ids=bias_ids, bias_values=bias_values,
                         seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
                         drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
                         drafter=extra)

@@ -1,5 +1,5 @@
 """Sampling: per-row temperature -> min-p -> top-k -> top-p -> softmax, shared by every
-path (before them: stop ids banned before min_tokens, and `dsd_jax.penalties`).
+path (before them: stop ids banned before min_tokens, logit_bias, and `dsd_jax.penalties`).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:
@@ -31,6 +31,7 @@ STREAM_ACCEPT = 2  # uniform for the accept test
 STREAM_RESIDUAL = 3  # Gumbel noise for the recovered token
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (`SamplingParams`)
+MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias (the device keeps [slots, 300])
 
 
 def is_integer(x) -> bool:
@@ -115,6 +116,9 @@ class SamplingParams:
     by the repetition penalty and a negative one multiplied by it, and a token in the
     completion loses presence_penalty once and frequency_penalty per occurrence
     (`dsd_jax.penalties`). A greedy row takes the argmax of the penalised logits.
+    `logit_bias` (vLLM's and OpenAI's): {token id: bias in [-100, 100]}, added to the raw
+    logits before the penalties (at most `MAX_LOGIT_BIAS`, 300, entries; -100 all but bans
+    a token, as OpenAI says).
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g`, or from an
     engine-assigned seed of its own. With a seed, completion g equals a single request
@@ -154,6 +158,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: dict | None = None
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -185,6 +190,7 @@ class SamplingParams:
             set_(name, _real(name, getattr(self, name)))
             if not -2.0 <= getattr(self, name) <= 2.0:  # vLLM's and OpenAI's range; also NaN
                 raise ValueError(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}")
+        set_("logit_bias", _logit_bias(self.logit_bias))
         set_("stop_token_ids", distinct_token_ids(self.stop_token_ids))
         set_("stop", stop_list(self.stop))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
@@ -194,6 +200,53 @@ class SamplingParams:
             if not isinstance(value, (bool, np.bool_)):  # "False" would be true
                 raise ValueError(f"{name} must be a bool, got {value!r}")
             set_(name, bool(value))
+
+
+def _logit_bias(value) -> dict[int, float] | None:
+    """logit_bias as a new {int id: float bias} dict ordered by id; None or {}: None."""
+    if value is None:
+        return None
+    if not isinstance(value, collections.abc.Mapping):
+        raise ValueError(f"logit_bias must be a mapping of token id to bias, got {value!r}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias has {len(value)} entries; at most {MAX_LOGIT_BIAS} are supported")
+    out = {}
+    for t, bias in value.items():
+        t, bias = _integer("logit_bias token id", t, 0), _real(f"logit_bias[{t}]", bias)
+        if not -100.0 <= bias <= 100.0:  # OpenAI's range; also NaN
+            raise ValueError(f"logit_bias[{t}] must be in [-100, 100], got {bias}")
+        out[t] = bias
+    return dict(sorted(out.items())) or None
+
+
+def bias_arrays(logit_bias: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """A request's logit_bias as the device's rows: ids [MAX_LOGIT_BIAS] int32 (-1: unused)
+    and biases [MAX_LOGIT_BIAS] float32."""
+    ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
+    biases = np.zeros(MAX_LOGIT_BIAS, np.float32)
+    if logit_bias:
+        ids[:len(logit_bias)] = list(logit_bias)
+        biases[:len(logit_bias)] = list(logit_bias.values())
+    return ids, biases
+
+
+def biased_logits(logits, bias_ids, bias_values, active):
+    """float32 logits [B, ..., V] plus each row's logit_bias (ids, values [B, M]; -1: none),
+    or the logits unchanged when no live row has one (the dense bias is not built)."""
+    logits = logits.astype(jnp.float32)
+
+    def add(x):
+        B, V = x.shape[0], x.shape[-1]
+        ids = jnp.where(bias_ids >= 0, bias_ids, V)  # V: out of range, dropped
+        dense = jnp.zeros((B, V), jnp.float32).at[jnp.arange(B)[:, None], ids].add(bias_values, mode="drop")
+        return x + dense.reshape((B,) + (1,) * (x.ndim - 2) + (V,))
+
+    return jax.lax.cond(has_bias(bias_ids, active), add, lambda x: x, logits)
+
+
+def has_bias(bias_ids, active):
+    """Whether a live row has a logit_bias (a scalar)."""
+    return jnp.any(active & jnp.any(bias_ids >= 0, axis=-1))
 
 
 def _expand(param, logits):

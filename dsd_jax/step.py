@@ -10,11 +10,11 @@ One round with K drafts, for the first B slots:
   2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
   3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
      max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling;
-     p is the target's law under each row's settings (min_tokens' ban, the penalties of
-     `dsd_jax.penalties` over the row's tokens and the drafts before each position,
-     temperature, filters); a batch whose live rows are all greedy and unfiltered takes
-     the argmax instead (of the raw logits unless a row bans or penalises), which is
-     what both give there (the sampling tail was 2% of a B=1 step),
+     p is the target's law under each row's settings (min_tokens' ban, logit_bias, the
+     penalties of `dsd_jax.penalties` over the row's tokens and the drafts before each
+     position, temperature, filters); a batch whose live rows are all greedy and
+     unfiltered takes the argmax instead (of the raw logits unless a row bans, biases or
+     penalises), which is what both give there (the sampling tail was 2% of a B=1 step),
   4. commit on device: append the accepted drafts + one emitted token, advance length,
      and tell the drafter what was accepted.
      Rejected KV entries simply sit past `length`: no copy, no rollback.
@@ -101,7 +101,7 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     min_p, seed = state.min_p[:B], state.seed[:B]
     stop_ids, min_length = state.stop_ids[:B], state.min_length[:B]
     ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length,
-                       min_p)
+                       min_p, state.bias_ids[:B], state.bias_values[:B])
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -124,10 +124,11 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
     banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
 
-    settings = state.penalties(B)
+    settings, bias_ids, bias_values = state.penalties(B), state.bias_ids[:B], state.bias_values[:B]
 
-    def penalised():
-        return penalties.penalised_logits(logits, settings, active, tokens, state.prompt_length[:B],
+    def penalised():  # the logits with each row's logit_bias, then its penalties (vLLM's order)
+        biased = sampling.biased_logits(logits, bias_ids, bias_values, active)
+        return penalties.penalised_logits(biased, settings, active, tokens, state.prompt_length[:B],
                                           length, drafts)
 
     def exact(_):
@@ -139,8 +140,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         logprobs = sampling.token_logprobs(logits, out_tokens)
         return n_acc, out_tokens, logprobs, logprobs
 
-    def greedy(_):  # every live row greedy and unfiltered, some banning or penalising: what
-        # `exact` gives there (its processed logits are these), without temperature or noise
+    def greedy(_):  # every live row greedy and unfiltered, some banning, biasing or penalising:
+        # what `exact` gives there (its processed logits are these), without temperature or noise
         scored = sampling.suppress(penalised(), banned)
         n_acc, out_tokens = kernels.coupled_accept_xla(jnp.argmax(scored, -1).astype(jnp.int32), drafts)
         return (n_acc, out_tokens, sampling.token_logprobs(scored, out_tokens),
@@ -148,7 +149,7 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
 
     unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, None, min_p)
     plain = (sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p)
-             & ~settings.any_on(active))
+             & ~settings.any_on(active) & ~sampling.has_bias(bias_ids, active))
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.switch(
         jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)), (plain_greedy, greedy, exact), None)
 
@@ -286,6 +287,8 @@ class SlotInit(NamedTuple):
     repetition_penalty: jax.Array
     presence_penalty: jax.Array
     frequency_penalty: jax.Array
+    bias_ids: jax.Array  # [N, MAX_LOGIT_BIAS] (-1: unused)
+    bias_values: jax.Array  # [N, MAX_LOGIT_BIAS]
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
     drafter_length: jax.Array  # the prompt length if the drafter was prefilled with it, else 1
@@ -312,6 +315,8 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         repetition_penalty=put(state.repetition_penalty, init.repetition_penalty),
         presence_penalty=put(state.presence_penalty, init.presence_penalty),
         frequency_penalty=put(state.frequency_penalty, init.frequency_penalty),
+        bias_ids=put(state.bias_ids, init.bias_ids),
+        bias_values=put(state.bias_values, init.bias_values),
         seed=put(state.seed, init.seed),
         stop_ids=put(state.stop_ids, init.stop_ids),
     )
@@ -319,7 +324,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
 
 _PER_SLOT = ("tokens", "length", "limit", "min_length", "prompt_length", "active", "temperature",
              "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-             "seed", "stop_ids")
+             "bias_ids", "bias_values", "seed", "stop_ids")
 
 
 def copy_slots(state: DecodeState, src, dst) -> DecodeState:

@@ -468,7 +468,7 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
     args = types.SimpleNamespace(stop_token_ids=[1, 2, 3, 4, 5, 6, 1, 62], ignore_eos=False,
                                  temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4,
                                  min_tokens=0, seed=None, repetition_penalty=1.0,
-                                 presence_penalty=0.0, frequency_penalty=0.0,
+                                 presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
                                  hf_target=None, stop=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
@@ -479,12 +479,23 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 2))
     with pytest.raises(SystemExit, match=r"--stop-token-ids: 9 stop ids: 9 given; at most 8"):
         cli._sampling("generate", args, tok, 1, 64)
-    # the penalty flags reach every request's SamplingParams, and are checked
-    args.stop_token_ids, args.repetition_penalty, args.frequency_penalty = [], 1.3, -0.5
-    sp = cli._sampling("generate", args, tok, 2, 64)[1]
-    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.3, 0.0, -0.5)
+
+
+def test_penalty_and_bias_flags_reach_every_request_and_are_checked(files, capsys):
+    from tokenizers import Tokenizer
+    args = cli.build_parser().parse_args(["generate", "--repetition-penalty", "1.3", "--frequency-penalty",
+                                          "-0.5", "--logit-bias", "7=-100, 3=2.5", "--ignore-eos"])
+    sps = cli._sampling("generate", args, Tokenizer.from_file(files.tokenizer), 2, 64)
+    assert [(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) for sp in sps] == [
+        (1.3, 0.0, -0.5)] * 2
+    assert [sp.logit_bias for sp in sps] == [{3: 2.5, 7: -100.0}] * 2
+    for bad, why in (("7", "expected ID=BIAS"), ("x=1", "expected ID=BIAS"), ("7=1,7=2", "given twice")):
+        assert why in _err(["generate", "--logit-bias", bad], capsys)
     args.presence_penalty = 3.0
     with pytest.raises(SystemExit, match=r"invalid sampling flags: presence_penalty must be in \[-2, 2\]"):
+        cli._check_sampling_flags("generate", args)
+    args.presence_penalty, args.logit_bias = 0.0, {7: 101.0}
+    with pytest.raises(SystemExit, match=r"invalid sampling flags: logit_bias\[7\] must be in \[-100, 100\]"):
         cli._check_sampling_flags("generate", args)
 
 
@@ -971,7 +982,8 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
         assert "--resume" in msg and "temperature 0.9 (now 0.5)" in msg
         # a settings file from before the penalty flags stands for them off
         saved = json.loads(settings.read_text())
-        for flag in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "min_tokens"):
+        for flag in ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_p",
+                     "min_tokens"):
             del saved[flag]
         settings.write_text(json.dumps(saved))
         msg = _err(argv(out, "--resume", "--repetition-penalty", "1.2"))

@@ -22,9 +22,12 @@ PENALTIES = [dict(frequency_penalty=1.5), dict(),  # an unpenalised row beside t
 
 
 def reference_penalised(logits, prompt, completion, repetition_penalty=1.0, presence_penalty=0.0,
-                        frequency_penalty=0.0) -> np.ndarray:
-    """vLLM's penalties on one position's float32 logits, token by token in numpy."""
+                        frequency_penalty=0.0, logit_bias=None) -> np.ndarray:
+    """vLLM's logit_bias, then its penalties, on one position's float32 logits, token by
+    token in numpy."""
     z = np.array(logits, np.float32)
+    for t, bias in (logit_bias or {}).items():
+        z[t] += np.float32(bias)
     for t in set(prompt) | set(completion):
         z[t] *= np.float32(1.0 / repetition_penalty) if z[t] > 0 else np.float32(repetition_penalty)
     for t, c in collections.Counter(completion).items():
@@ -175,20 +178,21 @@ def test_drafter_invariant_with_penalties_equals_plain_sampling(small_vocab_pair
 
 
 def test_greedy_shortcut_gives_what_the_exact_path_gives(pair):
-    """An all-greedy batch that bans (min_tokens) or penalises takes a shortcut without
+    """An all-greedy batch that bans (min_tokens), biases or penalises takes a shortcut without
     temperature or noise; a sampled row beside the same requests sends every round down
     the exact path. The greedy rows' tokens and logprobs are the same both ways."""
     from conftest import greedy_reference
     target, draft = pair
     free = greedy_reference(target, PROMPTS[1], 3)
     greedy = [SamplingParams(temperature=0.0, max_tokens=10, **PENALTIES[3]),
-              SamplingParams(temperature=0.0, max_tokens=10, min_tokens=6, stop_token_ids=free[:2])]
+              SamplingParams(temperature=0.0, max_tokens=10, min_tokens=6, stop_token_ids=free[:2],
+                             logit_bias={free[2]: -30.0, 17: 4.5})]
     engine = make_engine(target, draft, method="draft_model", batch_buckets=(4,),
                          controller=FixedK([3]))
     alone = engine.generate(PROMPTS[:2], greedy, return_logprobs=True)
     mixed = engine.generate(PROMPTS[:3], greedy + [SamplingParams(temperature=1.0, max_tokens=10, seed=5)],
                             return_logprobs=True)
-    assert alone[1].token_ids[:2] != free[:2]  # the ban changed the tokens
+    assert alone[1].token_ids[:3] != free[:3]  # the ban and the bias changed the tokens
     for a, m in zip(alone, mixed):
         assert a.token_ids == m.token_ids
         np.testing.assert_allclose(a.logprobs, m.logprobs, rtol=1e-6, atol=1e-7)

@@ -39,6 +39,8 @@ class DraftContext(NamedTuple):
     stop_ids: jax.Array | None = None  # [B, MAX_STOP_IDS] int32 (-1: unused); None: no ban
     min_length: jax.Array | None = None  # [B] int32: stop ids are banned below it (min_tokens)
     min_p: jax.Array | None = None  # [B] float32 (None: 0, off)
+    bias_ids: jax.Array | None = None  # [B, MAX_LOGIT_BIAS] int32 logit_bias ids (-1: unused); None: none
+    bias_values: jax.Array | None = None  # [B, MAX_LOGIT_BIAS] float32
 
 
 class AdmissionRequest(NamedTuple):
@@ -150,7 +152,10 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
     """
     from dsd_jax import sampling
 
-    # the target bans stop ids before min_tokens: a draft that proposed one would be rejected
+    # the target biases logits and bans stop ids before min_tokens: a draft that proposed a
+    # banned one would be rejected
+    if ctx.bias_ids is not None:
+        logits = sampling.biased_logits(logits, ctx.bias_ids, ctx.bias_values, ctx.active)
     banned = (None if ctx.min_length is None
               else sampling.banned_ids(ctx.stop_ids, position[:, None], ctx.min_length)[:, 0])
     if mode == "argmax":

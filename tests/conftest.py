@@ -120,8 +120,6 @@ def make_engine(target, draft, controller=None, max_batch_size=4, max_seq_len=64
                 **spec):
     from dsd_jax import SpecConfig, SpecEngine
     spec.setdefault("num_speculative_tokens", 4)
-    if batch_buckets is None:  # the suite is compile-bound: two buckets, not every power of two
-        batch_buckets = sorted({1, max_batch_size})
     return SpecEngine(target, draft, SpecConfig(**spec), max_batch_size=max_batch_size,
                       max_seq_len=max_seq_len, prefill_chunk=16, batch_buckets=batch_buckets,
                       controller=controller or FixedK([spec["num_speculative_tokens"]]))

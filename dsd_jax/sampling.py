@@ -330,9 +330,13 @@ def plain_greedy(active, temperature, top_k, top_p, banned=None, min_p=None):
     sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
     if min_p is not None:
         sampled_or_filtered |= min_p > 0.0
-    if banned is not None:
-        sampled_or_filtered |= jnp.any((banned >= 0).reshape(banned.shape[0], -1), axis=-1)
-    return ~jnp.any(active & sampled_or_filtered)
+    unfiltered_greedy = ~jnp.any(active & sampled_or_filtered)
+    return unfiltered_greedy if banned is None else unfiltered_greedy & ~bans_any(active, banned)
+
+
+def bans_any(active, banned):
+    """Whether a live row bans an id (`banned_ids`, [B, T, S] or [B, S]; a scalar)."""
+    return jnp.any(active & jnp.any((banned >= 0).reshape(banned.shape[0], -1), axis=-1))
 
 
 def token_logprobs(logits, tokens):

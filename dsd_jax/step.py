@@ -100,8 +100,9 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     temperature, top_k, top_p = state.temperature[:B], state.top_k[:B], state.top_p[:B]
     min_p, seed = state.min_p[:B], state.seed[:B]
     stop_ids, min_length = state.stop_ids[:B], state.min_length[:B]
+    bias_ids, bias_values = state.bias_ids[:B], state.bias_values[:B]
     ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length,
-                       min_p, state.bias_ids[:B], state.bias_values[:B])
+                       min_p, bias_ids, bias_values)
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -124,7 +125,7 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
     banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
 
-    settings, bias_ids, bias_values = state.penalties(B), state.bias_ids[:B], state.bias_values[:B]
+    settings = state.penalties(B)
 
     def penalised():  # the logits with each row's logit_bias, then its penalties (vLLM's order)
         biased = sampling.biased_logits(logits, bias_ids, bias_values, active)
@@ -148,8 +149,9 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
                 sampling.token_logprobs(logits, out_tokens))
 
     unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, None, min_p)
-    plain = (sampling.plain_greedy(active, temperature, top_k, top_p, banned, min_p)
-             & ~settings.any_on(active) & ~sampling.has_bias(bias_ids, active))
+    adjusts = (sampling.bans_any(active, banned) | settings.any_on(active)
+               | sampling.has_bias(bias_ids, active))  # a live row changes its logits before sampling
+    plain = unfiltered_greedy & ~adjusts
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.switch(
         jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)), (plain_greedy, greedy, exact), None)
 

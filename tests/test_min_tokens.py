@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dsd_jax import SamplingParams, sampling
-from conftest import FixedK, greedy_reference, make_engine, oracle_logits, scaled
+from conftest import (FixedK, drafter_invariant_is_plain_sampling, greedy_reference, make_engine,
+                      oracle_logits, scaled)
 from test_spec_sampling import (PROMPT, VOCAB, empirical_joint, exact_joint,  # noqa: F401
                                 small_vocab_pair, tv_threshold)  # small_vocab_pair: a fixture
 
@@ -142,11 +143,5 @@ def test_drafter_invariant_with_min_tokens_equals_plain_sampling(small_vocab_pai
                              stop_token_ids=[1]),
               SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=23, min_tokens=20,
                              stop_token_ids=[2, 7])]
-    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,))
-    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    _, expected = drafter_invariant_is_plain_sampling(target, draft, prompts, params, _schedules()[2:])
     assert all(len(e) >= sp.min_tokens for e, sp in zip(expected, params))
-    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant",
-                         batch_buckets=(4,))
-    for schedule in _schedules()[2:]:
-        engine.controller = FixedK(schedule)
-        assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule

@@ -101,8 +101,9 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     min_p, seed = state.min_p[:B], state.seed[:B]
     stop_ids, min_length = state.stop_ids[:B], state.min_length[:B]
     bias_ids, bias_values = state.bias_ids[:B], state.bias_values[:B]
+    settings = state.penalties(B)
     ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length,
-                       min_p, bias_ids, bias_values)
+                       min_p, bias_ids, bias_values, settings, state.prompt_length[:B])
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -124,8 +125,6 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     # 3. accept
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
     banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
-
-    settings = state.penalties(B)
 
     def penalised():  # the logits with each row's logit_bias, then its penalties (vLLM's order)
         biased = sampling.biased_logits(logits, bias_ids, bias_values, active)

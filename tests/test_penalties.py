@@ -83,6 +83,14 @@ def test_each_window_position_counts_the_drafts_before_it():
                                        *(float(x[b]) for x in settings))
         np.testing.assert_allclose(out[b, j], expected, rtol=1e-6, atol=1e-6, err_msg=(b, j))
     assert np.isneginf(out[0, 1, 5])
+    # a drafter proposing position j with its own d_1..d_j (-1: unused) gets the same logits
+    for j in range(3):
+        drafted = np.full((2, 3), -1, np.int32)
+        drafted[:, :j] = drafts[:, :j]
+        own = penalties.penalised_draft_logits(jnp.asarray(logits[:, j]), settings, jnp.array([True, True]),
+                                               jnp.asarray(tokens), jnp.asarray(prompt_length),
+                                               jnp.asarray(length), jnp.asarray(drafted))
+        np.testing.assert_allclose(np.asarray(own), out[:, j], rtol=1e-6, atol=1e-6, err_msg=j)
     # no live row penalises (row 1 is finished): the logits come back as they are
     idle = penalties.Penalties(jnp.array([1.0, 1.7]), jnp.array([0.0, 0.5]), jnp.array([0.0, 0.0]))
     same = penalties.penalised_logits(jnp.asarray(logits), idle, jnp.array([True, False]),
@@ -117,6 +125,24 @@ def test_greedy_with_penalties_equals_the_full_forward_reference(pair):
         engine.controller = FixedK(schedule)
         outs = engine.generate(PROMPTS, params)
         assert [o.token_ids for o in outs] == expected, (name, schedule)
+
+
+def test_a_draft_equal_to_the_target_is_accepted_whole_under_penalties(pair):
+    """The drafter penalises as the target does, each proposal counting the drafts before
+    it: a draft model identical to the target proposes the target's own penalised choices
+    (greedy rows) and its own penalised law (sampled rows, q = p), so every draft is
+    accepted (a drafter blind to the penalties loses drafts here, both ways)."""
+    target = pair[0]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=12, **s) for s in PENALTIES]
+    sampled = [SamplingParams(temperature=1.0, top_k=5, max_tokens=12, seed=40 + i, **s)
+               for i, s in enumerate(PENALTIES)]
+    ctl = FixedK([4])
+    engine = make_engine(target, target, controller=ctl, method="draft_model", draft_sampling="sample",
+                         batch_buckets=(4,))
+    for params in (greedy, sampled):
+        ctl.observed.clear()
+        engine.generate(PROMPTS, params)
+        assert all((accepted == k).all() for k, accepted in ctl.observed), params[0]
 
 
 def _penalised_joint(model, sp: SamplingParams, prompt=PROMPT) -> np.ndarray:

@@ -41,6 +41,8 @@ class DraftContext(NamedTuple):
     min_p: jax.Array | None = None  # [B] float32 (None: 0, off)
     bias_ids: jax.Array | None = None  # [B, MAX_LOGIT_BIAS] int32 logit_bias ids (-1: unused); None: none
     bias_values: jax.Array | None = None  # [B, MAX_LOGIT_BIAS] float32
+    penalties: Any = None  # `penalties.Penalties` of [B] settings; None: none
+    prompt_length: jax.Array | None = None  # [B] int32 (the penalties' prompt)
 
 
 class AdmissionRequest(NamedTuple):
@@ -142,20 +144,25 @@ class NoDrafter(Drafter):
     """Method "none": plain decoding; K is always 0, so `propose` is never traced."""
 
 
-def sample_proposal(mode: str, logits, position, ctx: DraftContext):
+def sample_proposal(mode: str, logits, position, ctx: DraftContext, drafted=None):
     """One draft token per row from a drafter's target-vocabulary logits [B, V] for the
-    token at `position` [B] -> (token [B], q [B, V] or None = one-hot q).
+    token at `position` [B] -> (token [B], q [B, V] or None = one-hot q). drafted [B, J]:
+    the row's proposals before this one this round (-1: none; None: none at all).
 
     mode "sample": d ~ q, q kept; "argmax": one-hot q; "coupled" (drafter-invariant):
     argmax(log q + the target's noise at that position). Greedy rows take the argmax in
     every mode (q is then one-hot, as the target's p).
     """
-    from dsd_jax import sampling
+    from dsd_jax import penalties, sampling
 
-    # the target biases logits and bans stop ids before min_tokens: a draft that proposed a
-    # banned one would be rejected
+    # the target biases and penalises logits and bans stop ids before min_tokens: a draft
+    # the target's adjustments push away would only be rejected
     if ctx.bias_ids is not None:
         logits = sampling.biased_logits(logits, ctx.bias_ids, ctx.bias_values, ctx.active)
+    if ctx.penalties is not None:
+        drafted = jnp.zeros((logits.shape[0], 0), jnp.int32) if drafted is None else drafted
+        logits = penalties.penalised_draft_logits(logits, ctx.penalties, ctx.active, ctx.tokens,
+                                                  ctx.prompt_length, ctx.length, drafted)
     banned = (None if ctx.min_length is None
               else sampling.banned_ids(ctx.stop_ids, position[:, None], ctx.min_length)[:, 0])
     if mode == "argmax":
@@ -186,3 +193,25 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext):
         return greedy(sampling.suppress(logits.astype(jnp.float32), banned))
     return jax.lax.switch(jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)),
                           (lambda _: greedy(logits), banning_greedy, exact), None)
+
+
+def draft_chain(mode: str, ctx: DraftContext, K: int, logits, advance, carry):
+    """K drafts one after another, each fed back: d_1 from `logits` [B, V] (the token at
+    position ctx.length), then for i = 1..K-1 `advance(carry, d_i, i)` -> (carry, logits
+    [B, V] for the token at ctx.length + i) gives d_{i+1}. Each proposal sees the ones
+    before it (the penalties count them). Returns (drafts [B, K], q [B, K, V] or None, carry).
+    """
+    first, q_first = sample_proposal(mode, logits, ctx.length, ctx)
+
+    def body(c, i):
+        carry, prev, drafted = c
+        drafted = drafted.at[:, i - 1].set(prev)  # d_1..d_i
+        carry, logits = advance(carry, prev, i)
+        token, q = sample_proposal(mode, logits, ctx.length + i, ctx, drafted)
+        return (carry, token, drafted), (token, q)
+
+    none_yet = jnp.full((ctx.length.shape[0], K), -1, jnp.int32)  # K, not K - 1: traced at K = 1 too
+    (carry, _, _), (rest, q_rest) = jax.lax.scan(body, (carry, first, none_yet), jnp.arange(1, K))
+    drafts = jnp.concatenate([first[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)
+    q = None if q_first is None else jnp.concatenate([q_first[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+    return drafts, q, carry

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens, sample_proposal
+from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, draft_chain, gather_tokens
 from dsd_jax.models import KVCache, forward, init_kv_cache
 from dsd_jax.models.eagle3 import Eagle3Config
 from dsd_jax.models.transformer import embedding_of
@@ -125,19 +125,13 @@ class DraftModel(Drafter):
         toks = gather_tokens(ctx.tokens, pos)
         pos = jnp.where((pos >= 0) & active[:, None], pos, -1)
         logits, kv = self._forward(params, toks, pos, state.kv)
-        first, q_first = sample_proposal(self.mode, logits[:, -1], length, ctx)
 
-        def step(carry, i):
-            kv, prev = carry
+        def advance(kv, prev, i):
             p = jnp.where(active, length - 1 + i, -1)[:, None]
             logits, kv = self._forward(params, prev[:, None], p, kv)
-            token, q = sample_proposal(self.mode, logits[:, 0], length + i, ctx)
-            return (kv, token), (token, q)
+            return kv, logits[:, 0]
 
-        (kv, _), (rest, q_rest) = lax.scan(step, (kv, first), jnp.arange(1, K))
-        drafts = jnp.concatenate([first[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)
-        q = None if q_first is None else jnp.concatenate(
-            [q_first[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+        drafts, q, kv = draft_chain(self.mode, ctx, K, logits[:, -1], advance, kv)
         # The draft cache now holds everything up to the pending token (position length-1).
         dl = state.length[:B]
         dl = jnp.where(active, jnp.maximum(dl, length), dl)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, gather_tokens, sample_proposal
+from dsd_jax.drafters.base import DraftContext, Drafter, Proposal, draft_chain, gather_tokens
 from dsd_jax.models import KVCache, init_kv_cache
 from dsd_jax.models.eagle3 import Eagle3Config
 from dsd_jax.models.transformer import embedding_of
@@ -176,19 +176,14 @@ class Eagle3(Drafter):
         has_feature = pos[:, -1] >= 0
         h = jnp.where(has_feature[:, None], h[:, -1], 0).astype(h.dtype)
         logits = jnp.where(has_feature[:, None], logits[:, -1], 0.0)
-        first, q_first = sample_proposal(self.mode, head.target_logits(logits), length, ctx)
 
-        def step(carry, i):
-            kv, h, prev = carry
+        def advance(carry, prev, i):
+            kv, h = carry
             p = jnp.where(active, length - 2 + i, -1)[:, None]
             h, logits, kv = self._head(params, h[:, None], prev[:, None], p, kv)
-            token, q = sample_proposal(self.mode, head.target_logits(logits[:, 0]), length + i, ctx)
-            return (kv, h[:, 0], token), (token, q)
+            return (kv, h[:, 0]), head.target_logits(logits[:, 0])
 
-        (kv, _, _), (rest, q_rest) = lax.scan(step, (kv, h, first), jnp.arange(1, K))
-        drafts = jnp.concatenate([first[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)
-        q = None if q_first is None else jnp.concatenate(
-            [q_first[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+        drafts, q, (kv, _) = draft_chain(self.mode, ctx, K, head.target_logits(logits), advance, (kv, h))
         hl = state.length[:B]
         hl = jnp.where(active, jnp.maximum(hl, length - 1), hl)  # true entries 0..L-2 now
         return Proposal(drafts, q, state._replace(kv=kv, length=state.length.at[:B].set(hl)))

@@ -520,7 +520,8 @@ _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_
 
 
 def _sampling_flags(args) -> dict:
-    return {**{flag: getattr(args, flag) for flag in _SAMPLING_FLAGS}, "stop": args.stop or ()}
+    return {**{flag: getattr(args, flag) for flag in _SAMPLING_FLAGS}, "stop": args.stop or (),
+            "bad_words": args.bad_words or ()}
 
 
 def _generate_records(args, engine, raw_prompts, prompts, sampling, settings=None, first: int = 0) -> None:
@@ -617,11 +618,12 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
 _RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "max_seq_len", "dtype", "method", "prompt_format",
-                                   "stop")
+                                   "stop", "bad_words")
 # flags added after runs' settings files were first written, with the value a file that
 # lacks one was generated with (off): such a run resumes under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
-                       "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None}
+                       "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None,
+                       "bad_words": None}
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -690,9 +692,11 @@ def cmd_generate(args) -> int:
         spec = spec.replace(dynamic=DynamicConfig(**{**dyn.to_dict(), "profile": profile_path}))
 
     target, draft, tokenizer, _ = loading.load_models(args)
-    if args.stop and tokenizer is None:
-        _fail(cmd, "--stop", "stop strings are matched in the decoded text: they need a tokenizer "
-              "(--tokenizer FILE, or an --hf-target directory holding tokenizer.json)")
+    for flag, given, why in (("--stop", args.stop, "stop strings are matched in the decoded text"),
+                             ("--bad-word", args.bad_words, "bad words are tokenized")):
+        if given and tokenizer is None:
+            _fail(cmd, flag, f"{why}: they need a tokenizer (--tokenizer FILE, or an --hf-target "
+                  "directory holding tokenizer.json)")
     draft = _engine_draft(args, spec, draft, target)
     prompts = loading.encode_prompts(raw_prompts, tokenizer, target.config.vocab_size, "--prompts", where)
     for ids, name in zip(prompts, where):  # the engine would name the prompt by its index only
@@ -844,6 +848,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--stop", action="append", metavar="STR",
                    help="a stop string (repeat the flag for more): the completion ends with the token "
                         "that completes it; its text ends before it, and its record's stop_reason names it")
+    g.add_argument("--bad-word", action="append", dest="bad_words", metavar="WORD",
+                   help="a word the completion may not contain (repeat the flag for more; vLLM's "
+                        "bad_words): its last token is banned where the rest of it was just generated")
     g.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the tokenizer's end-of-text token")
     g.add_argument("--logprobs", action="store_true", help="write per-token logprobs")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import statistics
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import compilation, drafters, inputs, kernels, multihost, stop_strings
+from dsd_jax import bad_words, compilation, drafters, inputs, kernels, multihost, stop_strings
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
@@ -181,6 +182,7 @@ class SpecEngine:
         self.max_seq_len = max_seq_len
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer, target.config.vocab_size)
+        self._bad_word_rows = functools.lru_cache(maxsize=256)(self._tokenize_bad_words)
         self.placement = _placement(mesh, target, draft, max_batch_size)
         self.data = self.placement.sizes[DATA]
         self.slots_per_shard = per_shard = max_batch_size // self.data
@@ -522,7 +524,19 @@ class SpecEngine:
             raise ValueError(f"request {i}: stop strings {list(sp.stop)!r} are matched in the "
                              "decoded text: they need an engine with a tokenizer "
                              "(SpecEngine(..., tokenizer=...))")
+        if sp.bad_words:
+            if self.tokenizer is None:
+                raise ValueError(f"request {i}: bad_words {list(sp.bad_words)!r} are tokenized: they need "
+                                 "an engine with a tokenizer (SpecEngine(..., tokenizer=...))")
+            try:
+                self._bad_word_rows(sp.bad_words)
+            except ValueError as e:
+                raise ValueError(f"request {i}: {e}") from None
         return sp
+
+    def _tokenize_bad_words(self, words: tuple[str, ...]) -> np.ndarray:
+        """A request's bad words as its device row (`bad_words.rows`; memoised per words)."""
+        return bad_words.rows(bad_words.token_sequences(words, self.tokenizer, self.target_config.vocab_size))
 
     def _check_call(self, prompts, sampling, references=None, memory=None) -> list[tuple]:
         """Every prompt of a call as (prompt ids, SamplingParams, references), every value
@@ -740,10 +754,13 @@ class SpecEngine:
         stop = np.full((self.data, n, MAX_STOP_IDS), -1, np.int32)
         bias_ids = np.full((self.data, n, MAX_LOGIT_BIAS), -1, np.int32)
         bias_values = np.zeros((self.data, n, MAX_LOGIT_BIAS), np.float32)
+        bad = np.full((self.data, n, bad_words.MAX_BAD_WORDS, bad_words.MAX_BAD_WORD_TOKENS), -1, np.int32)
         for s in range(self.data):
             for i, r in enumerate(by_shard[s]):
                 stop[s, i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
                 bias_ids[s, i], bias_values[s, i] = bias_arrays(r.params.logit_bias)
+                if r.params.bad_words:
+                    bad[s, i] = self._bad_word_rows(r.params.bad_words)
         extra = {}
         for name, (shape, dtype, fill) in self.drafter.admission_fields().items():
             arr = extra[name] = np.full((self.data, n) + tuple(shape), fill, dtype)
@@ -761,7 +778,7 @@ class SpecEngine:
                         repetition_penalty=real("repetition_penalty", 1.0),
                         presence_penalty=real("presence_penalty"),
                         frequency_penalty=real("frequency_penalty"),
-                        bias_ids=bias_ids, bias_values=bias_values,
+                        bias_ids=bias_ids, bias_values=bias_values, bad_words=bad,
                         seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
                         drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
                         drafter=extra)

@@ -1,5 +1,6 @@
 """Sampling: per-row temperature -> min-p -> top-k -> top-p -> softmax, shared by every
-path (before them: stop ids banned before min_tokens, logit_bias, and `dsd_jax.penalties`).
+path (before them: stop ids banned before min_tokens, `dsd_jax.bad_words`, logit_bias, and
+`dsd_jax.penalties`).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:
@@ -119,6 +120,12 @@ class SamplingParams:
     `logit_bias` (vLLM's and OpenAI's): {token id: bias in [-100, 100]}, added to the raw
     logits before the penalties (at most `MAX_LOGIT_BIAS`, 300, entries; -100 all but bans
     a token, as OpenAI says).
+    `bad_words` (vLLM's): words the completion may not contain. Each is tokenized as
+    written and with a leading space (`dsd_jax.bad_words`, vLLM's rule; the engine needs a
+    tokenizer); a sequence's last token gets probability 0 wherever the completion's
+    preceding tokens are the rest of it (the prompt does not count), in the target's law
+    and the drafter's alike. At most `bad_words.MAX_BAD_WORDS` (64) token sequences of
+    `MAX_BAD_WORD_TOKENS` (16) tokens.
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g`, or from an
     engine-assigned seed of its own. With a seed, completion g equals a single request
@@ -159,6 +166,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict | None = None
+    bad_words: Sequence[str] = ()
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -193,6 +201,8 @@ class SamplingParams:
         set_("logit_bias", _logit_bias(self.logit_bias))
         set_("stop_token_ids", distinct_token_ids(self.stop_token_ids))
         set_("stop", stop_list(self.stop))
+        set_("bad_words", stop_list(self.bad_words, "bad_words", blank_too=True,
+                                    why="a bad word must have a token to ban"))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
         for name in ("include_stop_token", "ignore_eos", "include_stop_str_in_output"):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from dsd_jax.models import KVCache, ModelConfig, init_kv_cache
 from dsd_jax.penalties import Penalties
+from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from dsd_jax.sampling import MAX_LOGIT_BIAS
 
 MAX_STOP_IDS = 8
@@ -38,6 +39,7 @@ class DecodeState(NamedTuple):
     frequency_penalty: jax.Array  # [N] float32 (0 = off)
     bias_ids: jax.Array  # [N, MAX_LOGIT_BIAS] int32: logit_bias' token ids, -1 = unused
     bias_values: jax.Array  # [N, MAX_LOGIT_BIAS] float32: their biases
+    bad_words: jax.Array  # [N, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS] int32 (`dsd_jax.bad_words.rows`)
     seed: jax.Array  # [N] uint32
     stop_ids: jax.Array  # [N, MAX_STOP_IDS] int32, -1 = unused
     accepted_per_pos: jax.Array  # [max_k] int32 drafts accepted at position i (cumulative)
@@ -80,6 +82,7 @@ def init_state(target_cfg: ModelConfig, drafter, num_slots: int, capacity: int,
         frequency_penalty=jnp.zeros((num_slots,), jnp.float32),
         bias_ids=jnp.full((num_slots, MAX_LOGIT_BIAS), -1, jnp.int32),
         bias_values=jnp.zeros((num_slots, MAX_LOGIT_BIAS), jnp.float32),
+        bad_words=jnp.full((num_slots, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, jnp.int32),
         seed=jnp.zeros((num_slots,), jnp.uint32),
         stop_ids=jnp.full((num_slots, MAX_STOP_IDS), -1, jnp.int32),
         accepted_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),

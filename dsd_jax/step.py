@@ -10,9 +10,9 @@ One round with K drafts, for the first B slots:
   2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
   3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
      max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling;
-     p is the target's law under each row's settings (min_tokens' ban, logit_bias, the
-     penalties of `dsd_jax.penalties` over the row's tokens and the drafts before each
-     position, temperature, filters); a batch whose live rows are all greedy and
+     p is the target's law under each row's settings (min_tokens' ban, `dsd_jax.bad_words`,
+     logit_bias, the penalties of `dsd_jax.penalties`, both over the row's tokens and the
+     drafts before each position, temperature, filters); a batch whose live rows are all greedy and
      unfiltered takes the argmax instead (of the raw logits unless a row bans, biases or
      penalises), which is what both give there (the sampling tail was 2% of a B=1 step),
   4. commit on device: append the accepted drafts + one emitted token, advance length,
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsd_jax import kernels, penalties, sampling
+from dsd_jax import bad_words, kernels, penalties, sampling
 from dsd_jax.drafters.base import DraftContext, Drafter, gather_tokens
 from dsd_jax.models import forward
 from dsd_jax.models.transformer import config_of
@@ -101,9 +101,9 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     min_p, seed = state.min_p[:B], state.seed[:B]
     stop_ids, min_length = state.stop_ids[:B], state.min_length[:B]
     bias_ids, bias_values = state.bias_ids[:B], state.bias_values[:B]
-    settings = state.penalties(B)
+    settings, prompt_length, bad = state.penalties(B), state.prompt_length[:B], state.bad_words[:B]
     ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length,
-                       min_p, bias_ids, bias_values, settings, state.prompt_length[:B])
+                       min_p, bias_ids, bias_values, settings, prompt_length, bad)
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -124,12 +124,14 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
 
     # 3. accept
     token_pos = length[:, None] + jnp.arange(K + 1)  # position of the token each output decides
-    banned = sampling.banned_ids(stop_ids, token_pos, min_length)  # min_tokens not reached yet
+    banned = jnp.concatenate([  # min_tokens not reached yet; bad words the drafts would complete
+        sampling.banned_ids(stop_ids, token_pos, min_length),
+        bad_words.banned_by_bad_words(bad, active, tokens, prompt_length, length, drafts,
+                                      jnp.broadcast_to(jnp.arange(K + 1), (B, K + 1)))], axis=-1)
 
     def penalised():  # the logits with each row's logit_bias, then its penalties (vLLM's order)
         biased = sampling.biased_logits(logits, bias_ids, bias_values, active)
-        return penalties.penalised_logits(biased, settings, active, tokens, state.prompt_length[:B],
-                                          length, drafts)
+        return penalties.penalised_logits(biased, settings, active, tokens, prompt_length, length, drafts)
 
     def exact(_):
         return _accept(opts, K, logits, penalised(), drafts, q, temperature, top_k, top_p, min_p, seed,
@@ -290,6 +292,7 @@ class SlotInit(NamedTuple):
     frequency_penalty: jax.Array
     bias_ids: jax.Array  # [N, MAX_LOGIT_BIAS] (-1: unused)
     bias_values: jax.Array  # [N, MAX_LOGIT_BIAS]
+    bad_words: jax.Array  # [N, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS] (-1: padding)
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
     drafter_length: jax.Array  # the prompt length if the drafter was prefilled with it, else 1
@@ -318,6 +321,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         frequency_penalty=put(state.frequency_penalty, init.frequency_penalty),
         bias_ids=put(state.bias_ids, init.bias_ids),
         bias_values=put(state.bias_values, init.bias_values),
+        bad_words=put(state.bad_words, init.bad_words),
         seed=put(state.seed, init.seed),
         stop_ids=put(state.stop_ids, init.stop_ids),
     )
@@ -325,7 +329,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
 
 _PER_SLOT = ("tokens", "length", "limit", "min_length", "prompt_length", "active", "temperature",
              "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-             "bias_ids", "bias_values", "seed", "stop_ids")
+             "bias_ids", "bias_values", "bad_words", "seed", "stop_ids")
 
 
 def copy_slots(state: DecodeState, src, dst) -> DecodeState:

@@ -97,9 +97,12 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], at_least: in
     return Match(lo, i + len(s) if include else i, s)
 
 
-def stop_list(value, name: str = "stop") -> tuple[str, ...]:
-    """Stop strings as a tuple of distinct non-empty strings, in first-occurrence order: one
-    string, a sequence of them, or None (none)."""
+def stop_list(value, name: str = "stop", blank_too: bool = False,
+              why: str = "an empty string would stop every completion before its first token"
+              ) -> tuple[str, ...]:
+    """Stop strings (or `name`'s strings) as a tuple of distinct non-empty strings (with
+    `blank_too`, not only spaces either), in first-occurrence order: one string, a
+    sequence of them, or None (none)."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -110,7 +113,6 @@ def stop_list(value, name: str = "stop") -> tuple[str, ...]:
     for j, s in enumerate(value):
         if not isinstance(s, str):
             raise ValueError(f"{name}[{j}] must be a string, got {s!r} ({type(s).__name__})")
-        if not s:
-            raise ValueError(f"{name}[{j}] is empty: an empty string would stop every completion "
-                             "before its first token")
+        if not (s.strip() if blank_too else s):
+            raise ValueError(f"{name}[{j}] is {'empty' if not s else 'blank'}: {why}")
     return tuple(dict.fromkeys(value))

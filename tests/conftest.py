@@ -116,13 +116,15 @@ class FixedK:
         self.observed.append((k, np.asarray(num_accepted).copy()))
 
 
-def drafter_invariant_is_plain_sampling(target, draft, prompts, params, schedules=([4], [0, 3, 1, 4, 2])):
+def drafter_invariant_is_plain_sampling(target, draft, prompts, params, schedules=([4], [0, 3, 1, 4, 2]),
+                                        tokenizer=None):
     """Asserts drafter-invariant speculation with the draft model gives plain sampling's
     tokens (K = 0) under every K schedule; returns (the plain engine, those tokens)."""
-    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,))
+    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,),
+                        tokenizer=tokenizer)
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant",
-                         batch_buckets=(4,))
+                         batch_buckets=(4,), tokenizer=tokenizer)
     for schedule in schedules:
         engine.controller = FixedK(schedule)
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule
@@ -130,9 +132,9 @@ def drafter_invariant_is_plain_sampling(target, draft, prompts, params, schedule
 
 
 def make_engine(target, draft, controller=None, max_batch_size=4, max_seq_len=64, batch_buckets=None,
-                **spec):
+                tokenizer=None, **spec):
     from dsd_jax import SpecConfig, SpecEngine
     spec.setdefault("num_speculative_tokens", 4)
     return SpecEngine(target, draft, SpecConfig(**spec), max_batch_size=max_batch_size,
-                      max_seq_len=max_seq_len, prefill_chunk=16, batch_buckets=batch_buckets,
+                      max_seq_len=max_seq_len, prefill_chunk=16, batch_buckets=batch_buckets, tokenizer=tokenizer,
                       controller=controller or FixedK([spec["num_speculative_tokens"]]))

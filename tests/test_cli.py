@@ -162,6 +162,14 @@ def test_generate_with_stop_strings(files, tmp_path, capsys):
     m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl,
               "--stop", "w1"])
     assert "--stop" in m and "tokenizer" in m
+    # --bad-word: the word never appears (here one token, with or without its space)
+    assert cli.main(gen + ["--bad-word", word]) == 0
+    banned = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all(word not in r["text"].split(" ") for r in banned)
+    assert banned[0]["token_ids"] != free[0]["token_ids"]
+    m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl,
+              "--bad-word", "w1"])
+    assert m.startswith("dsd-jax generate: error: --bad-word: bad words are tokenized: they need a tokenizer"), m
     # --min-tokens 4: the string in the 4th token no longer ends the first completion there
     assert cli.main(gen + ["--stop", word, "--min-tokens", "4"]) == 0
     first = json.loads(capsys.readouterr().out.splitlines()[0])
@@ -469,7 +477,7 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                                  temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4,
                                  min_tokens=0, seed=None, repetition_penalty=1.0,
                                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
-                                 hf_target=None, stop=None)
+                                 hf_target=None, stop=None, bad_words=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):
@@ -481,14 +489,20 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
         cli._sampling("generate", args, tok, 1, 64)
 
 
-def test_penalty_and_bias_flags_reach_every_request_and_are_checked(files, capsys):
+def test_penalty_bias_and_bad_word_flags_reach_every_request_and_are_checked(files, capsys):
     from tokenizers import Tokenizer
     args = cli.build_parser().parse_args(["generate", "--repetition-penalty", "1.3", "--frequency-penalty",
-                                          "-0.5", "--logit-bias", "7=-100, 3=2.5", "--ignore-eos"])
+                                          "-0.5", "--logit-bias", "7=-100, 3=2.5", "--ignore-eos",
+                                          "--bad-word", "w5", "--bad-word", " w6"])
     sps = cli._sampling("generate", args, Tokenizer.from_file(files.tokenizer), 2, 64)
     assert [(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) for sp in sps] == [
         (1.3, 0.0, -0.5)] * 2
     assert [sp.logit_bias for sp in sps] == [{3: 2.5, 7: -100.0}] * 2
+    assert [sp.bad_words for sp in sps] == [("w5", " w6")] * 2
+    args.bad_words = ["w5", "  "]
+    with pytest.raises(SystemExit, match=r"invalid sampling flags: bad_words\[1\] is blank"):
+        cli._check_sampling_flags("generate", args)
+    args.bad_words = None
     for bad, why in (("7", "expected ID=BIAS"), ("x=1", "expected ID=BIAS"), ("7=1,7=2", "given twice")):
         assert why in _err(["generate", "--logit-bias", bad], capsys)
     args.presence_penalty = 3.0
@@ -983,7 +997,7 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
         # a settings file from before the penalty flags stands for them off
         saved = json.loads(settings.read_text())
         for flag in ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_p",
-                     "min_tokens"):
+                     "min_tokens", "bad_words"):
             del saved[flag]
         settings.write_text(json.dumps(saved))
         msg = _err(argv(out, "--resume", "--repetition-penalty", "1.2"))

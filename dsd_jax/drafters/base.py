@@ -42,7 +42,8 @@ class DraftContext(NamedTuple):
     bias_ids: jax.Array | None = None  # [B, MAX_LOGIT_BIAS] int32 logit_bias ids (-1: unused); None: none
     bias_values: jax.Array | None = None  # [B, MAX_LOGIT_BIAS] float32
     penalties: Any = None  # `penalties.Penalties` of [B] settings; None: none
-    prompt_length: jax.Array | None = None  # [B] int32 (the penalties' prompt)
+    prompt_length: jax.Array | None = None  # [B] int32 (the penalties' and bad words' prompt)
+    bad_words: jax.Array | None = None  # [B, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS] (`dsd_jax.bad_words`)
 
 
 class AdmissionRequest(NamedTuple):
@@ -153,18 +154,23 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext, drafted=None
     argmax(log q + the target's noise at that position). Greedy rows take the argmax in
     every mode (q is then one-hot, as the target's p).
     """
-    from dsd_jax import penalties, sampling
+    from dsd_jax import bad_words, penalties, sampling
 
-    # the target biases and penalises logits and bans stop ids before min_tokens: a draft
-    # the target's adjustments push away would only be rejected
+    # the target biases and penalises logits and bans stop ids before min_tokens and bad
+    # words' last tokens: a draft the target's adjustments push away would only be rejected
+    drafted = jnp.zeros((logits.shape[0], 0), jnp.int32) if drafted is None else drafted
     if ctx.bias_ids is not None:
         logits = sampling.biased_logits(logits, ctx.bias_ids, ctx.bias_values, ctx.active)
     if ctx.penalties is not None:
-        drafted = jnp.zeros((logits.shape[0], 0), jnp.int32) if drafted is None else drafted
         logits = penalties.penalised_draft_logits(logits, ctx.penalties, ctx.active, ctx.tokens,
                                                   ctx.prompt_length, ctx.length, drafted)
     banned = (None if ctx.min_length is None
               else sampling.banned_ids(ctx.stop_ids, position[:, None], ctx.min_length)[:, 0])
+    if ctx.bad_words is not None:
+        made = (position - ctx.length)[:, None]  # the proposals before this one
+        bad = bad_words.banned_by_bad_words(ctx.bad_words, ctx.active, ctx.tokens, ctx.prompt_length,
+                                            ctx.length, drafted, made)[:, 0]
+        banned = bad if banned is None else jnp.concatenate([banned, bad], axis=-1)
     if mode == "argmax":
         proc = sampling.processed_logits(logits, ctx.temperature, ctx.top_k, ctx.top_p, banned, ctx.min_p)
         return jnp.argmax(proc, axis=-1).astype(jnp.int32), None

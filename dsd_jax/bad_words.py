@@ -65,6 +65,11 @@ def rows(sequences) -> np.ndarray:
     return out
 
 
+def always_banned(row: np.ndarray) -> set[int]:
+    """The one-token sequences of a request's row (`rows`): ids it may never draw."""
+    return {int(t) for t in row[(row[:, -2] == -1) & (row[:, -1] >= 0), -1]}
+
+
 def bans(bad, tokens, prompt_length, length, drafts, before):
     """The ids each position bans, [B, T, MAX_BAD_WORDS] (-1: none).
 

@@ -516,7 +516,8 @@ def _check_sampling_flags(cmd: str, args) -> None:
 
 # generate's flags that are `SamplingParams` fields of the same name
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_tokens",
-                   "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
+                   "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                   "allowed_token_ids")
 
 
 def _sampling_flags(args) -> dict:
@@ -623,7 +624,7 @@ _RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "max_seq_len", "dtype", "
 # lacks one was generated with (off): such a run resumes under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
                        "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None,
-                       "bad_words": None}
+                       "bad_words": None, "allowed_token_ids": None}
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -844,6 +845,8 @@ def _add_generate(sub) -> None:
     g.add_argument("--logit-bias", type=_logit_bias, metavar="ID=BIAS,...",
                    help="biases in [-100, 100] added to those tokens' logits before the penalties "
                         "(-100 all but bans a token)")
+    g.add_argument("--allowed-token-ids", type=_int_list, metavar="ID,ID,...",
+                   help="the only token ids the completions may hold (vLLM's allowed_token_ids)")
     g.add_argument("--stop-token-ids", type=_int_list, metavar="ID,ID,...", help="stop token ids")
     g.add_argument("--stop", action="append", metavar="STR",
                    help="a stop string (repeat the flag for more): the completion ends with the token "

@@ -39,7 +39,8 @@ from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed, remember
 from dsd_jax.programs import Programs
-from dsd_jax.sampling import MAX_LOGIT_BIAS, SamplingParams, bias_arrays, distinct_token_ids
+from dsd_jax.sampling import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, SamplingParams, allowed_array,
+                              bias_arrays, distinct_token_ids)
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import SlotInit, StepOptions, unpack_rounds
@@ -507,10 +508,11 @@ class SpecEngine:
             if t >= vocab:  # could never match (and may not fit int32)
                 raise ValueError(f"request {i}: stop_token_ids has {t}, outside the vocabulary "
                                  f"[0, {vocab})")
-        outside = [t for t in sp.logit_bias or () if t >= vocab]
-        if outside:
-            raise ValueError(f"request {i}: logit_bias has token id {outside[0]}, outside the "
-                             f"vocabulary [0, {vocab})")
+        for name, ids in (("logit_bias", sp.logit_bias), ("allowed_token_ids", sp.allowed_token_ids)):
+            outside = [t for t in ids or () if t >= vocab]
+            if outside:
+                raise ValueError(f"request {i}: {name} has token id {outside[0]}, outside the "
+                                 f"vocabulary [0, {vocab})")
         if sp.seed is not None and sp.seed + sp.n - 1 >= 2 ** 32:
             raise ValueError(f"request {i}: seed {sp.seed} with n={sp.n}: completion g draws from "
                              f"seed + g, which must stay below 2**32")
@@ -529,13 +531,22 @@ class SpecEngine:
                 raise ValueError(f"request {i}: bad_words {list(sp.bad_words)!r} are tokenized: they need "
                                  "an engine with a tokenizer (SpecEngine(..., tokenizer=...))")
             try:
-                self._bad_word_rows(sp.bad_words)
+                self._bad_word_rows(sp.bad_words, id(self.tokenizer))
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from None
+        if sp.allowed_token_ids:  # all -inf at the first position would give NaN, not an error
+            never = bad_words.always_banned(self._bad_word_rows(sp.bad_words, id(self.tokenizer))
+                                            ) if sp.bad_words else set()
+            first = never | (set(sp.stop_token_ids) if sp.min_tokens else set())
+            if set(sp.allowed_token_ids) <= first:
+                raise ValueError(f"request {i}: allowed_token_ids {list(sp.allowed_token_ids)} leaves no "
+                                 "token to draw first: each is a one-token bad word"
+                                 + (" or a stop id min_tokens bans" if sp.min_tokens else ""))
         return sp
 
-    def _tokenize_bad_words(self, words: tuple[str, ...]) -> np.ndarray:
-        """A request's bad words as its device row (`bad_words.rows`; memoised per words)."""
+    def _tokenize_bad_words(self, words: tuple[str, ...], tokenizer_id: int) -> np.ndarray:
+        """A request's bad words as its device row (`bad_words.rows`), memoised per words and
+        tokenizer (`tokenizer_id`: the tokenizer's id(), so a replaced one re-tokenizes)."""
         return bad_words.rows(bad_words.token_sequences(words, self.tokenizer, self.target_config.vocab_size))
 
     def _check_call(self, prompts, sampling, references=None, memory=None) -> list[tuple]:
@@ -755,12 +766,14 @@ class SpecEngine:
         bias_ids = np.full((self.data, n, MAX_LOGIT_BIAS), -1, np.int32)
         bias_values = np.zeros((self.data, n, MAX_LOGIT_BIAS), np.float32)
         bad = np.full((self.data, n, bad_words.MAX_BAD_WORDS, bad_words.MAX_BAD_WORD_TOKENS), -1, np.int32)
+        allowed = np.full((self.data, n, MAX_ALLOWED_TOKEN_IDS), -1, np.int32)
         for s in range(self.data):
             for i, r in enumerate(by_shard[s]):
                 stop[s, i, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
                 bias_ids[s, i], bias_values[s, i] = bias_arrays(r.params.logit_bias)
                 if r.params.bad_words:
-                    bad[s, i] = self._bad_word_rows(r.params.bad_words)
+                    bad[s, i] = self._bad_word_rows(r.params.bad_words, id(self.tokenizer))
+                allowed[s, i] = allowed_array(r.params.allowed_token_ids)
         extra = {}
         for name, (shape, dtype, fill) in self.drafter.admission_fields().items():
             arr = extra[name] = np.full((self.data, n) + tuple(shape), fill, dtype)
@@ -778,7 +791,7 @@ class SpecEngine:
                         repetition_penalty=real("repetition_penalty", 1.0),
                         presence_penalty=real("presence_penalty"),
                         frequency_penalty=real("frequency_penalty"),
-                        bias_ids=bias_ids, bias_values=bias_values, bad_words=bad,
+                        bias_ids=bias_ids, bias_values=bias_values, bad_words=bad, allowed_ids=allowed,
                         seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
                         drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
                         drafter=extra)

@@ -270,8 +270,8 @@ def _time_step(engine, programs, step, state, batch: int, context: int, lag: int
 
 
 def _fill(state, key, vocab, temperature):
-    """Random committed tokens everywhere; greedy or sampling rows; no stop ids, bias, bad words or
-    penalties."""
+    """Random committed tokens everywhere; greedy or sampling rows; no stop ids, bias, bad words,
+    allow-lists or penalties."""
     return state._replace(
         tokens=jax.random.randint(key, state.tokens.shape, 0, vocab, jnp.int32),
         temperature=jnp.full_like(state.temperature, temperature),
@@ -283,6 +283,7 @@ def _fill(state, key, vocab, temperature):
         frequency_penalty=jnp.zeros_like(state.frequency_penalty),
         bias_ids=jnp.full_like(state.bias_ids, -1),
         bad_words=jnp.full_like(state.bad_words, -1),
+        allowed_ids=jnp.full_like(state.allowed_ids, -1),
         seed=jnp.arange(state.seed.shape[0], dtype=jnp.uint32),
         stop_ids=jnp.full_like(state.stop_ids, -1),
     )

@@ -21,10 +21,10 @@ from jax.sharding import PartitionSpec as P
 
 from dsd_jax import kernels
 from dsd_jax import step as step_lib
+from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from dsd_jax.data_parallel import HOST, PARAMS, STATE, any_active, per_shard, summed_counters
 from dsd_jax.sharding import DATA, Placement
-from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
-from dsd_jax.sampling import MAX_LOGIT_BIAS
+from dsd_jax.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 from dsd_jax.state import MAX_STOP_IDS, DecodeState
 
 
@@ -213,6 +213,7 @@ class Programs:
             frequency_penalty=f32, bias_ids=self._per_shard(n, MAX_LOGIT_BIAS),
             bias_values=self._per_shard(n, MAX_LOGIT_BIAS, dtype=jnp.float32),
             bad_words=self._per_shard(n, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS),
+            allowed_ids=self._per_shard(n, MAX_ALLOWED_TOKEN_IDS),
             seed=self._per_shard(n, dtype=jnp.uint32),
             stop_ids=self._per_shard(n, MAX_STOP_IDS), drafter_length=i32, drafter=extra)
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))

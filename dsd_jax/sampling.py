@@ -1,6 +1,6 @@
 """Sampling: per-row temperature -> min-p -> top-k -> top-p -> softmax, shared by every
-path (before them: stop ids banned before min_tokens, `dsd_jax.bad_words`, logit_bias, and
-`dsd_jax.penalties`).
+path (before them: allowed_token_ids, stop ids banned before min_tokens, `dsd_jax.bad_words`,
+logit_bias, and `dsd_jax.penalties`).
 
 Plain and speculative decoding both build their distributions here; a different
 order in one path would silently break losslessness. Temperature 0 means greedy:
@@ -33,6 +33,7 @@ STREAM_RESIDUAL = 3  # Gumbel noise for the recovered token
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (`SamplingParams`)
 MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias (the device keeps [slots, 300])
+MAX_ALLOWED_TOKEN_IDS = 4096  # ids of one request's allowed_token_ids (the device keeps [slots, 4096])
 
 
 def is_integer(x) -> bool:
@@ -126,6 +127,9 @@ class SamplingParams:
     preceding tokens are the rest of it (the prompt does not count), in the target's law
     and the drafter's alike. At most `bad_words.MAX_BAD_WORDS` (64) token sequences of
     `MAX_BAD_WORD_TOKENS` (16) tokens.
+    `allowed_token_ids` (vLLM's): the only ids the completion may hold (every other gets
+    probability 0, before everything else); None: every id. Distinct, non-empty, at most
+    `MAX_ALLOWED_TOKEN_IDS` (4096), inside the vocabulary (checked by the engine).
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
     prompt is prefilled once; completion g draws from seed `seed + g`, or from an
     engine-assigned seed of its own. With a seed, completion g equals a single request
@@ -167,6 +171,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict | None = None
     bad_words: Sequence[str] = ()
+    allowed_token_ids: Sequence[int] | None = None
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -203,6 +208,7 @@ class SamplingParams:
         set_("stop", stop_list(self.stop))
         set_("bad_words", stop_list(self.bad_words, "bad_words", blank_too=True,
                                     why="a bad word must have a token to ban"))
+        set_("allowed_token_ids", _allowed_token_ids(self.allowed_token_ids))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
         for name in ("include_stop_token", "ignore_eos", "include_stop_str_in_output"):
@@ -229,6 +235,42 @@ def _logit_bias(value) -> dict[int, float] | None:
     return dict(sorted(out.items())) or None
 
 
+def _allowed_token_ids(value) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    ids = distinct_token_ids(value, "allowed_token_ids")
+    if not ids:
+        raise ValueError("allowed_token_ids is empty: no token could be drawn (None allows every token)")
+    if len(ids) > MAX_ALLOWED_TOKEN_IDS:
+        raise ValueError(f"allowed_token_ids has {len(ids)} distinct ids; at most {MAX_ALLOWED_TOKEN_IDS} "
+                         "are supported")
+    return ids
+
+
+def allowed_array(allowed_token_ids) -> np.ndarray:
+    """A request's allowed_token_ids as the device's row [MAX_ALLOWED_TOKEN_IDS] int32 (-1:
+    unused; all -1: every id allowed)."""
+    out = np.full(MAX_ALLOWED_TOKEN_IDS, -1, np.int32)
+    out[:len(allowed_token_ids or ())] = allowed_token_ids or ()
+    return out
+
+
+def allowed_logits(logits, allowed_ids, active):
+    """float32 logits [B, ..., V] with every id outside each row's allowed_token_ids at
+    -inf (allowed_ids [B, M], -1: unused; a row with none allows every id), or unchanged
+    when no live row has a list (the dense mask is not built)."""
+    logits = logits.astype(jnp.float32)
+
+    def mask(x):
+        B, V = x.shape[0], x.shape[-1]
+        ids = jnp.where(allowed_ids >= 0, allowed_ids, V)  # V: out of range, dropped
+        keep = jnp.zeros((B, V), bool).at[jnp.arange(B)[:, None], ids].set(True, mode="drop")
+        keep |= ~jnp.any(allowed_ids >= 0, axis=-1, keepdims=True)
+        return jnp.where(keep.reshape((B,) + (1,) * (x.ndim - 2) + (V,)), x, -jnp.inf)
+
+    return jax.lax.cond(any_listed(allowed_ids, active), mask, lambda x: x, logits)
+
+
 def bias_arrays(logit_bias: dict | None) -> tuple[np.ndarray, np.ndarray]:
     """A request's logit_bias as the device's rows: ids [MAX_LOGIT_BIAS] int32 (-1: unused)
     and biases [MAX_LOGIT_BIAS] float32."""
@@ -251,12 +293,13 @@ def biased_logits(logits, bias_ids, bias_values, active):
         dense = jnp.zeros((B, V), jnp.float32).at[jnp.arange(B)[:, None], ids].add(bias_values, mode="drop")
         return x + dense.reshape((B,) + (1,) * (x.ndim - 2) + (V,))
 
-    return jax.lax.cond(has_bias(bias_ids, active), add, lambda x: x, logits)
+    return jax.lax.cond(any_listed(bias_ids, active), add, lambda x: x, logits)
 
 
-def has_bias(bias_ids, active):
-    """Whether a live row has a logit_bias (a scalar)."""
-    return jnp.any(active & jnp.any(bias_ids >= 0, axis=-1))
+def any_listed(ids, active):
+    """Whether a live row lists an id (ids [B, M], -1: unused; a logit_bias or an
+    allowed_token_ids row): a scalar."""
+    return jnp.any(active & jnp.any(ids >= 0, axis=-1))
 
 
 def _expand(param, logits):

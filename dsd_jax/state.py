@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from dsd_jax.models import KVCache, ModelConfig, init_kv_cache
 from dsd_jax.penalties import Penalties
-from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
-from dsd_jax.sampling import MAX_LOGIT_BIAS
+from dsd_jax.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 
 MAX_STOP_IDS = 8
 
@@ -40,6 +40,7 @@ class DecodeState(NamedTuple):
     bias_ids: jax.Array  # [N, MAX_LOGIT_BIAS] int32: logit_bias' token ids, -1 = unused
     bias_values: jax.Array  # [N, MAX_LOGIT_BIAS] float32: their biases
     bad_words: jax.Array  # [N, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS] int32 (`dsd_jax.bad_words.rows`)
+    allowed_ids: jax.Array  # [N, MAX_ALLOWED_TOKEN_IDS] int32: allowed_token_ids, -1 = unused (all: any id)
     seed: jax.Array  # [N] uint32
     stop_ids: jax.Array  # [N, MAX_STOP_IDS] int32, -1 = unused
     accepted_per_pos: jax.Array  # [max_k] int32 drafts accepted at position i (cumulative)
@@ -83,6 +84,7 @@ def init_state(target_cfg: ModelConfig, drafter, num_slots: int, capacity: int,
         bias_ids=jnp.full((num_slots, MAX_LOGIT_BIAS), -1, jnp.int32),
         bias_values=jnp.zeros((num_slots, MAX_LOGIT_BIAS), jnp.float32),
         bad_words=jnp.full((num_slots, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, jnp.int32),
+        allowed_ids=jnp.full((num_slots, MAX_ALLOWED_TOKEN_IDS), -1, jnp.int32),
         seed=jnp.zeros((num_slots,), jnp.uint32),
         stop_ids=jnp.full((num_slots, MAX_STOP_IDS), -1, jnp.int32),
         accepted_per_pos=jnp.zeros((max(max_k, 1),), jnp.int32),

@@ -10,11 +10,12 @@ One round with K drafts, for the first B slots:
   2. verify [pending, d_1..d_K] in one target forward -> p_1..p_{K+1},
   3. accept: rejection sampling (accept d_i w.p. min(1, p/q), recover from
      max(p - q, 0), bonus from p_{K+1}) or, drafter-invariant, Gumbel-max coupling;
-     p is the target's law under each row's settings (min_tokens' ban, `dsd_jax.bad_words`,
-     logit_bias, the penalties of `dsd_jax.penalties`, both over the row's tokens and the
-     drafts before each position, temperature, filters); a batch whose live rows are all greedy and
-     unfiltered takes the argmax instead (of the raw logits unless a row bans, biases or
-     penalises), which is what both give there (the sampling tail was 2% of a B=1 step),
+     p is the target's law under each row's settings (allowed_token_ids, min_tokens' ban,
+     `dsd_jax.bad_words`, logit_bias, the penalties of `dsd_jax.penalties`, both over the
+     row's tokens and the drafts before each position, temperature, filters); a batch
+     whose live rows are all greedy and unfiltered takes the argmax instead (of the raw
+     logits unless a row restricts, bans, biases or penalises), which is what both give
+     there (the sampling tail was 2% of a B=1 step),
   4. commit on device: append the accepted drafts + one emitted token, advance length,
      and tell the drafter what was accepted.
      Rejected KV entries simply sit past `length`: no copy, no rollback.
@@ -102,8 +103,9 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     stop_ids, min_length = state.stop_ids[:B], state.min_length[:B]
     bias_ids, bias_values = state.bias_ids[:B], state.bias_values[:B]
     settings, prompt_length, bad = state.penalties(B), state.prompt_length[:B], state.bad_words[:B]
+    allowed = state.allowed_ids[:B]
     ctx = DraftContext(tokens, length, active, temperature, top_k, top_p, seed, stop_ids, min_length,
-                       min_p, bias_ids, bias_values, settings, prompt_length, bad)
+                       min_p, bias_ids, bias_values, settings, prompt_length, bad, allowed)
     drafter_state = state.drafter
     params = drafter.bind_params(draft_params, target_graph, target_params)
 
@@ -129,8 +131,9 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         bad_words.banned_by_bad_words(bad, active, tokens, prompt_length, length, drafts,
                                       jnp.broadcast_to(jnp.arange(K + 1), (B, K + 1)))], axis=-1)
 
-    def penalised():  # the logits with each row's logit_bias, then its penalties (vLLM's order)
-        biased = sampling.biased_logits(logits, bias_ids, bias_values, active)
+    def penalised():  # each row's allow-list, logit_bias, then its penalties (vLLM's order)
+        biased = sampling.biased_logits(sampling.allowed_logits(logits, allowed, active), bias_ids,
+                                        bias_values, active)
         return penalties.penalised_logits(biased, settings, active, tokens, prompt_length, length, drafts)
 
     def exact(_):
@@ -151,7 +154,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
 
     unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, None, min_p)
     adjusts = (sampling.bans_any(active, banned) | settings.any_on(active)
-               | sampling.has_bias(bias_ids, active))  # a live row changes its logits before sampling
+               | sampling.any_listed(bias_ids, active)
+               | sampling.any_listed(allowed, active))  # a live row changes its logits before sampling
     plain = unfiltered_greedy & ~adjusts
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.switch(
         jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)), (plain_greedy, greedy, exact), None)
@@ -293,6 +297,7 @@ class SlotInit(NamedTuple):
     bias_ids: jax.Array  # [N, MAX_LOGIT_BIAS] (-1: unused)
     bias_values: jax.Array  # [N, MAX_LOGIT_BIAS]
     bad_words: jax.Array  # [N, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS] (-1: padding)
+    allowed_ids: jax.Array  # [N, MAX_ALLOWED_TOKEN_IDS] (-1: unused)
     seed: jax.Array
     stop_ids: jax.Array  # [N, MAX_STOP_IDS]
     drafter_length: jax.Array  # the prompt length if the drafter was prefilled with it, else 1
@@ -322,6 +327,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
         bias_ids=put(state.bias_ids, init.bias_ids),
         bias_values=put(state.bias_values, init.bias_values),
         bad_words=put(state.bad_words, init.bad_words),
+        allowed_ids=put(state.allowed_ids, init.allowed_ids),
         seed=put(state.seed, init.seed),
         stop_ids=put(state.stop_ids, init.stop_ids),
     )
@@ -329,7 +335,7 @@ def admit(drafter: Drafter, state: DecodeState, init: SlotInit) -> DecodeState:
 
 _PER_SLOT = ("tokens", "length", "limit", "min_length", "prompt_length", "active", "temperature",
              "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-             "bias_ids", "bias_values", "bad_words", "seed", "stop_ids")
+             "bias_ids", "bias_values", "bad_words", "allowed_ids", "seed", "stop_ids")
 
 
 def copy_slots(state: DecodeState, src, dst) -> DecodeState:

@@ -116,21 +116,6 @@ class FixedK:
         self.observed.append((k, np.asarray(num_accepted).copy()))
 
 
-def drafter_invariant_is_plain_sampling(target, draft, prompts, params, schedules=([4], [0, 3, 1, 4, 2]),
-                                        tokenizer=None):
-    """Asserts drafter-invariant speculation with the draft model gives plain sampling's
-    tokens (K = 0) under every K schedule; returns (the plain engine, those tokens)."""
-    plain = make_engine(target, None, method="none", num_speculative_tokens=0, batch_buckets=(4,),
-                        tokenizer=tokenizer)
-    expected = [o.token_ids for o in plain.generate(prompts, params)]
-    engine = make_engine(target, draft, method="draft_model", acceptance="drafter_invariant",
-                         batch_buckets=(4,), tokenizer=tokenizer)
-    for schedule in schedules:
-        engine.controller = FixedK(schedule)
-        assert [o.token_ids for o in engine.generate(prompts, params)] == expected, schedule
-    return plain, expected
-
-
 def make_engine(target, draft, controller=None, max_batch_size=4, max_seq_len=64, batch_buckets=None,
                 tokenizer=None, **spec):
     from dsd_jax import SpecConfig, SpecEngine

@@ -477,7 +477,7 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                                  temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4,
                                  min_tokens=0, seed=None, repetition_penalty=1.0,
                                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
-                                 hf_target=None, stop=None, bad_words=None)
+                                 hf_target=None, stop=None, bad_words=None, allowed_token_ids=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):
@@ -489,16 +489,18 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
         cli._sampling("generate", args, tok, 1, 64)
 
 
-def test_penalty_bias_and_bad_word_flags_reach_every_request_and_are_checked(files, capsys):
+def test_penalty_bias_bad_word_and_allowed_flags_reach_every_request_and_are_checked(files, capsys):
     from tokenizers import Tokenizer
     args = cli.build_parser().parse_args(["generate", "--repetition-penalty", "1.3", "--frequency-penalty",
                                           "-0.5", "--logit-bias", "7=-100, 3=2.5", "--ignore-eos",
-                                          "--bad-word", "w5", "--bad-word", " w6"])
+                                          "--bad-word", "w5", "--bad-word", " w6",
+                                          "--allowed-token-ids", "3,5,3"])
     sps = cli._sampling("generate", args, Tokenizer.from_file(files.tokenizer), 2, 64)
     assert [(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) for sp in sps] == [
         (1.3, 0.0, -0.5)] * 2
     assert [sp.logit_bias for sp in sps] == [{3: 2.5, 7: -100.0}] * 2
     assert [sp.bad_words for sp in sps] == [("w5", " w6")] * 2
+    assert [sp.allowed_token_ids for sp in sps] == [(3, 5)] * 2
     args.bad_words = ["w5", "  "]
     with pytest.raises(SystemExit, match=r"invalid sampling flags: bad_words\[1\] is blank"):
         cli._check_sampling_flags("generate", args)
@@ -997,7 +999,7 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
         # a settings file from before the penalty flags stands for them off
         saved = json.loads(settings.read_text())
         for flag in ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_p",
-                     "min_tokens", "bad_words"):
+                     "min_tokens", "bad_words", "allowed_token_ids"):
             del saved[flag]
         settings.write_text(json.dumps(saved))
         msg = _err(argv(out, "--resume", "--repetition-penalty", "1.2"))

@@ -1,7 +1,8 @@
 """vLLM's min_tokens: a completion's first min_tokens tokens are never its stop ids or its
 end-of-text ids (they get probability 0 there, before temperature and the filters, in the
 target's law and the drafter's), and the law of the rest is unchanged. Sampled output is
-distributed exactly as that law; greedy and drafter-invariant output equal plain decoding."""
+distributed exactly as that law; greedy output equals plain decoding (drafter-invariant
+output: `test_drafter_invariant_settings.py`)."""
 
 import itertools
 
@@ -10,8 +11,7 @@ import numpy as np
 import pytest
 
 from dsd_jax import SamplingParams, sampling
-from conftest import (FixedK, drafter_invariant_is_plain_sampling, greedy_reference, make_engine,
-                      oracle_logits, scaled)
+from conftest import FixedK, greedy_reference, make_engine, oracle_logits, scaled
 from test_spec_sampling import (PROMPT, VOCAB, empirical_joint, exact_joint,  # noqa: F401
                                 small_vocab_pair, tv_threshold)  # small_vocab_pair: a fixture
 
@@ -133,15 +133,3 @@ def test_sampled_output_is_the_banned_law_exactly(small_vocab_pair):
         # power: the unbanned law is far outside the threshold
         unbanned = exact_joint(target, SamplingParams(**{**sp.__dict__, "min_tokens": 0}))
         assert 0.5 * np.abs(unbanned - exact).sum() > 2 * threshold
-
-
-def test_drafter_invariant_with_min_tokens_equals_plain_sampling(small_vocab_pair):
-    target, draft = small_vocab_pair
-    prompts = [[1, 5, 2], [3], [2, 2, 7, 1, 2, 2, 7, 1, 2]]
-    params = [SamplingParams(temperature=1.0, max_tokens=20, seed=21, min_tokens=12, stop_token_ids=[0, 3]),
-              SamplingParams(temperature=0.7, top_k=4, max_tokens=20, seed=22, min_tokens=6,
-                             stop_token_ids=[1]),
-              SamplingParams(temperature=1.0, top_p=0.8, max_tokens=20, seed=23, min_tokens=20,
-                             stop_token_ids=[2, 7])]
-    _, expected = drafter_invariant_is_plain_sampling(target, draft, prompts, params, _schedules()[2:])
-    assert all(len(e) >= sp.min_tokens for e, sp in zip(expected, params))

@@ -44,6 +44,7 @@ class DraftContext(NamedTuple):
     penalties: Any = None  # `penalties.Penalties` of [B] settings; None: none
     prompt_length: jax.Array | None = None  # [B] int32 (the penalties' and bad words' prompt)
     bad_words: jax.Array | None = None  # [B, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS] (`dsd_jax.bad_words`)
+    allowed_ids: jax.Array | None = None  # [B, MAX_ALLOWED_TOKEN_IDS] allowed_token_ids (-1: unused)
 
 
 class AdmissionRequest(NamedTuple):
@@ -156,9 +157,12 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext, drafted=None
     """
     from dsd_jax import bad_words, penalties, sampling
 
-    # the target biases and penalises logits and bans stop ids before min_tokens and bad
-    # words' last tokens: a draft the target's adjustments push away would only be rejected
+    # the target keeps a row's allowed ids, biases and penalises logits, and bans stop ids
+    # before min_tokens and bad words' last tokens: a draft the target's adjustments push
+    # away would only be rejected
     drafted = jnp.zeros((logits.shape[0], 0), jnp.int32) if drafted is None else drafted
+    if ctx.allowed_ids is not None:
+        logits = sampling.allowed_logits(logits, ctx.allowed_ids, ctx.active)
     if ctx.bias_ids is not None:
         logits = sampling.biased_logits(logits, ctx.bias_ids, ctx.bias_values, ctx.active)
     if ctx.penalties is not None:

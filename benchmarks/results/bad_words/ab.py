@@ -1,9 +1,10 @@
-"""What this session's two changes cost a step, in one process, interleaved and paired:
-the drafter penalising its proposals and bad_words.
+"""What this session's changes cost a step, in one process, interleaved and paired: the
+drafter penalising its proposals, bad_words and allowed_token_ids.
 
 Variants: "old" (`dsd_jax/step.py` and `drafters/draft_model.py` of ec10c28, paths given
 as argv[1] and argv[2]: before either change), "new" (no row bans a word or penalises),
-"banning" (every row has 8 bad-word sequences of 1-3 tokens), and "old penalised" /
+"banning" (every row has 8 bad-word sequences of 1-3 tokens), "restricted" (every row
+allows 2048 of the 4096 ids), and "old penalised" /
 "new penalised" (every row: repetition 1.1, presence 0.5, frequency 0.2; the new drafter
 penalises its proposals too).
 
@@ -39,6 +40,7 @@ def load(name, path):
     return module
 
 
+dsd.sampling.has_bias = dsd.sampling.any_listed  # the old step's name for it (renamed since)
 old_step, old_dm = load("old_step", sys.argv[1]), load("old_draft_model", sys.argv[2])
 REPEATS = int(sys.argv[3]) if len(sys.argv) > 3 else 40
 
@@ -66,8 +68,11 @@ rng_words = np.random.default_rng(0)
 SEQUENCES = [tuple(rng_words.integers(0, 4096, size=n).tolist()) for n in (1, 1, 2, 2, 2, 3, 3, 3)]
 
 
-@functools.partial(jax.jit, donate_argnums=0, static_argnums=(1, 2))
-def configure(st, penalise: bool, ban: bool):
+ALLOWED = dsd.sampling.allowed_array(range(0, 4096, 2))
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnums=(1, 2, 3))
+def configure(st, penalise: bool, ban: bool, restrict: bool = False):
     r, p, f = (1.1, 0.5, 0.2) if penalise else (1.0, 0.0, 0.0)
     rows = bad_words.rows(SEQUENCES if ban else [])
     # the first 16 tokens of each row are its prompt, the rest its completion
@@ -75,15 +80,18 @@ def configure(st, penalise: bool, ban: bool):
                        presence_penalty=jnp.full_like(st.presence_penalty, p),
                        frequency_penalty=jnp.full_like(st.frequency_penalty, f),
                        prompt_length=jnp.full_like(st.prompt_length, 16),
-                       bad_words=jnp.broadcast_to(jnp.asarray(rows), st.bad_words.shape))
+                       bad_words=jnp.broadcast_to(jnp.asarray(rows), st.bad_words.shape),
+                       allowed_ids=jnp.broadcast_to(jnp.asarray(ALLOWED if restrict else -np.ones_like(ALLOWED)),
+                                                    st.allowed_ids.shape))
 
 
 cells = [(B, K, t) for B in (1, 16) for K in (0, 2) for t in (0.0, 1.0)]
 if len(sys.argv) > 4:  # some cells only, as B:K:T,B:K:T
     cells = [(int(b), int(k), float(t)) for b, k, t in (c.split(":") for c in sys.argv[4].split(","))]
-# variant: (step module, drafter, penalise, ban)
+# variant: (step module, drafter, penalise, ban[, restrict])
 variants = {"old": (old_step, old_drafter, False, False), "new": (new_step, new_drafter, False, False),
             "banning": (new_step, new_drafter, False, True),
+            "restricted": (new_step, new_drafter, False, False, True),
             "old penalised": (old_step, old_drafter, True, False),
             "new penalised": (new_step, new_drafter, True, False)}
 fns = {(c, v): stepper(variants[v][0], variants[v][1], c[1], c[0]) for c in cells for v in variants}
@@ -127,5 +135,6 @@ for cell in cells:
     B, K, t = cell
     ms = {v: 1e3 * statistics.median(times[(cell, v)]) for v in variants}
     print(f"B={B:2d} K={K} T={t:.0f}: old {ms['old']:6.2f} ms | new/old {ratio((cell, 'new'), (cell, 'old'))}  "
-          f"banning/old {ratio((cell, 'banning'), (cell, 'old'))}  new pen./old pen. "
+          f"banning/old {ratio((cell, 'banning'), (cell, 'old'))}  "
+          f"restricted/old {ratio((cell, 'restricted'), (cell, 'old'))}  new pen./old pen. "
           f"{ratio((cell, 'new penalised'), (cell, 'old penalised'))}")

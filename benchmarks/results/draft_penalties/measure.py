@@ -1,7 +1,9 @@
 """Acceptance under penalties with the drafter penalising its proposals (as the target does)
 against a drafter blind to them, on the built-in pair, at a fixed K.
 
-    python benchmarks/results/draft_penalties/measure.py [rows] [max_tokens] [K]
+    python benchmarks/results/draft_penalties/measure.py [rows] [max_tokens] [K] [method]
+
+method: "draft_model" (default) or "eagle3" (the built-in head).
 
 Two engines in one process, the same requests: "penalising" is the library as it is;
 "blind" builds its programs with `penalties.penalised_draft_logits` replaced by the
@@ -17,7 +19,8 @@ import numpy as np
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models, penalties
 from dsd_jax.bench.side_by_side import builtin_prompts
 
-ROWS, MAX_TOKENS, K = (int(a) for a in (sys.argv[1:] + ["32", "64", "3"][len(sys.argv) - 1:])[:3])
+ROWS, MAX_TOKENS, K = (int(a) for a in (sys.argv[1:4] + ["32", "64", "3"][len(sys.argv[1:4]):]))
+METHOD = sys.argv[4] if len(sys.argv) > 4 else "draft_model"
 SETTINGS = {
     "off, greedy": dict(temperature=0.0),
     "repetition 1.05, greedy (Qwen2.5's default)": dict(temperature=0.0, repetition_penalty=1.05),
@@ -39,7 +42,7 @@ class FixedK:
 
 
 def engine(target, draft, prompts):
-    e = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=K),
+    e = SpecEngine(target, draft, SpecConfig(method=METHOD, num_speculative_tokens=K),
                    max_batch_size=ROWS, max_seq_len=512, batch_buckets=(ROWS,), controller=FixedK())
     e.generate(prompts[:ROWS], SamplingParams(temperature=0.0, max_tokens=4, repetition_penalty=1.1))
     e.generate(prompts[:ROWS], SamplingParams(temperature=0.7, max_tokens=4, repetition_penalty=1.1))
@@ -48,6 +51,8 @@ def engine(target, draft, prompts):
 
 def main():
     target, draft, tokenizer = models.builtin()
+    if METHOD == "eagle3":
+        draft = models.load_eagle3("builtin")
     prompts, _ = builtin_prompts(ROWS, 0, tokenizer)
     engines = {"penalising": engine(target, draft, prompts)}
     real = penalties.penalised_draft_logits
@@ -56,7 +61,7 @@ def main():
         engines["blind"] = engine(target, draft, prompts)
     finally:
         penalties.penalised_draft_logits = real
-    print(f"built-in pair, {ROWS} rows, max_tokens {MAX_TOKENS}, K = {K}; acceptance per position, "
+    print(f"built-in {METHOD}, {ROWS} rows, max_tokens {MAX_TOKENS}, K = {K}; acceptance per position, "
           f"tokens per row-round, wall s")
     for i, (name, s) in enumerate(SETTINGS.items()):
         params = [SamplingParams(max_tokens=MAX_TOKENS, seed=1000 + r, **s) for r in range(ROWS)]

@@ -375,16 +375,15 @@ def processed_logits(logits, temperature, top_k, top_p, banned=None, min_p=None)
     return filter_logits(scaled, top_k, top_p, min_p)
 
 
-def plain_greedy(active, temperature, top_k, top_p, banned=None, min_p=None):
-    """Whether every live row is greedy and unfiltered, and bans nothing (a scalar): then
-    the sampling distribution is the one-hot argmax of the raw logits and the processed
-    logprobs are the raw ones, so the steps may skip processing, noise and sampling.
-    banned: `banned_ids` [B, T, S] or [B, S], or None."""
+def plain_greedy(active, temperature, top_k, top_p, min_p=None):
+    """Whether every live row is greedy and unfiltered (a scalar): then, unless a row also
+    adjusts its logits (bans, lists, biases, penalties: the callers check those), the
+    sampling distribution is the one-hot argmax of the raw logits and the processed
+    logprobs are the raw ones, so the steps may skip processing, noise and sampling."""
     sampled_or_filtered = (temperature > 0) | (top_k > 0) | (top_p < 1.0)
     if min_p is not None:
         sampled_or_filtered |= min_p > 0.0
-    unfiltered_greedy = ~jnp.any(active & sampled_or_filtered)
-    return unfiltered_greedy if banned is None else unfiltered_greedy & ~bans_any(active, banned)
+    return ~jnp.any(active & sampled_or_filtered)
 
 
 def bans_any(active, banned):

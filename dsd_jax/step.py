@@ -152,7 +152,7 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         return (n_acc, out_tokens, sampling.token_logprobs(scored, out_tokens),
                 sampling.token_logprobs(logits, out_tokens))
 
-    unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, None, min_p)
+    unfiltered_greedy = sampling.plain_greedy(active, temperature, top_k, top_p, min_p)
     adjusts = (sampling.bans_any(active, banned) | settings.any_on(active)
                | sampling.any_listed(bias_ids, active)
                | sampling.any_listed(allowed, active))  # a live row changes its logits before sampling

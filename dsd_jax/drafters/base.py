@@ -193,8 +193,7 @@ def sample_proposal(mode: str, logits, position, ctx: DraftContext, drafted=None
         return token, jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32) if keep_q else None
 
     # the sampling tail is a large share of a small drafter's step: skip it where it is moot
-    unfiltered_greedy = sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p, None,
-                                              ctx.min_p)
+    unfiltered_greedy = sampling.plain_greedy(ctx.active, ctx.temperature, ctx.top_k, ctx.top_p, ctx.min_p)
     if banned is None:
         return jax.lax.cond(unfiltered_greedy, lambda _: greedy(logits), exact, None)
     plain = unfiltered_greedy & ~sampling.bans_any(ctx.active, banned)

@@ -33,16 +33,54 @@ def scaled(model, factor: float):
     return nnx.merge(graph, params)
 
 
+SUBPROCESS_MODULES = ("test_multihost.py", "test_notebook.py", "test_mesh.py")  # `background.py`
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): a worker per core, at most 4 (each holds a JAX runtime
+    and compiles on one core)."""
+    return min(len(os.sched_getaffinity(0)), 4)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the run's first process: its workers inherit it
+        import background
+        background.create_run_dir()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        import background
+        background.remove_run_dir()
+
+
+def pytest_collection_modifyitems(items):
+    """The subprocess suites' tests go last, the mesh's at the very end: their jobs have
+    run beside the rest by then (and the mesh job, which runs alone, pauses no one)."""
+    def rank(item):
+        name = os.path.basename(str(item.path))
+        return SUBPROCESS_MODULES.index(name) + 1 if name in SUBPROCESS_MODULES else 0
+    items.sort(key=rank)  # stable: the same order in every xdist worker
+
+
 def pytest_collection_finish(session):
-    """The multi-process suite starts now and runs alongside the rest; the mesh suite
-    starts when its fixture asks, alone (`background.py`)."""
+    """The multi-process and notebook jobs start now and run alongside the rest; the mesh
+    job starts when its fixture asks, alone (`background.py`)."""
     import background
     background.start({os.path.basename(str(item.path)) for item in session.items})
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import background
+    with background.busy():  # waits out a job that runs alone first
+        return (yield)
+
+
 def pytest_sessionfinish(session, exitstatus):
     import background
-    background.stop_all()
+    background.stop_all(wait=exitstatus != pytest.ExitCode.INTERRUPTED)
 
 
 @pytest.fixture(scope="session", autouse=True)

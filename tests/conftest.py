@@ -68,7 +68,8 @@ def pytest_collection_finish(session):
     """The multi-process and notebook jobs start now and run alongside the rest; the mesh
     job starts when its fixture asks, alone (`background.py`)."""
     import background
-    background.start({os.path.basename(str(item.path)) for item in session.items})
+    if not session.config.option.collectonly:
+        background.start({os.path.basename(str(item.path)) for item in session.items})
 
 
 @pytest.hookimpl(wrapper=True)
@@ -80,7 +81,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionfinish(session, exitstatus):
     import background
-    background.stop_all(wait=exitstatus != pytest.ExitCode.INTERRUPTED)
+    stopped = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop or session.shouldfail
+    background.stop_all(wait=not stopped)  # a stopped run needs no job's results
 
 
 @pytest.fixture(scope="session", autouse=True)

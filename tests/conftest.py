@@ -40,7 +40,8 @@ SUBPROCESS_MODULES = ("test_multihost.py", "test_notebook.py", "test_mesh.py")  
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): a worker per core, at most 4 (each holds a JAX runtime
     and compiles on one core)."""
-    return min(len(os.sched_getaffinity(0)), 4)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # not on macOS
+    return min(cores or 1, 4)
 
 
 def pytest_configure(config):
@@ -57,7 +58,7 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(items):
     """The subprocess suites' tests go last, the mesh's at the very end: their jobs have
-    run beside the rest by then (and the mesh job, which runs alone, pauses no one)."""
+    run beside the rest by then, and the mesh job, which runs alone, pauses the fewest tests."""
     def rank(item):
         name = os.path.basename(str(item.path))
         return SUBPROCESS_MODULES.index(name) + 1 if name in SUBPROCESS_MODULES else 0

@@ -91,6 +91,10 @@ def _me() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
+def _busy_mark() -> str:
+    return _path(f"busy.{_me()}")
+
+
 def _wait_for(ready, what: str, timeout: float = WAIT_S) -> None:
     end = time.monotonic() + timeout
     while not ready():
@@ -142,17 +146,19 @@ class Job:
         return False
 
     def finish(self) -> None:
-        self._wait()
-        if self._retry and self._aborted_at_rendezvous():
-            print(f"{self.name}: XLA:CPU aborted at a collective rendezvous; running it again",
-                  file=sys.stderr)
-            self._launch()
+        try:
             self._wait()
-        for out, err in self._logs:
-            out.close()
-            err.close()
-        _write_json(_path(self.name, "done.json"),
-                    {"returncodes": [p.returncode for p in self.procs], "argvs": self._argvs})
+            if self._retry and self._aborted_at_rendezvous():
+                print(f"{self.name}: XLA:CPU aborted at a collective rendezvous; running it again",
+                      file=sys.stderr)
+                self._launch()
+                self._wait()
+        finally:  # even if a relaunch failed: readers get an exit status now, not a timeout
+            for out, err in self._logs:
+                out.close()
+                err.close()
+            _write_json(_path(self.name, "done.json"),
+                        {"returncodes": [p.returncode for p in self.procs], "argvs": self._argvs})
 
     def kill(self) -> None:
         for p in self.procs:
@@ -228,7 +234,7 @@ def _parse(prefix: str, argv: list[str], returncode: int) -> dict:
 @contextlib.contextmanager
 def busy():
     """Around each test: marks this process busy, after waiting out a job that runs alone."""
-    mark = _path(f"busy.{_me()}")
+    mark = _busy_mark()
     while True:
         open(mark, "w").close()  # marked first, then checked: the claimant checks the other way
         if not os.path.exists(_path("alone.request")) or _done(ALONE):
@@ -244,7 +250,7 @@ def busy():
 @contextlib.contextmanager
 def idle():
     """Waiting for a job is not work: a job that runs alone need not wait for this process."""
-    mark = _path(f"busy.{_me()}")
+    mark = _busy_mark()
     was_busy = os.path.exists(mark)
     if was_busy:
         os.remove(mark)

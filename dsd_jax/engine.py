@@ -37,7 +37,7 @@ from dsd_jax.dispatch import DispatchPolicy
 from dsd_jax.drafters.base import AdmissionRequest
 from dsd_jax.metrics import EngineStats
 from dsd_jax.profile import Profile, ProfileMismatchWarning
-from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed, remember
+from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed, remember, top_entries
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, SamplingParams, allowed_array,
                               bias_arrays, distinct_token_ids)
@@ -139,6 +139,11 @@ class SpecEngine:
     value, e.g. "highest": float32 dots that a GPU would otherwise run in TF32); None: the one
     in effect when the engine is built. Fixed then, since the programs are compiled once and
     kept: a precision context around a later `generate` does not change them.
+    `max_logprobs` (vLLM's): the most top log probabilities a request may ask for
+    (`SamplingParams.logprobs`). 0 (the default, vLLM's is 20): none, and the step programs
+    compute none. N > 0: every step takes the N largest raw logprobs at each position, a
+    top-k over the vocabulary, and reads them back with its other outputs (32 rounds x
+    rows x (K+1) x 2N int32s a dispatch), for every request whether it asks or not.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
@@ -146,7 +151,8 @@ class SpecEngine:
                  batch_buckets: Sequence[int] | None = None, prefill_chunk: int = 256,
                  profile=None, controller=None, backend: str = "auto",
                  compilation_cache_dir: str | None = None, seed: int = 0, mesh=None,
-                 multihost_strategy: str = "broadcast", matmul_precision: str | None = None):
+                 multihost_strategy: str = "broadcast", matmul_precision: str | None = None,
+                 max_logprobs: int = 0):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, collections.abc.Mapping) else spec
         if not isinstance(spec, SpecConfig):
@@ -156,6 +162,7 @@ class SpecEngine:
         max_seq_len = inputs.check_size("max_seq_len", max_seq_len, 2)
         prefill_chunk = inputs.check_size("prefill_chunk", prefill_chunk, 1)
         seed = inputs.check_size("seed", seed, 0, 2**32 - 1)  # as SamplingParams.seed: refused, not wrapped
+        max_logprobs = inputs.check_size("max_logprobs", max_logprobs, 0, target.config.vocab_size)
         if isinstance(profile, (str, os.PathLike)):  # as DynamicConfig(profile=) takes it
             profile = os.fspath(profile)
         elif profile is not None and not isinstance(profile, Profile):
@@ -181,6 +188,7 @@ class SpecEngine:
         self.max_k = spec.max_k
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
+        self.max_logprobs = max_logprobs
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer, target.config.vocab_size)
         self._bad_word_rows = functools.lru_cache(maxsize=256)(self._tokenize_bad_words)
@@ -211,7 +219,7 @@ class SpecEngine:
             spec, None if draft is None else (draft_graph, draft.config), backends)
         self.drafter.feature_layers(target.config)  # a head for another target fails now, not in generate
         self.state = self._allocate_state()
-        opts = StepOptions(acceptance=spec.acceptance, backend=backends)
+        opts = StepOptions(acceptance=spec.acceptance, backend=backends, top_logprobs=max_logprobs)
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
         prefill_rows = self.batch_buckets
@@ -513,6 +521,10 @@ class SpecEngine:
             if outside:
                 raise ValueError(f"request {i}: {name} has token id {outside[0]}, outside the "
                                  f"vocabulary [0, {vocab})")
+        if sp.logprobs is not None and sp.logprobs > self.max_logprobs:
+            raise ValueError(f"request {i}: logprobs={sp.logprobs} asks for more top log probabilities "
+                             f"than this engine computes (max_logprobs={self.max_logprobs}): build it "
+                             f"with SpecEngine(..., max_logprobs={sp.logprobs}) or more")
         if sp.seed is not None and sp.seed + sp.n - 1 >= 2 ** 32:
             raise ValueError(f"request {i}: seed {sp.seed} with n={sp.n}: completion g draws from "
                              f"seed + g, which must stay below 2**32")
@@ -683,7 +695,8 @@ class SpecEngine:
         return RequestOutput(r.request_id, list(r.prompt), list(r.tokens), r.finish_reason,
                              list(r.logprobs) if return_logprobs else None,
                              list(r.raw_logprobs) if return_logprobs else None, text,
-                             r.prompt_index, r.index, r.seed, r.stop_reason)
+                             r.prompt_index, r.index, r.seed, r.stop_reason,
+                             None if r.params.logprobs is None else list(r.top_logprobs))
 
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: Request) -> int:
@@ -827,7 +840,7 @@ class SpecEngine:
         every round, a row finishing in round j is live in rounds 0..j only. Each request
         gets one event with everything the dispatch emitted for it (it all arrived at once)."""
         out, snapshot, k, context = d.out, d.snapshot, d.k, d.context
-        (tokens, n_emit, n_acc, done, lp, raw), R = unpack_rounds(jax.device_get(out))
+        (tokens, n_emit, n_acc, done, lp, raw, top_lp, top_ids), R = unpack_rounds(jax.device_get(out))
         rows = np.array([i for i, r in enumerate(snapshot) if r is not None and r.finish_reason is None],
                         np.int64)
         if R == 0:  # no row of the bucket was active on the device
@@ -882,6 +895,10 @@ class SpecEngine:
                 r.tokens += tokens[:, i][emitted].tolist()
                 r.logprobs += lp[:, i][emitted].tolist()
                 r.raw_logprobs += raw[:, i][emitted].tolist()
+                if r.params.logprobs is not None:
+                    r.top_logprobs += top_entries(tokens[:, i][emitted], raw[:, i][emitted],
+                                                  top_ids[:, i][emitted], top_lp[:, i][emitted],
+                                                  r.params.logprobs)
                 r.first_token_time = r.first_token_time or times[emitted.any(1).argmax()]
             if j_end < R:  # finished: on the device, or by a stop string here
                 if i in stopped_by:
@@ -892,7 +909,7 @@ class SpecEngine:
                     if stopped and (r.params.ignore_eos or r.tokens[-1] not in self.eos_token_ids):
                         r.stop_reason = r.tokens[-1]  # None for the end-of-text ids, as vLLM
                     if stopped and not r.params.include_stop_token:
-                        del r.tokens[-1], r.logprobs[-1], r.raw_logprobs[-1]
+                        del r.tokens[-1], r.logprobs[-1], r.raw_logprobs[-1], r.top_logprobs[-1:]
                 r.finish_time = times[max(j_end, 0)]
                 finished.append(r)
                 self._forget([r])

@@ -69,6 +69,8 @@ class InOrder:
         if self.logprobs:
             rec["logprobs"] = o.logprobs
             rec["raw_logprobs"] = o.raw_logprobs
+        if o.top_logprobs is not None:  # JSON keys are strings: [id, logprob] pairs, likeliest first
+            rec["top_logprobs"] = [[[t, lp] for t, lp in entry.items()] for entry in o.top_logprobs]
         return json.dumps(rec, ensure_ascii=False) + "\n"
 
 

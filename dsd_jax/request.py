@@ -11,7 +11,7 @@ import numpy as np
 from dsd_jax.sampling import SamplingParams
 from dsd_jax.stop_strings import Text
 
-__all__ = ["Request", "RequestOutput", "engine_seed", "references_seed", "remember"]
+__all__ = ["Request", "RequestOutput", "engine_seed", "references_seed", "remember", "top_entries"]
 
 
 @dataclasses.dataclass
@@ -37,6 +37,10 @@ class RequestOutput:
     # what stopped it, as vLLM: the stop string, or the stop token id (the last token, kept
     # or not: `include_stop_token`); None for the end-of-text ids and for "length"
     stop_reason: int | str | None = None
+    # with SamplingParams.logprobs=N (vLLM's logprobs): per token, {token id: raw logprob}
+    # of the N likeliest tokens at its position, largest first, then the token itself if it
+    # is not among them (`top_entries`)
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 @dataclasses.dataclass
@@ -54,6 +58,7 @@ class Request:
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     raw_logprobs: list = dataclasses.field(default_factory=list)
+    top_logprobs: list = dataclasses.field(default_factory=list)  # with params.logprobs
     shard: int = 0  # data shard holding the request
     slot: int = -1  # slot within its shard
     finish_reason: str | None = None
@@ -67,6 +72,19 @@ class Request:
     def stopped_on_host(self) -> bool:
         """Ended by a stop string: the device, which knows only token ids, runs it on."""
         return isinstance(self.stop_reason, str)
+
+
+def top_entries(tokens: np.ndarray, raw: np.ndarray, ids: np.ndarray, values: np.ndarray,
+                n: int) -> list[dict[int, float]]:
+    """Each token's `RequestOutput.top_logprobs` entry: tokens and raw [T] (its raw
+    logprob), ids and values [T, >= n] (its position's likeliest, largest first)."""
+    entries = []
+    for token, own, top_ids, top_values in zip(tokens.tolist(), raw.tolist(), ids[:, :n].tolist(),
+                                               values[:, :n].tolist()):
+        entry = dict(zip(top_ids, top_values))
+        entry.setdefault(token, own)
+        entries.append(entry)
+    return entries
 
 
 def remember(memory, requests) -> None:

@@ -146,6 +146,13 @@ class SamplingParams:
     across engines re-created with the same seed): a reference drawn with the same
     seed came from the same noise, and a draft copied from it would bias acceptance. Same
     seed and same references (outputs) give the same output.
+    `logprobs` (vLLM's): also return, for each completion token, the log probabilities of
+    the `logprobs` most likely tokens at its position, and of the chosen one
+    (`RequestOutput.top_logprobs`); None: none. They are vLLM's default kind, log_softmax of
+    the raw target logits (`RequestOutput.raw_logprobs`'s distribution). At most the
+    engine's `max_logprobs` (`SpecEngine(max_logprobs=...)`, 0 by default: the top-N costs
+    every step a top-k over the vocabulary and a wider output, so an engine pays it only
+    when built for it).
 
     Every field is checked and normalised here (ints, floats, a tuple of ints): a float
     where an integer belongs (n=2.0, seed=2.5, a stop id 1.9) is refused, not truncated.
@@ -172,6 +179,7 @@ class SamplingParams:
     logit_bias: dict | None = None
     bad_words: Sequence[str] = ()
     allowed_token_ids: Sequence[int] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -209,6 +217,8 @@ class SamplingParams:
         set_("bad_words", stop_list(self.bad_words, "bad_words", blank_too=True,
                                     why="a bad word must have a token to ban"))
         set_("allowed_token_ids", _allowed_token_ids(self.allowed_token_ids))
+        if self.logprobs is not None:
+            set_("logprobs", _integer("logprobs (top log probabilities per token)", self.logprobs, 0))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
         for name in ("include_stop_token", "ignore_eos", "include_stop_str_in_output"):
@@ -398,6 +408,15 @@ def token_logprobs(logits, tokens):
     shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     at = jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0]
     return at - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+
+
+def top_logprobs(logits, n: int):
+    """The n largest entries of log_softmax(logits) and their ids, largest first: (values
+    float32 [..., n], ids int32 [..., n]), the arithmetic of `token_logprobs`."""
+    logits = logits.astype(jnp.float32)
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    values, ids = jax.lax.top_k(shifted, n)
+    return values - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True)), ids.astype(jnp.int32)
 
 
 def sampling_probs(logits, temperature, top_k, top_p, banned=None, min_p=None):

@@ -43,6 +43,7 @@ class StepOptions:
 
     acceptance: str = "rejection"  # rejection | drafter_invariant
     backend: str = "auto"  # kernels backend for attention and rejection sampling
+    top_logprobs: int = 0  # N: each output position's N likeliest raw logprobs (0: none computed)
 
 
 class StepOutput(NamedTuple):
@@ -54,6 +55,8 @@ class StepOutput(NamedTuple):
     done: jax.Array  # [B] bool: finished in this step
     logprobs: jax.Array  # [B, K+1] float32 under the target's sampling distribution
     raw_logprobs: jax.Array  # [B, K+1] float32 log_softmax of the raw target logits
+    top_logprobs: jax.Array  # [B, K+1, N] float32: the N largest raw logprobs, largest first
+    top_ids: jax.Array  # [B, K+1, N] int32: their token ids
 
 
 def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_params, tokens,
@@ -160,6 +163,11 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
     n_acc, out_tokens, logprobs, raw_logprobs = jax.lax.switch(
         jnp.where(plain, 0, jnp.where(unfiltered_greedy, 1, 2)), (plain_greedy, greedy, exact), None)
 
+    if opts.top_logprobs:
+        top_logprobs, top_ids = sampling.top_logprobs(logits, opts.top_logprobs)
+    else:  # nothing computed; zero-width, so the outputs keep one layout
+        top_logprobs, top_ids = jnp.zeros((B, K + 1, 0), jnp.float32), jnp.zeros((B, K + 1, 0), jnp.int32)
+
     # 4. commit
     n_emit = jnp.where(active, jnp.minimum(n_acc + 1, limit - length), 0)
     j = jnp.arange(K + 1)
@@ -189,7 +197,8 @@ def spec_step(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: int,
         target_kv=target_kv,
         drafter=drafter_state,
     )
-    return new_state, StepOutput(out_tokens, n_emit, n_acc, done, logprobs, raw_logprobs)
+    return new_state, StepOutput(out_tokens, n_emit, n_acc, done, logprobs, raw_logprobs, top_logprobs,
+                                 top_ids)
 
 
 MAX_ROUNDS = 32  # rounds one dispatch may run (the `rounds` program's output depth)
@@ -206,10 +215,11 @@ def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: in
     the device->host copy) is paid once per several rounds. `any_active` reduces the
     bucket's active flags (over every data shard, under data parallelism).
     """
-    R = MAX_ROUNDS
+    R, N = MAX_ROUNDS, opts.top_logprobs
     outs = StepOutput(jnp.zeros((R, B, K + 1), jnp.int32), jnp.zeros((R, B), jnp.int32),
                       jnp.zeros((R, B), jnp.int32), jnp.zeros((R, B), bool),
-                      jnp.zeros((R, B, K + 1), jnp.float32), jnp.zeros((R, B, K + 1), jnp.float32))
+                      jnp.zeros((R, B, K + 1), jnp.float32), jnp.zeros((R, B, K + 1), jnp.float32),
+                      jnp.zeros((R, B, K + 1, N), jnp.float32), jnp.zeros((R, B, K + 1, N), jnp.int32))
 
     def more(carry):
         i, state, _ = carry
@@ -225,27 +235,37 @@ def spec_rounds(target_graph, drafter: Drafter, opts: StepOptions, K: int, B: in
     return state, outs, rounds
 
 
+_PER_ROW = 5  # pack_rounds' last columns: n_emit, n_accepted, done, rounds run, N
+
+
 def pack_rounds(outs: StepOutput, rounds) -> jax.Array:
-    """A dispatch's outputs as one int32 array [R, B, 3 (K+1) + 4]: per round and row the
-    tokens, logprobs and raw logprobs (bit patterns), n_emit, n_accepted, done and the
-    rounds run. The host reads one buffer back instead of seven (on XLA:CPU 0.3 ms less
-    host CPU a dispatch, no wall-time difference measurable; on a GPU one device->host
-    copy instead of seven)."""
+    """A dispatch's outputs as one int32 array [R, B, (3 + 2N) (K+1) + 5]: per round and row
+    the tokens, logprobs and raw logprobs (bit patterns), the N top logprobs' ids and bits
+    per position, then n_emit, n_accepted, done, the rounds run and N. The host reads one
+    buffer back instead of nine (on XLA:CPU 0.3 ms less host CPU a dispatch, no wall-time
+    difference measurable; on a GPU one device->host copy instead of nine)."""
     bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32)
+    R, B, K1, N = outs.top_ids.shape
     per_row = jnp.stack([outs.n_emit, outs.n_accepted, outs.done.astype(jnp.int32),
-                         jnp.broadcast_to(rounds, outs.n_emit.shape)], axis=-1)
-    return jnp.concatenate([outs.tokens, bits(outs.logprobs), bits(outs.raw_logprobs), per_row], axis=-1)
+                         jnp.broadcast_to(rounds, outs.n_emit.shape), jnp.full_like(outs.n_emit, N)],
+                        axis=-1)
+    return jnp.concatenate([outs.tokens, bits(outs.logprobs), bits(outs.raw_logprobs),
+                            outs.top_ids.reshape(R, B, K1 * N), bits(outs.top_logprobs).reshape(R, B, K1 * N),
+                            per_row], axis=-1)
 
 
 def unpack_rounds(packed: np.ndarray) -> tuple[StepOutput, int]:
     """`pack_rounds`'s inverse on the host: (StepOutput of numpy arrays [R, B, ...] for the
     rounds that ran, rounds run)."""
-    width = (packed.shape[-1] - 4) // 3  # K + 1
-    ran = int(packed[0, 0, -1])
-    cols = lambda i: packed[:ran, :, i * width:(i + 1) * width]
-    tail = packed[:ran, :, 3 * width:]
+    ran, N = int(packed[0, 0, -2]), int(packed[0, 0, -1])
+    K1 = (packed.shape[-1] - _PER_ROW) // (3 + 2 * N)
+    packed = packed[:ran]
+    cols = lambda i: packed[:, :, i * K1:(i + 1) * K1]
+    top = lambda i: packed[:, :, (3 + i * N) * K1:(3 + (i + 1) * N) * K1].reshape(ran, packed.shape[1], K1, N)
+    tail = packed[:, :, (3 + 2 * N) * K1:]
     return StepOutput(cols(0), tail[..., 0], tail[..., 1], tail[..., 2].astype(bool),
-                      cols(1).view(np.float32), cols(2).view(np.float32)), ran
+                      cols(1).view(np.float32), cols(2).view(np.float32), top(1).view(np.float32),
+                      top(0)), ran
 
 
 def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, draft_params,

@@ -43,7 +43,7 @@ draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate
                                       num_heads=2, num_kv_heads=1), seed=1)
 
 
-def engine(m, method="draft_model", backend="auto"):
+def engine(m, method="draft_model", backend="auto", max_logprobs=0):
     """Drafter-invariant acceptance: greedy is plain greedy, and sampling is comparable
     token for token with another engine's (the suite is compile-bound: few programs).
     4 slots: 4, 2 or 1 per data shard."""
@@ -52,7 +52,7 @@ def engine(m, method="draft_model", backend="auto"):
                       SpecConfig(method=method, num_speculative_tokens=2, acceptance="drafter_invariant"),
                       max_batch_size=4, max_seq_len=64, prefill_chunk=16,
                       batch_buckets=sorted({1, per_shard}), controller=FixedK([0, 1, 2, 2]), mesh=m,
-                      backend=backend)
+                      backend=backend, max_logprobs=max_logprobs)
 
 
 def tokens(e, params):
@@ -220,6 +220,12 @@ results["2x2"]["dynamic_uneven"] = [o.token_ids for o in dp.generate(PROMPTS, un
 results["2x2"]["dynamic_ks"] = sorted({t["k"] for t in dp.stats.trace})
 dp = engine(mesh(2, 2), backend="interpret")
 results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY)}
+
+# top logprobs on 2x2: the top-k over logits split by vocabulary on "model", per data shard
+TOP = SamplingParams(temperature=1.0, max_tokens=6, seed=5, logprobs=3)
+for name, m in (("single", None), ("2x2", mesh(2, 2))):
+    results[name]["top_logprobs"] = [[list(e.items()) for e in o.top_logprobs]
+                                     for o in engine(m, max_logprobs=3).generate(PROMPTS, TOP)]
 
 dp = data_parallel[2, 2]
 dp.warmup()

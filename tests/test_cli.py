@@ -137,6 +137,25 @@ def test_generate_text_prompts_with_profile(profile_path, files, tmp_path, capsy
         assert "logprobs" not in r
 
 
+def test_generate_top_logprobs(files, capsys):
+    """--top-logprobs N: per token, its N likeliest [id, raw logprob] pairs, likeliest first,
+    then its own pair if it is not among them; a negative N fails before any model loads."""
+    gen = ["generate", "--target", files.target, "--draft", files.draft,
+           "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
+           "--prompts", files.jsonl, "--temperature", "1", "--seed", "3", "--max-tokens", "6"]
+    assert cli.main(gen + ["--top-logprobs", "3", "--logprobs"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(recs) == len(PROMPT_IDS)
+    for r in recs:
+        assert len(r["top_logprobs"]) == len(r["token_ids"]) == 6
+        for token, raw, pairs in zip(r["token_ids"], r["raw_logprobs"], r["top_logprobs"]):
+            values = [lp for _, lp in pairs[:3]]
+            assert values == sorted(values, reverse=True) and len(pairs) in (3, 4)
+            assert dict(pairs)[token] == pytest.approx(raw, abs=1e-6)
+    with pytest.raises(SystemExit, match=r"invalid sampling flags: logprobs .* must be >= 0, got -1"):
+        cli.main(gen + ["--top-logprobs", "-1", "--target", "/nonexistent"])
+
+
 def test_generate_with_stop_strings(files, tmp_path, capsys):
     """--stop (repeatable): a record ends with the token completing the string, its text
     before it, and its stop_reason names it; without a tokenizer, an error naming --stop."""

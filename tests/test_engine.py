@@ -747,24 +747,27 @@ def test_rounds_behind_a_prefill_are_not_timed_as_steps(pair):
     assert flags == ([True] + [False] * 39) * 2
 
 
-def test_packed_round_outputs_come_back_exactly():
+@pytest.mark.parametrize("top", [0, 3])
+def test_packed_round_outputs_come_back_exactly(top):
     """`step.pack_rounds` / `unpack_rounds`: every field bit for bit (logprobs -inf and
-    subnormal included), only the rounds that ran, and the count."""
+    subnormal included), only the rounds that ran, and the count; with and without top
+    logprobs (N = `top`)."""
     from dsd_jax.step import StepOutput, pack_rounds, unpack_rounds
     rng = np.random.default_rng(0)
     R, B, K1, ran = 6, 3, 4, 4
     lp = rng.normal(size=(R, B, K1)).astype(np.float32)
     lp[0, 0, 0], lp[1, 2, 3] = -np.inf, np.float32(1e-42)
+    top_lp = rng.normal(size=(R, B, K1, top)).astype(np.float32)
     outs = StepOutput(rng.integers(0, 50_000, (R, B, K1)).astype(np.int32),
                       rng.integers(0, K1 + 1, (R, B)).astype(np.int32),
                       rng.integers(0, K1, (R, B)).astype(np.int32), rng.random((R, B)) < 0.5,
-                      lp, -lp)
+                      lp, -lp, top_lp, rng.integers(0, 50_000, (R, B, K1, top)).astype(np.int32))
     back, n = unpack_rounds(np.asarray(pack_rounds(jax.tree.map(jax.numpy.asarray, outs), ran)))
     assert n == ran
     for name, want, got in zip(StepOutput._fields, outs, back):
         assert got.dtype == want.dtype and got.shape == (ran, B, *want.shape[2:]), name
-        np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), want[:ran].view(np.uint8),
-                                      err_msg=name)
+        np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8),
+                                      np.ascontiguousarray(want[:ran]).view(np.uint8), err_msg=name)
 
 
 def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pair):

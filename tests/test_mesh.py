@@ -32,6 +32,16 @@ def test_outputs_identical_to_one_device(results, mesh, case):
     assert results[mesh][case] == results["single"][case]
 
 
+def test_top_logprobs_on_a_mesh(results):
+    """SamplingParams.logprobs on 2x2 (logits split by vocabulary on "model", a data shard
+    each): one device's ids in one device's order, and its values to float32 rounding."""
+    single, split = results["single"]["top_logprobs"], results["2x2"]["top_logprobs"]
+    assert [[[i for i, _ in e] for e in o] for o in split] == [[[i for i, _ in e] for e in o] for o in single]
+    for o, ref in zip(split, single):
+        for e, r in zip(o, ref):
+            assert [v for _, v in e] == pytest.approx([v for _, v in r], abs=1e-5)
+
+
 @pytest.mark.parametrize("mesh", ["pallas_1x2", "pallas_1x4", "pallas_2x2"])
 def test_pallas_kernels_per_device_match_one_device(results, mesh):
     """backend="interpret" (the Pallas kernels) under shard_map: heads local on 1x2, every

@@ -23,7 +23,7 @@ noop.stats.record_step = lambda *a, **k: 0.0
 noop.controller.observe = lambda *a, **k: None
 bare = plain_engine(SpecEngine, target, tok, 4096)
 def process(self, d):  # B=1, K=0 only: tokens out, nothing else
-    (tokens, n_emit, n_acc, done, lp, raw), R = unpack_rounds(jax.device_get(d.out))
+    (tokens, n_emit, n_acc, done, lp, raw, *_), R = unpack_rounds(jax.device_get(d.out))
     r = d.snapshot[0]
     if r is None or r.finish_reason is not None:
         return [], []

@@ -80,7 +80,8 @@ def bare_rounds(target_graph, drafter, opts, K, B, tp, dp, state, num_rounds, an
     state = state._replace(target_kv=kv, length=state.length.at[:B].set(length))
     z = jnp.zeros((R, B), jnp.int32)
     return state, S.StepOutput(out[..., None], jnp.ones((R, B), jnp.int32), z, z.astype(bool),
-                               jnp.zeros((R, B, 1)), jnp.zeros((R, B, 1))), num_rounds
+                               jnp.zeros((R, B, 1)), jnp.zeros((R, B, 1)), jnp.zeros((R, B, 1, 0)),
+                               jnp.zeros((R, B, 1, 0), jnp.int32)), num_rounds
 
 
 engines = {}

@@ -31,9 +31,10 @@ class SevenOutputs(Programs):
         return new, (outs, ran)
 
 
-def pack_host(outs, ran):
+def pack_host(outs, ran):  # `step.pack_rounds`' layout, without top logprobs (N = 0)
     per_row = np.stack([outs.n_emit, outs.n_accepted, outs.done.astype(np.int32),
-                        np.broadcast_to(np.int32(ran), outs.n_emit.shape)], axis=-1)
+                        np.broadcast_to(np.int32(ran), outs.n_emit.shape), np.zeros_like(outs.n_emit)],
+                       axis=-1)
     return np.concatenate([outs.tokens, outs.logprobs.view(np.int32), outs.raw_logprobs.view(np.int32),
                            per_row], axis=-1)
 
@@ -43,7 +44,8 @@ class Old(SpecEngine):
         outs, ran = d.out
         host = jax.device_get((outs.tokens, outs.n_emit, outs.n_accepted, outs.done, outs.logprobs,
                                outs.raw_logprobs, ran))
-        return super()._process(d._replace(out=pack_host(step_lib.StepOutput(*host[:6]), host[6])))
+        empty = np.zeros(host[0].shape + (0,), np.int32)  # no top logprobs
+        return super()._process(d._replace(out=pack_host(step_lib.StepOutput(*host[:6], empty, empty), host[6])))
 
 
 def engine(cls, programs):

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from dsd_jax import DynamicConfig, SamplingParams, SpecConfig, SpecEngine, cli, models, records
+from dsd_jax import DynamicConfig, RequestOutput, SamplingParams, SpecConfig, SpecEngine, cli, models, records
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.profiler import device_kind, model_fingerprint
 from conftest import scaled
@@ -496,7 +496,8 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                                  temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4,
                                  min_tokens=0, seed=None, repetition_penalty=1.0,
                                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
-                                 hf_target=None, stop=None, bad_words=None, allowed_token_ids=None)
+                                 hf_target=None, stop=None, bad_words=None, allowed_token_ids=None,
+                                 top_logprobs=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):
@@ -863,8 +864,7 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("w1\n"))  # a stdin without .buffer
     assert loading.read_prompts("--prompts", "-") == [{"prompt": "w1"}]
 
-    out = types.SimpleNamespace(text="\u2192 done", token_ids=[1], finish_reason="length",
-                                stop_reason=None)
+    out = RequestOutput(0, [1, 2], [1], "length", text="\u2192 done")
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
     records.InOrder(False, [{"prompt": "x = \u2192"}], [[1, 2]], cli._stdout_lines())(0, out)
@@ -912,8 +912,7 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
     os.close(r)  # the reader left
     broken = open(w, "w", encoding="utf-8")
     monkeypatch.setattr(sys, "stdout", broken)
-    out = types.SimpleNamespace(text="t", token_ids=[1], finish_reason="length",
-                                stop_reason=None)
+    out = RequestOutput(0, [1, 2], [1], "length", text="t")
 
     def generate(args):
         write = records.InOrder(False, [{"prompt": "p"}] * 3, [[1]] * 3, cli._stdout_lines())
@@ -936,8 +935,7 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
     a run that stops leaves FILE as it was and the finished prefix in FILE.partial."""
     out = tmp_path / "out.jsonl"
     out.write_text("earlier\n")
-    done = lambda i: types.SimpleNamespace(text=f"t{i}", token_ids=[i], finish_reason="length",
-                                             stop_reason=None)  # noqa: E731
+    done = lambda i: RequestOutput(i, [1, 2], [i], "length", text=f"t{i}")  # noqa: E731
 
     class Engine:  # finishes requests 2, 0, 1 (then, if `dies`, fails before 3)
         dies = False

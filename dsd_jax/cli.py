@@ -299,7 +299,8 @@ def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
                           tokenizer=tokenizer, prefill_chunk=args.prefill_chunk, profile=profile,
                           backend=args.backend, compilation_cache_dir=args.compilation_cache_dir,
                           seed=args.seed or 0, mesh=mesh,
-                          max_logprobs=getattr(args, "top_logprobs", None) or 0)
+                          max_logprobs=max(getattr(args, "top_logprobs", None) or 0,
+                                           getattr(args, "prompt_logprobs", None) or 0))
     except (ValueError, NotImplementedError) as e:
         _fail(cmd, None, f"cannot build the engine: {e}")
 
@@ -523,7 +524,8 @@ _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "min_
 
 def _sampling_flags(args) -> dict:
     return {**{flag: getattr(args, flag) for flag in _SAMPLING_FLAGS}, "stop": args.stop or (),
-            "bad_words": args.bad_words or (), "logprobs": args.top_logprobs}
+            "bad_words": args.bad_words or (), "logprobs": args.top_logprobs,
+            "prompt_logprobs": args.prompt_logprobs}
 
 
 def _generate_records(args, engine, raw_prompts, prompts, sampling, settings=None, first: int = 0) -> None:
@@ -619,13 +621,14 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
-_RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "top_logprobs", "max_seq_len", "dtype", "method", "prompt_format",
+_RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "top_logprobs", "prompt_logprobs", "max_seq_len", "dtype", "method", "prompt_format",
                                    "stop", "bad_words")
 # flags added after runs' settings files were first written, with the value a file that
 # lacks one was generated with (off): such a run resumes under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
                        "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None,
-                       "bad_words": None, "allowed_token_ids": None, "top_logprobs": None}
+                       "bad_words": None, "allowed_token_ids": None, "top_logprobs": None,
+                       "prompt_logprobs": None}
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -861,6 +864,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--top-logprobs", type=int, metavar="N",
                    help="write each token's N likeliest tokens with their raw logprobs, and its own "
                         "(vLLM's logprobs=N): top_logprobs, per token a list of [id, logprob] pairs")
+    g.add_argument("--prompt-logprobs", type=int, metavar="N",
+                   help="write the same for each prompt token (vLLM's prompt_logprobs=N): prompt_logprobs, "
+                        "null for the first token")
     g.add_argument("--profile", metavar="FILE", help="profile JSON: use the goodput controller")
     g.add_argument("--warmup", action="store_true", help="compile every program before generating")
     g.add_argument("--stats", metavar="FILE", help="write engine.metrics() as JSON")

@@ -43,7 +43,7 @@ from dsd_jax.sampling import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, SamplingPar
                               bias_arrays, distinct_token_ids)
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
-from dsd_jax.step import SlotInit, StepOptions, unpack_rounds
+from dsd_jax.step import SlotInit, StepOptions, unpack_prompt_logprobs, unpack_rounds
 
 
 class _Dispatch(NamedTuple):
@@ -140,8 +140,8 @@ class SpecEngine:
     in effect when the engine is built. Fixed then, since the programs are compiled once and
     kept: a precision context around a later `generate` does not change them.
     `max_logprobs` (vLLM's): the most top log probabilities a request may ask for
-    (`SamplingParams.logprobs`). 0 (the default, vLLM's is 20): none, and the step programs
-    compute none. N > 0: every step takes the N largest raw logprobs at each position, a
+    (`SamplingParams.logprobs` and `prompt_logprobs`). 0 (the default, vLLM's is 20): none,
+    and the step programs compute none. N > 0: every step takes the N largest raw logprobs at each position, a
     top-k over the vocabulary, and reads them back with its other outputs (32 rounds x
     rows x (K+1) x 2N int32s a dispatch), for every request whether it asks or not.
     """
@@ -521,10 +521,12 @@ class SpecEngine:
             if outside:
                 raise ValueError(f"request {i}: {name} has token id {outside[0]}, outside the "
                                  f"vocabulary [0, {vocab})")
-        if sp.logprobs is not None and sp.logprobs > self.max_logprobs:
-            raise ValueError(f"request {i}: logprobs={sp.logprobs} asks for more top log probabilities "
-                             f"than this engine computes (max_logprobs={self.max_logprobs}): build it "
-                             f"with SpecEngine(..., max_logprobs={sp.logprobs}) or more")
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(sp, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise ValueError(f"request {i}: {name}={asked} asks for more top log probabilities "
+                                 f"than this engine computes (max_logprobs={self.max_logprobs}): build "
+                                 f"it with SpecEngine(..., max_logprobs={asked}) or more")
         if sp.seed is not None and sp.seed + sp.n - 1 >= 2 ** 32:
             raise ValueError(f"request {i}: seed {sp.seed} with n={sp.n}: completion g draws from "
                              f"seed + g, which must stay below 2**32")
@@ -691,12 +693,15 @@ class SpecEngine:
         text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
         if r.text_end is not None:  # a stop string ended it: the text ends there
             text = text[:r.text_end]
-        # the n completions of a prompt share one prompt list: each output gets its own copy
+        # the n completions of a prompt share one prompt list and one prompt_logprobs list:
+        # each output gets its own copies
+        prompt_logprobs = (None if r.prompt_logprobs is None
+                           else [None if e is None else dict(e) for e in r.prompt_logprobs])
         return RequestOutput(r.request_id, list(r.prompt), list(r.tokens), r.finish_reason,
                              list(r.logprobs) if return_logprobs else None,
                              list(r.raw_logprobs) if return_logprobs else None, text,
                              r.prompt_index, r.index, r.seed, r.stop_reason,
-                             None if r.params.logprobs is None else list(r.top_logprobs))
+                             None if r.params.logprobs is None else list(r.top_logprobs), prompt_logprobs)
 
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: Request) -> int:
@@ -756,14 +761,27 @@ class SpecEngine:
         for s in range(self.data):
             for i, r in enumerate(leaders[s]):
                 prompts[s, i, :len(r.prompt)] = r.prompt
+        # a request asking for prompt logprobs sends the admission's chunks through the
+        # prefill programs that keep the target's logits (`Programs.prefill_scored`)
+        scored = any(r.params.prompt_logprobs is not None for r in new)
+        following = np.where(np.arange(longest) + 1 < lengths[..., None],  # each position's next token
+                             np.pad(prompts[..., 1:], ((0, 0), (0, 0), (0, 1))), -1).astype(np.int32)
+        chunks = []  # (start, the scored prefill's packed prompt logprobs) per piece
         for start, c in prefill_pieces(longest, self.programs.prefill_chunks):
-            piece = np.zeros((self.data, n, c), np.int32)
+            piece, after = np.zeros((self.data, n, c), np.int32), np.full((self.data, n, c), -1, np.int32)
             width = min(c, longest - start)
             piece[..., :width] = prompts[..., start:start + width]
+            after[..., :width] = following[..., start:start + width]
             count = np.clip(lengths - start, 0, c).astype(np.int32)
-            self.state = self.programs.prefill(n, c)(
-                self._target_params, self._draft_params, self.state, rows, piece,
-                np.full((self.data, n), start, np.int32), count, model_end, draft_end)
+            args = (self._target_params, self._draft_params, self.state, rows, piece,
+                    np.full((self.data, n), start, np.int32), count, model_end, draft_end)
+            if scored:
+                self.state, packed = self.programs.prefill_scored(n, c)(*args, after)
+                chunks.append((start, packed))
+            else:
+                self.state = self.programs.prefill(n, c)(*args)
+        if scored:
+            self._read_prompt_logprobs(new, leaders, n, chunks)
         if any(copies):
             m = rows_bucket([len(x) for x in copies])
             self.state = self.programs.copy(m)(
@@ -809,6 +827,29 @@ class SpecEngine:
                         drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
                         drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
+
+    def _read_prompt_logprobs(self, new: list[Request], leaders: list[list[Request]], n: int,
+                              chunks: list[tuple[int, Any]]) -> None:
+        """Sets `prompt_logprobs` of the new requests asking for them from the scored
+        prefill's chunks ((start, packed [data * n, c, ...]) each); a group's completions
+        share its leader's (the same prompt, prefilled once per shard)."""
+        got = jax.device_get([packed for _, packed in chunks])
+        by_group = {}
+        for s, shard in enumerate(leaders):
+            for i, r in enumerate(shard):
+                if r.params.prompt_logprobs is None:
+                    continue
+                entries: list = [None]  # nothing predicts the first token
+                for (start, _), packed in zip(chunks, got):
+                    own, ids, values = unpack_prompt_logprobs(packed[s * n + i], self.max_logprobs)
+                    take = min(len(r.prompt) - 1 - start, len(own))  # positions start .. len - 2
+                    if take > 0:
+                        entries += top_entries(np.asarray(r.prompt[start + 1:start + 1 + take]), own[:take],
+                                               ids[:take], values[:take], r.params.prompt_logprobs)
+                r.prompt_logprobs = by_group[r.group] = entries
+        for r in new:
+            if r.params.prompt_logprobs is not None:
+                r.prompt_logprobs = by_group[r.group]
 
     def _remove(self, shards: list[list[Request]], finished: list[Request]) -> None:
         """Keeps each shard's live requests packed: its last live slot moves into each freed

@@ -74,6 +74,10 @@ class Programs:
         self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
                                        (PARAMS, PARAMS, STATE) + (HOST,) * 6),
                                 donate_argnums=2, **outs)
+        self._prefill_scored = jax.jit(
+            shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
+                   (PARAMS, PARAMS, STATE) + (HOST,) * 7, out_specs=(local, P(DATA))),
+            donate_argnums=2, **self._step_outs)
         self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
                               donate_argnums=0, **outs)
         self._move = jax.jit(shards(step_lib.move_slot, (STATE, HOST, HOST)), donate_argnums=0, **outs)
@@ -202,6 +206,15 @@ class Programs:
         return self._get(("prefill", n, c), lambda: self._prefill.lower(
             *self._args, ints, self._per_shard(n, c), ints, ints, ints, ints))
 
+    def prefill_scored(self, n: int, c: int):
+        """`prefill(n, c)` that also takes next_tokens [data, n, c] and returns the chunk's
+        prompt logprobs, [data * n, c, 1 + 2 max_logprobs] (`step.pack_prompt_logprobs`), for
+        requests with `SamplingParams.prompt_logprobs`. Compiled up front (`compile_all`)
+        only by an engine with max_logprobs > 0; else on first use."""
+        ints, chunk = self._per_shard(n), self._per_shard(n, c)
+        return self._get(("prefill_scored", n, c), lambda: self._prefill_scored.lower(
+            *self._args, ints, chunk, ints, ints, ints, ints, chunk))
+
     def admit(self, n: int):
         """`(state, SlotInit of [data, n] arrays)`."""
         f32, i32 = self._per_shard(n, dtype=jnp.float32), self._per_shard(n)
@@ -236,6 +249,9 @@ class Programs:
                 for k in range(self.max_k + 1)]
         jobs += [functools.partial(self.prefill, n, c) for n in self.prefill_rows
                  for c in self.prefill_chunks]
+        if self.opts.top_logprobs:
+            jobs += [functools.partial(self.prefill_scored, n, c) for n in self.prefill_rows
+                     for c in self.prefill_chunks]
         jobs += [functools.partial(self.admit, n) for n in self.prefill_rows] + [self.move]
         jobs += [functools.partial(self.copy, n) for n in self.prefill_rows]
         while True:

@@ -69,8 +69,12 @@ class InOrder:
         if self.logprobs:
             rec["logprobs"] = o.logprobs
             rec["raw_logprobs"] = o.raw_logprobs
-        if o.top_logprobs is not None:  # JSON keys are strings: [id, logprob] pairs, likeliest first
-            rec["top_logprobs"] = [[[t, lp] for t, lp in entry.items()] for entry in o.top_logprobs]
+        # JSON keys are strings: each entry as [id, logprob] pairs, likeliest first
+        pairs = lambda entries: [None if e is None else [[t, lp] for t, lp in e.items()] for e in entries]
+        if o.top_logprobs is not None:
+            rec["top_logprobs"] = pairs(o.top_logprobs)
+        if o.prompt_logprobs is not None:
+            rec["prompt_logprobs"] = pairs(o.prompt_logprobs)
         return json.dumps(rec, ensure_ascii=False) + "\n"
 
 

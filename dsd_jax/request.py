@@ -41,6 +41,9 @@ class RequestOutput:
     # of the N likeliest tokens at its position, largest first, then the token itself if it
     # is not among them (`top_entries`)
     top_logprobs: list[dict[int, float]] | None = None
+    # with SamplingParams.prompt_logprobs=N (vLLM's): None for the first prompt token, then
+    # per prompt token its entry as top_logprobs'
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 @dataclasses.dataclass
@@ -59,6 +62,7 @@ class Request:
     logprobs: list = dataclasses.field(default_factory=list)
     raw_logprobs: list = dataclasses.field(default_factory=list)
     top_logprobs: list = dataclasses.field(default_factory=list)  # with params.logprobs
+    prompt_logprobs: list | None = None  # with params.prompt_logprobs, once prefilled
     shard: int = 0  # data shard holding the request
     slot: int = -1  # slot within its shard
     finish_reason: str | None = None

@@ -153,6 +153,12 @@ class SamplingParams:
     engine's `max_logprobs` (`SpecEngine(max_logprobs=...)`, 0 by default: the top-N costs
     every step a top-k over the vocabulary and a wider output, so an engine pays it only
     when built for it).
+    `prompt_logprobs` (vLLM's): the same for the prompt's tokens (`RequestOutput.prompt_logprobs`:
+    None for the first token, which nothing predicts, then per token the `prompt_logprobs`
+    likeliest at its position and its own); None: none. At most the engine's `max_logprobs`;
+    0 (the token's own logprob) on any engine. The prefill then keeps the target's logits at
+    every prompt position (a chunk's [rows, chunk, vocabulary] of scratch) and reads them
+    back, in programs of their own: only admissions with such a request run them.
 
     Every field is checked and normalised here (ints, floats, a tuple of ints): a float
     where an integer belongs (n=2.0, seed=2.5, a stop id 1.9) is refused, not truncated.
@@ -180,6 +186,7 @@ class SamplingParams:
     bad_words: Sequence[str] = ()
     allowed_token_ids: Sequence[int] | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         def set_(name, value):  # frozen: normalised values are written once, here
@@ -217,8 +224,9 @@ class SamplingParams:
         set_("bad_words", stop_list(self.bad_words, "bad_words", blank_too=True,
                                     why="a bad word must have a token to ban"))
         set_("allowed_token_ids", _allowed_token_ids(self.allowed_token_ids))
-        if self.logprobs is not None:
-            set_("logprobs", _integer("logprobs (top log probabilities per token)", self.logprobs, 0))
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                set_(name, _integer(f"{name} (top log probabilities per token)", getattr(self, name), 0))
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
         for name in ("include_stop_token", "ignore_eos", "include_stop_str_in_output"):

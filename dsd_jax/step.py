@@ -269,7 +269,7 @@ def unpack_rounds(packed: np.ndarray) -> tuple[StepOutput, int]:
 
 
 def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, draft_params,
-            state: DecodeState, rows, chunk, start, count, model_end, draft_end):
+            state: DecodeState, rows, chunk, start, count, model_end, draft_end, next_tokens=None):
     """Writes a chunk of prompt tokens for N slots and runs target (and draft) over them.
 
     rows [N] slots; chunk [N, C] tokens at positions start[N] + 0..C-1, of which the
@@ -277,14 +277,17 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     prompt minus its last, pending, token), the drafter (if it `catches_up_prompts`)
     only those < draft_end[N] as well: 0 leaves the row's prompt to its first round with
     K > 0, and a chunk no row takes does not run it. Rows with count 0 are padding.
+    With next_tokens [N, C] (the prompt token after each position) it returns (state, the
+    prompt logprobs packed by `pack_prompt_logprobs`) instead: the target's logits at every
+    chunk position are then kept, [N, C, V] of scratch.
     """
     C = chunk.shape[1]
     pos = start[:, None] + jnp.arange(C)
     real = jnp.arange(C)[None, :] < count[:, None]
     tokens = state.tokens.at[rows[:, None], jnp.where(real, pos, state.capacity)].set(chunk, mode="drop")
     model_pos = jnp.where(real & (pos < model_end[:, None]), pos, -1)
-    _, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
-                                                  model_pos, state.target_kv, state.drafter, rows)
+    logits, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
+                                                       model_pos, state.target_kv, state.drafter, rows)
     params = drafter.bind_params(draft_params, target_graph, target_params)
     draft_pos = jnp.where(pos < draft_end[:, None], model_pos, -1)
 
@@ -296,7 +299,30 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     skippable = drafter.catches_up_prompts
     drafter_state = (jax.lax.cond(jnp.any(draft_pos >= 0), run, lambda s: s, drafter_state)
                      if skippable else run(drafter_state))
-    return state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
+    state = state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
+    if next_tokens is None:
+        return state
+    return state, pack_prompt_logprobs(logits, next_tokens, opts.top_logprobs)
+
+
+def pack_prompt_logprobs(logits, next_tokens, top: int) -> jax.Array:
+    """A prefill chunk's prompt logprobs as int32 [N, C, 1 + 2 top]: per position the raw
+    logprob of the next prompt token (bits; any value where there is none, next_tokens
+    < 0), then its `top` likeliest ids and their raw logprobs (bits), largest first."""
+    bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32)
+    own = sampling.token_logprobs(logits, jnp.maximum(next_tokens, 0))
+    parts = [bits(own)[..., None]]
+    if top:
+        values, ids = sampling.top_logprobs(logits, top)
+        parts += [ids, bits(values)]
+    return jnp.concatenate(parts, axis=-1)
+
+
+def unpack_prompt_logprobs(packed: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`pack_prompt_logprobs`'s inverse on the host: (own [..., C] float32, ids [..., C, top],
+    values [..., C, top] float32)."""
+    return (packed[..., 0].view(np.float32), packed[..., 1:1 + top],
+            packed[..., 1 + top:].view(np.float32))
 
 
 class SlotInit(NamedTuple):

@@ -221,11 +221,13 @@ results["2x2"]["dynamic_ks"] = sorted({t["k"] for t in dp.stats.trace})
 dp = engine(mesh(2, 2), backend="interpret")
 results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY)}
 
-# top logprobs on 2x2: the top-k over logits split by vocabulary on "model", per data shard
-TOP = SamplingParams(temperature=1.0, max_tokens=6, seed=5, logprobs=3)
+# top logprobs on 2x2: the top-k over logits split by vocabulary on "model", per data shard;
+# the prompts' from the scored prefill (its outputs shard after shard)
+TOP = SamplingParams(temperature=1.0, max_tokens=6, seed=5, logprobs=3, prompt_logprobs=3)
 for name, m in (("single", None), ("2x2", mesh(2, 2))):
-    results[name]["top_logprobs"] = [[list(e.items()) for e in o.top_logprobs]
-                                     for o in engine(m, max_logprobs=3).generate(PROMPTS, TOP)]
+    outs = engine(m, max_logprobs=3).generate(PROMPTS, TOP)
+    results[name]["top_logprobs"] = [[list(e.items()) for e in o.top_logprobs] for o in outs]
+    results[name]["prompt_logprobs"] = [[list(e.items()) for e in o.prompt_logprobs[1:]] for o in outs]
 
 dp = data_parallel[2, 2]
 dp.warmup()

@@ -139,14 +139,18 @@ def test_generate_text_prompts_with_profile(profile_path, files, tmp_path, capsy
 
 def test_generate_top_logprobs(files, capsys):
     """--top-logprobs N: per token, its N likeliest [id, raw logprob] pairs, likeliest first,
-    then its own pair if it is not among them; a negative N fails before any model loads."""
+    then its own pair if it is not among them (--prompt-logprobs: per prompt token, null for
+    the first); a negative N fails before any model loads."""
     gen = ["generate", "--target", files.target, "--draft", files.draft,
            "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
            "--prompts", files.jsonl, "--temperature", "1", "--seed", "3", "--max-tokens", "6"]
-    assert cli.main(gen + ["--top-logprobs", "3", "--logprobs"]) == 0
+    assert cli.main(gen + ["--top-logprobs", "3", "--logprobs", "--prompt-logprobs", "2"]) == 0
     recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(recs) == len(PROMPT_IDS)
-    for r in recs:
+    for r, prompt in zip(recs, PROMPT_IDS):
+        assert r["prompt_logprobs"][0] is None and len(r["prompt_logprobs"]) == len(prompt)
+        assert all(token in dict(pairs) and len(pairs) in (2, 3)
+                   for token, pairs in zip(prompt[1:], r["prompt_logprobs"][1:]))
         assert len(r["top_logprobs"]) == len(r["token_ids"]) == 6
         for token, raw, pairs in zip(r["token_ids"], r["raw_logprobs"], r["top_logprobs"]):
             values = [lp for _, lp in pairs[:3]]
@@ -497,7 +501,7 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                                  min_tokens=0, seed=None, repetition_penalty=1.0,
                                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
                                  hf_target=None, stop=None, bad_words=None, allowed_token_ids=None,
-                                 top_logprobs=None)
+                                 top_logprobs=None, prompt_logprobs=None)
     assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):

@@ -32,10 +32,12 @@ def test_outputs_identical_to_one_device(results, mesh, case):
     assert results[mesh][case] == results["single"][case]
 
 
-def test_top_logprobs_on_a_mesh(results):
-    """SamplingParams.logprobs on 2x2 (logits split by vocabulary on "model", a data shard
-    each): one device's ids in one device's order, and its values to float32 rounding."""
-    single, split = results["single"]["top_logprobs"], results["2x2"]["top_logprobs"]
+@pytest.mark.parametrize("which", ["top_logprobs", "prompt_logprobs"])
+def test_top_logprobs_on_a_mesh(results, which):
+    """SamplingParams.logprobs and prompt_logprobs on 2x2 (logits split by vocabulary on
+    "model", a data shard each): one device's ids in one device's order, and its values to
+    float32 rounding."""
+    single, split = results["single"][which], results["2x2"][which]
     assert [[[i for i, _ in e] for e in o] for o in split] == [[[i for i, _ in e] for e in o] for o in single]
     for o, ref in zip(split, single):
         for e, r in zip(o, ref):

@@ -1,5 +1,6 @@
-"""vLLM's `logprobs=N`: each completion token's N likeliest raw logprobs at its position,
-and the chosen token's, checked against fresh full-sequence forwards."""
+"""vLLM's `logprobs=N` and `prompt_logprobs=N`: each completion (or prompt) token's N
+likeliest raw logprobs at its position, and its own, checked against fresh full-sequence
+forwards."""
 
 import numpy as np
 import pytest
@@ -29,6 +30,15 @@ def _log_softmax(logits):
     return shifted - np.log(np.exp(shifted).sum())
 
 
+def _check_entry(entry, token, want, n):
+    """entry: the n likeliest ids of `want` (log_softmax) in order, their values, then the
+    token's own when it is not among them."""
+    ids = list(entry)
+    np.testing.assert_array_equal(ids[:n], np.argsort(-want, kind="stable")[:n])
+    np.testing.assert_allclose([entry[i] for i in ids], want[ids], rtol=0, atol=2e-5)
+    assert len(ids) == (n if token in ids[:n] else n + 1)
+
+
 def test_top_logprobs_are_the_targets_raw_log_softmax(engine, tiny_pair):
     """Per token, through K = 0..4 rounds: the N likeliest ids of log_softmax of the target's
     raw logits at its position, largest first, then the token itself when it is not among
@@ -42,13 +52,9 @@ def test_top_logprobs_are_the_targets_raw_log_softmax(engine, tiny_pair):
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.top_logprobs) == len(out.token_ids) == 12
         for t, (token, entry) in enumerate(zip(out.token_ids, out.top_logprobs)):
-            want = _log_softmax(oracle_logits(target, prompt + out.token_ids[:t]))
-            ids = list(entry)
-            np.testing.assert_array_equal(ids[:N], np.argsort(-want, kind="stable")[:N])
-            np.testing.assert_allclose([entry[i] for i in ids], want[ids], rtol=0, atol=2e-5)
+            _check_entry(entry, token, _log_softmax(oracle_logits(target, prompt + out.token_ids[:t])), N)
             assert entry[token] == pytest.approx(out.raw_logprobs[t], abs=1e-6)
-            assert len(ids) == (N if token in ids[:N] else N + 1)
-            outside += token not in ids[:N]
+            outside += len(entry) > N
     assert outside > 0  # the chosen token's own entry was exercised
 
 
@@ -70,6 +76,43 @@ def test_logprobs_none_and_zero_and_a_dropped_stop_token(engine):
     assert stopped.token_ids == plain.token_ids[:cut] and stopped.finish_reason == "stop"
     assert len(stopped.top_logprobs) == cut
     assert all(list(e)[0] == t for e, t in zip(stopped.top_logprobs, stopped.token_ids))  # greedy: the top
+
+
+def test_prompt_logprobs_over_several_chunks(engine, tiny_pair):
+    """prompt_logprobs=3: None for the first token, then each prompt token's entry, across
+    prefill chunks (16 tokens here: a 41-token prompt takes three); a 1-token prompt gets
+    [None]; a request beside them asking for none gets None; the completions are those of
+    the same requests without prompt logprobs (the scored prefill writes the same state)."""
+    target = tiny_pair[0]
+    prompts = [[(7 * i + 3) % 64 for i in range(41)], [5], PROMPTS[2]]
+    asked = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=3)
+    plain = SamplingParams(temperature=0.0, max_tokens=4)
+    outs = engine.generate(prompts, [asked, asked, plain])
+    assert [o.token_ids for o in outs] == [o.token_ids for o in engine.generate(prompts, plain)]
+    assert outs[1].prompt_logprobs == [None] and outs[2].prompt_logprobs is None
+    entries = outs[0].prompt_logprobs
+    assert len(entries) == len(prompts[0]) and entries[0] is None
+    for t in range(1, len(prompts[0])):
+        _check_entry(entries[t], prompts[0][t], _log_softmax(oracle_logits(target, prompts[0][:t])), 3)
+    assert any(len(e) == 4 for e in entries[1:])  # a prompt token outside the top 3
+
+
+def test_prompt_logprobs_zero_on_a_default_engine_and_in_groups(tiny_pair, engine):
+    """prompt_logprobs=0 (each token's own logprob) needs no max_logprobs: the engine
+    compiles its scored prefill when a request first asks. A group's completions (n=2)
+    share one prefill and carry equal, separate prompt_logprobs."""
+    default = _engine(tiny_pair, 0, schedule=(2,))
+    prompt = PROMPTS[2]
+    outs = default.generate([prompt], SamplingParams(temperature=1.0, seed=1, n=2, max_tokens=3,
+                                                     prompt_logprobs=0))
+    first, second = (o.prompt_logprobs for o in outs)
+    assert first == second and first is not second and first[1] is not second[1]
+    assert [list(e) for e in first[1:]] == [[t] for t in prompt[1:]]
+    ref = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=2))[0].prompt_logprobs
+    np.testing.assert_allclose([e[t] for e, t in zip(first[1:], prompt[1:])],
+                               [e[t] for e, t in zip(ref[1:], prompt[1:])], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"prompt_logprobs=1 .*max_logprobs=0"):
+        default.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=1))
 
 
 def test_more_than_the_engine_computes_is_refused_before_anything_runs(tiny_pair):

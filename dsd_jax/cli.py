@@ -621,8 +621,8 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
-_RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "top_logprobs", "prompt_logprobs", "max_seq_len", "dtype", "method", "prompt_format",
-                                   "stop", "bad_words")
+_RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "top_logprobs", "prompt_logprobs", "max_seq_len",
+                                   "dtype", "method", "prompt_format", "stop", "bad_words")
 # flags added after runs' settings files were first written, with the value a file that
 # lacks one was generated with (off): such a run resumes under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,

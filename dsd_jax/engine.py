@@ -141,9 +141,10 @@ class SpecEngine:
     kept: a precision context around a later `generate` does not change them.
     `max_logprobs` (vLLM's): the most top log probabilities a request may ask for
     (`SamplingParams.logprobs` and `prompt_logprobs`). 0 (the default, vLLM's is 20): none,
-    and the step programs compute none. N > 0: every step takes the N largest raw logprobs at each position, a
-    top-k over the vocabulary, and reads them back with its other outputs (32 rounds x
-    rows x (K+1) x 2N int32s a dispatch), for every request whether it asks or not.
+    and the step programs compute none. N > 0: every step takes the N largest raw logprobs
+    at each position, a top-k over the vocabulary, and reads them back with its other
+    outputs (32 rounds x rows x (K+1) x 2N int32s a dispatch), for every request whether it
+    asks or not; `warmup` also compiles the prefill programs of prompt logprobs.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,

@@ -74,13 +74,14 @@ def test_latency_table_shape_and_positive(run, engine):
     assert m["context_lengths"] == [8, 24] and m["repeats"] == 3 and m["passes"] == 2 and m["rounds_per_sample"] == 4 and m["num_prompts"] == len(PROMPTS)
     assert m["engine"]["max_seq_len"] == 48 and m["engine"]["batch_buckets"] == [1, 2]
     assert m["engine"]["kernel_backends"] == {"attention": "xla", "rejection": "xla"}
-    # the stored table is the monotone fit of the raw medians kept in meta (on a CPU two
-    # rows cost more than one: no bucket is served by a larger one)
+    # the stored table is the fit of the raw medians kept in meta. Whether the one-row bucket
+    # keeps a row of its own (served by the two-row one) follows the timings, which a loaded
+    # CPU can invert (two rows measured 8-15% faster than one in a full run under xdist), so
+    # only the order along K is fixed here
     raw = np.asarray(m["latency_ms_raw"])
     assert raw.shape == table.shape and np.all(raw > 0)
     np.testing.assert_allclose(table, prof_lib.profile_latency(raw, [1, 2]))
-    np.testing.assert_allclose(table, prof_lib.monotone_latency(raw))
-    assert np.all(np.diff(table, axis=2) >= 0) and np.all(np.diff(table, axis=1) >= 0)
+    assert np.all(np.diff(table, axis=2) >= 0)
 
 
 def test_monotone_latency_fit():

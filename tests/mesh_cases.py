@@ -20,8 +20,9 @@ import functools  # noqa: E402
 import tempfile  # noqa: E402
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
-from conftest import FixedK, scaled, tiny_config  # noqa: E402
+from conftest import FixedK, oracle_logits, scaled, tiny_config  # noqa: E402
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, kernels, models  # noqa: E402
 from dsd_jax.compilation import compilation_count, enable_persistent_cache  # noqa: E402
 from dsd_jax.sharding import make_mesh as mesh  # noqa: E402
@@ -222,12 +223,23 @@ dp = engine(mesh(2, 2), backend="interpret")
 results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY)}
 
 # top logprobs on 2x2: the top-k over logits split by vocabulary on "model", per data shard;
-# the prompts' from the scored prefill (its outputs shard after shard)
+# the prompts' from the scored prefill (its outputs shard after shard). Each entry against a
+# full forward on one device (cheaper than a single-device engine in this serial job)
 TOP = SamplingParams(temperature=1.0, max_tokens=6, seed=5, logprobs=3, prompt_logprobs=3)
-for name, m in (("single", None), ("2x2", mesh(2, 2))):
-    outs = engine(m, max_logprobs=3).generate(PROMPTS, TOP)
-    results[name]["top_logprobs"] = [[list(e.items()) for e in o.top_logprobs] for o in outs]
-    results[name]["prompt_logprobs"] = [[list(e.items()) for e in o.prompt_logprobs[1:]] for o in outs]
+checked = {"top_logprobs": [], "prompt_logprobs": []}  # per entry: (ids as the full forward's, |diff|)
+for prompt, o in zip(PROMPTS, engine(mesh(2, 2), max_logprobs=3).generate(PROMPTS, TOP)):
+    for which, seq, entries in (("prompt_logprobs", prompt, o.prompt_logprobs),
+                                ("top_logprobs", prompt + o.token_ids, [None] * len(prompt) + o.top_logprobs)):
+        for t in range(1, len(seq)):
+            if entries[t] is None:
+                continue
+            logits = np.asarray(oracle_logits(target, seq[:t]), np.float64)
+            want = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            ids = list(entries[t])
+            checked[which].append((ids[:3] == np.argsort(-want, kind="stable")[:3].tolist()
+                                   and len(ids) == 3 + (seq[t] not in ids[:3]),
+                                   max(abs(entries[t][i] - want[i]) for i in ids)))
+results["2x2"]["logprobs_vs_full_forward"] = checked
 
 dp = data_parallel[2, 2]
 dp.warmup()

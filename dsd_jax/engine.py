@@ -765,18 +765,20 @@ class SpecEngine:
         # a request asking for prompt logprobs sends the admission's chunks through the
         # prefill programs that keep the target's logits (`Programs.prefill_scored`)
         scored = any(r.params.prompt_logprobs is not None for r in new)
-        following = np.where(np.arange(longest) + 1 < lengths[..., None],  # each position's next token
-                             np.pad(prompts[..., 1:], ((0, 0), (0, 0), (0, 1))), -1).astype(np.int32)
+        if scored:  # each position's next prompt token (-1: none)
+            following = np.where(np.arange(longest) + 1 < lengths[..., None],
+                                 np.pad(prompts[..., 1:], ((0, 0), (0, 0), (0, 1))), -1).astype(np.int32)
         chunks = []  # (start, the scored prefill's packed prompt logprobs) per piece
         for start, c in prefill_pieces(longest, self.programs.prefill_chunks):
-            piece, after = np.zeros((self.data, n, c), np.int32), np.full((self.data, n, c), -1, np.int32)
+            piece = np.zeros((self.data, n, c), np.int32)
             width = min(c, longest - start)
             piece[..., :width] = prompts[..., start:start + width]
-            after[..., :width] = following[..., start:start + width]
             count = np.clip(lengths - start, 0, c).astype(np.int32)
             args = (self._target_params, self._draft_params, self.state, rows, piece,
                     np.full((self.data, n), start, np.int32), count, model_end, draft_end)
             if scored:
+                after = np.full((self.data, n, c), -1, np.int32)
+                after[..., :width] = following[..., start:start + width]
                 self.state, packed = self.programs.prefill_scored(n, c)(*args, after)
                 chunks.append((start, packed))
             else:

@@ -71,13 +71,13 @@ class Programs:
         self.opts, self._drafter = opts, drafter
         self._step_shards = functools.partial(shards, kinds=(PARAMS, PARAMS, STATE, PARAMS),
                                               out_specs=(local, P(None, DATA)))
-        self._prefill = jax.jit(shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
-                                       (PARAMS, PARAMS, STATE) + (HOST,) * 6),
+        prefill = functools.partial(step_lib.prefill, self._graph, drafter, opts)
+        self._prefill = jax.jit(shards(prefill, (PARAMS, PARAMS, STATE) + (HOST,) * 6),
                                 donate_argnums=2, **outs)
-        self._prefill_scored = jax.jit(
-            shards(functools.partial(step_lib.prefill, self._graph, drafter, opts),
-                   (PARAMS, PARAMS, STATE) + (HOST,) * 7, out_specs=(local, P(DATA))),
-            donate_argnums=2, **self._step_outs)
+        # the same with next_tokens: it also returns the prompt logprobs, batch axis on "data"
+        self._prefill_scored = jax.jit(shards(prefill, (PARAMS, PARAMS, STATE) + (HOST,) * 7,
+                                              out_specs=(local, P(DATA))),
+                                       donate_argnums=2, **self._step_outs)
         self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
                               donate_argnums=0, **outs)
         self._move = jax.jit(shards(step_lib.move_slot, (STATE, HOST, HOST)), donate_argnums=0, **outs)

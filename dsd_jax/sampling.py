@@ -409,22 +409,27 @@ def bans_any(active, banned):
     return jnp.any(active & jnp.any((banned >= 0).reshape(banned.shape[0], -1), axis=-1))
 
 
+def _shifted_logits(logits):
+    """(logits - their max, log of the sum of exp of that) over the vocabulary, [..., V] and
+    [..., 1]: log_softmax is their difference, in `jax.nn.log_softmax`'s arithmetic."""
+    logits = logits.astype(jnp.float32)
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    return shifted, jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+
+
 def token_logprobs(logits, tokens):
     """log_softmax(logits)[tokens] without the full-vocabulary result (the same arithmetic
     as `jax.nn.log_softmax`, so the same bits). logits [..., V], tokens [...]."""
-    logits = logits.astype(jnp.float32)
-    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    at = jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0]
-    return at - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    shifted, log_total = _shifted_logits(logits)
+    return jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0] - log_total[..., 0]
 
 
 def top_logprobs(logits, n: int):
     """The n largest entries of log_softmax(logits) and their ids, largest first: (values
     float32 [..., n], ids int32 [..., n]), the arithmetic of `token_logprobs`."""
-    logits = logits.astype(jnp.float32)
-    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shifted, log_total = _shifted_logits(logits)
     values, ids = jax.lax.top_k(shifted, n)
-    return values - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True)), ids.astype(jnp.int32)
+    return values - log_total, ids.astype(jnp.int32)
 
 
 def sampling_probs(logits, temperature, top_k, top_p, banned=None, min_p=None):

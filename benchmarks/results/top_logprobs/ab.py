@@ -23,6 +23,7 @@ import numpy as np
 
 import dsd_jax as dsd
 from dsd_jax import profiler as P
+from dsd_jax.stats import format_ratio, paired_ratio
 from dsd_jax import step as new_step
 from dsd_jax.models.builtin import builtin
 
@@ -104,17 +105,11 @@ for rep in range(REPEATS):
             else:
                 state, dt = timed(cell, v, state)
                 times[(cell, v)].append(dt)
-boot = np.random.default_rng(0)
-
-
 def ratio(a, b):
-    r = np.array(times[a]) / np.array(times[b])
-    meds = [np.median(boot.choice(r, len(r))) for _ in range(2000)]
-    lo, hi = np.percentile(meds, [2.5, 97.5])
-    return f"{np.median(r):.3f} [{lo:.3f}, {hi:.3f}]"
+    return format_ratio(paired_ratio(times[a], times[b]), digits=3)
 
 
-print(f"V={V}, {REPEATS} pairs per cell; ratios are medians of paired ratios with 95% bootstrap intervals")
+print(f"V={V}, {REPEATS} pairs per cell; ratios: dsd_jax.stats.paired_ratio (geometric mean, 95% interval)")
 for cell in cells:
     B, K = cell
     ms = {v: 1e3 * statistics.median(times[(cell, v)]) for v in variants}

@@ -13,6 +13,7 @@ import numpy as np
 
 import dsd_jax as dsd
 from dsd_jax.models.builtin import builtin
+from dsd_jax.stats import format_ratio, paired_ratio
 
 REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
 target, draft, tok = builtin()
@@ -39,16 +40,11 @@ for _ in range(REPEATS):
     random.Random(_).shuffle(order)
     for v in order:
         times[v].append(timed(v))
-boot = np.random.default_rng(0)
-
-
 def ratio(a, b):
-    r = np.array(times[a]) / np.array(times[b])
-    meds = [np.median(boot.choice(r, len(r))) for _ in range(2000)]
-    lo, hi = np.percentile(meds, [2.5, 97.5])
-    return f"{np.median(r):.3f} [{lo:.3f}, {hi:.3f}]"
+    return format_ratio(paired_ratio(times[a], times[b]), digits=3)
 
 
-print(f"{REPEATS} pairs; 4 prompts x 128 tokens, max_tokens 1; medians of paired ratios, bootstrap 95%")
+print(f"{REPEATS} pairs; 4 prompts x 128 tokens, max_tokens 1; ratios: dsd_jax.stats.paired_ratio "
+      "(geometric mean, 95% interval)")
 print(f"plain {1e3 * np.median(times['plain']):.1f} ms | own/plain {ratio('own', 'plain')} | "
       f"top5/plain {ratio('top5', 'plain')}")

@@ -33,7 +33,7 @@ import numpy as np
 from dsd_jax import bad_words, kernels, penalties, sampling
 from dsd_jax.drafters.base import DraftContext, Drafter, gather_tokens
 from dsd_jax.models import forward
-from dsd_jax.models.transformer import config_of
+from dsd_jax.models.transformer import config_of, logits_of
 from dsd_jax.state import DecodeState
 
 
@@ -60,13 +60,14 @@ class StepOutput(NamedTuple):
 
 
 def _target_forward(target_graph, drafter: Drafter, opts: StepOptions, target_params, tokens,
-                    positions, target_kv, drafter_state, rows=None):
+                    positions, target_kv, drafter_state, rows=None, head=True):
     """The target forward; with a feature-fed drafter it also returns the aux hidden states,
-    which the drafter's `observe` stores (the flag is static: no cost otherwise)."""
+    which the drafter's `observe` stores (the flag is static: no cost otherwise). head=False
+    returns the last layer's outputs in place of the logits (`models.forward`)."""
     aux = (drafter.feature_layers(config_of(target_graph, target_params))
            if drafter.needs_features else ())
     out = forward(target_graph, target_params, tokens, positions, target_kv, rows=rows,
-                  attn_backend=opts.backend, aux_layers=aux)
+                  attn_backend=opts.backend, aux_layers=aux, head=head)
     if aux:
         drafter_state = drafter.observe(drafter_state, out[2], positions, rows)
     return out[0], out[1], drafter_state
@@ -282,16 +283,18 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     only those < draft_end[N] as well: 0 leaves the row's prompt to its first round with
     K > 0, and a chunk no row takes does not run it. Rows with count 0 are padding.
     With next_tokens [N, C] (the prompt token after each position) it returns (state, the
-    prompt logprobs packed by `pack_prompt_logprobs`) instead: the target's logits at every
-    chunk position are then kept, [N, C, V] of scratch.
+    prompt logprobs packed by `pack_prompt_logprobs`) instead, which applies the LM head
+    to a few positions at a time (`PROMPT_LOGITS_BYTES`).
     """
     C = chunk.shape[1]
     pos = start[:, None] + jnp.arange(C)
     real = jnp.arange(C)[None, :] < count[:, None]
     tokens = state.tokens.at[rows[:, None], jnp.where(real, pos, state.capacity)].set(chunk, mode="drop")
     model_pos = jnp.where(real & (pos < model_end[:, None]), pos, -1)
-    logits, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
-                                                       model_pos, state.target_kv, state.drafter, rows)
+    # the logits are needed only to score the prompt, a few positions at a time
+    hidden, target_kv, drafter_state = _target_forward(target_graph, drafter, opts, target_params, chunk,
+                                                       model_pos, state.target_kv, state.drafter, rows,
+                                                       head=False)
     params = drafter.bind_params(draft_params, target_graph, target_params)
     draft_pos = jnp.where(pos < draft_end[:, None], model_pos, -1)
 
@@ -306,19 +309,50 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     state = state._replace(tokens=tokens, target_kv=target_kv, drafter=drafter_state)
     if next_tokens is None:
         return state
-    return state, pack_prompt_logprobs(logits, next_tokens, opts.top_logprobs)
+    head = lambda x: logits_of(target_graph, target_params, x)
+    vocab = config_of(target_graph, target_params).vocab_size
+    return state, pack_prompt_logprobs(head, vocab, hidden, next_tokens, opts.top_logprobs,
+                                       PROMPT_LOGITS_BYTES)
 
 
-def pack_prompt_logprobs(logits, next_tokens, top: int) -> jax.Array:
+# The most float32 logits a scored prefill holds at once: 256 MiB (a whole chunk's, 64 rows x
+# 256 positions at Llama-3's vocabulary, would be 8 GiB). Read when the program is traced.
+PROMPT_LOGITS_BYTES = 1 << 28
+
+
+def logits_block(rows: int, positions: int, vocab: int, budget: int) -> int:
+    """How many of a chunk's positions a scored prefill takes the logits of at once: the
+    largest divisor of `positions` whose [rows, block, vocab] float32 logits fit `budget`
+    (at least 1, whatever the budget)."""
+    fits = [b for b in range(1, positions + 1)
+            if positions % b == 0 and rows * b * vocab * 4 <= budget]
+    return max(fits, default=1)
+
+
+def pack_prompt_logprobs(head, vocab: int, hidden, next_tokens, top: int, budget: int) -> jax.Array:
     """A prefill chunk's prompt logprobs as int32 [N, C, 1 + 2 top]: per position the raw
     logprob of the next prompt token (bits; any value where there is none, next_tokens
-    < 0), then its `top` likeliest ids and their raw logprobs (bits), largest first."""
-    own = sampling.token_logprobs(logits, jnp.maximum(next_tokens, 0))
-    parts = [_bits(own)[..., None]]
-    if top:
-        values, ids = sampling.top_logprobs(logits, top)
-        parts += [ids, _bits(values)]
-    return jnp.concatenate(parts, axis=-1)
+    < 0), then its `top` likeliest ids and their raw logprobs (bits), largest first.
+
+    head maps last-layer outputs [N, S, d] to float32 logits [N, S, vocab]; hidden is
+    [N, C, d]. The logits of `logits_block` positions at a time are alive at once: a loop
+    over blocks when the whole chunk's would not fit `budget`."""
+    N, C = next_tokens.shape
+
+    def score(x, nxt):
+        logits = head(x)
+        parts = [_bits(sampling.token_logprobs(logits, jnp.maximum(nxt, 0)))[..., None]]
+        if top:
+            values, ids = sampling.top_logprobs(logits, top)
+            parts += [ids, _bits(values)]
+        return jnp.concatenate(parts, axis=-1)
+
+    S = logits_block(N, C, vocab, budget)
+    if S == C:
+        return score(hidden, next_tokens)
+    blocks = lambda a: jnp.moveaxis(a.reshape(N, C // S, S, *a.shape[2:]), 1, 0)  # [C/S, N, S, ...]
+    packed = jax.lax.map(lambda xs: score(*xs), (blocks(hidden), blocks(next_tokens)))
+    return jnp.moveaxis(packed, 0, 1).reshape(N, C, -1)
 
 
 def unpack_prompt_logprobs(packed: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

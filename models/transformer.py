@@ -162,7 +162,7 @@ class Transformer(nnx.Module):
             self.lm_head = _normal(rngs, (cfg.hidden_size, cfg.vocab_size), dt)
 
     def __call__(self, tokens, positions, kv: KVCache, rows=None, attn_backend: str = "auto",
-                 aux_layers: tuple[int, ...] = ()):
+                 aux_layers: tuple[int, ...] = (), head: bool = True):
         """Runs T new tokens per row through the model, writing their KV entries.
 
         tokens, positions: [B, T] int32. A position < 0 marks padding: its KV write is
@@ -172,6 +172,9 @@ class Transformer(nnx.Module):
         rows: [B] int32 cache rows of the batch rows (None: rows 0..B-1, a static slice).
         aux_layers: static; layer indices whose residual inputs are also returned (EAGLE-3
         reads layers 2, L//2, L-3). Empty (the default) traces no extra output.
+        head: static; False returns the last layer's output [B, T, d] in place of the
+        logits, for a caller that applies `logits` to pieces of it (`step.prefill` scoring
+        prompts, which would otherwise hold [B, T, V] at once).
         Returns (float32 logits [B, T, V], updated KVCache), plus, with aux_layers, the
         residual inputs concatenated [B, T, len(aux_layers) * d] in the model's dtype.
         """
@@ -187,7 +190,7 @@ class Transformer(nnx.Module):
                                         attn_backend)
             new_k.append(k_cache)
             new_v.append(v_cache)
-        out = self.logits(x), KVCache(tuple(new_k), tuple(new_v))
+        out = self.logits(x) if head else x, KVCache(tuple(new_k), tuple(new_v))
         if not aux_layers:
             return out
         return out + (jnp.concatenate([aux[i] for i in aux_layers], axis=-1),)
@@ -205,10 +208,16 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
 
 
 def forward(graphdef, params, tokens, positions, kv: KVCache, rows=None, attn_backend="auto",
-            aux_layers: tuple[int, ...] = ()):
+            aux_layers: tuple[int, ...] = (), head: bool = True):
     """Pure forward over `nnx.split(model)`; see `Transformer.__call__`."""
     return nnx.merge(graphdef, params)(tokens, positions, kv, rows=rows, attn_backend=attn_backend,
-                                       aux_layers=aux_layers)
+                                       aux_layers=aux_layers, head=head)
+
+
+def logits_of(graphdef, params, x):
+    """`Transformer.logits` of a split model: float32 logits [B, T, V] of last-layer outputs [B, T, d]
+    (what `forward(..., head=False)` returns)."""
+    return nnx.merge(graphdef, params).logits(x)
 
 
 def config_of(graphdef, params) -> ModelConfig:

@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 
 from conftest import FixedK, oracle_logits, scaled, tiny_config  # noqa: E402
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, kernels, models  # noqa: E402
+from dsd_jax import step as step_lib  # noqa: E402
 from dsd_jax.compilation import compilation_count, enable_persistent_cache  # noqa: E402
 from dsd_jax.sharding import make_mesh as mesh  # noqa: E402
 
@@ -223,11 +224,15 @@ dp = engine(mesh(2, 2), backend="interpret")
 results["pallas_2x2"] = {"greedy": tokens(dp, GREEDY)}
 
 # top logprobs on 2x2: the top-k over logits split by vocabulary on "model", per data shard;
-# the prompts' from the scored prefill (its outputs shard after shard). Each entry against a
-# full forward on one device (cheaper than a single-device engine in this serial job)
+# the prompts' from the scored prefill (its outputs shard after shard), its LM head applied
+# one position at a time (a budget of 1 byte, read when the program compiles). Each entry
+# against a full forward on one device (cheaper than a single-device engine in this serial job)
 TOP = SamplingParams(temperature=1.0, max_tokens=6, seed=5, logprobs=3, prompt_logprobs=3)
 checked = {"top_logprobs": [], "prompt_logprobs": []}  # per entry: (ids as the full forward's, |diff|)
-for prompt, o in zip(PROMPTS, engine(mesh(2, 2), max_logprobs=3).generate(PROMPTS, TOP)):
+budget, step_lib.PROMPT_LOGITS_BYTES = step_lib.PROMPT_LOGITS_BYTES, 1
+scored = engine(mesh(2, 2), max_logprobs=3).generate(PROMPTS, TOP)
+step_lib.PROMPT_LOGITS_BYTES = budget
+for prompt, o in zip(PROMPTS, scored):
     for which, seq, entries in (("prompt_logprobs", prompt, o.prompt_logprobs),
                                 ("top_logprobs", prompt + o.token_ids, [None] * len(prompt) + o.top_logprobs)):
         for t in range(1, len(seq)):

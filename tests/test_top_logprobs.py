@@ -2,10 +2,12 @@
 likeliest raw logprobs at its position, and its own, checked against fresh full-sequence
 forwards."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsd_jax import SamplingParams, SpecConfig, SpecEngine
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, step
 from dsd_jax.step import MAX_ROUNDS
 from conftest import FixedK, oracle_logits
 
@@ -135,3 +137,33 @@ def test_an_engine_without_logprobs_reads_back_no_wider_outputs(tiny_pair, engin
         for k in (0, 2):
             (shape,) = {o.shape for o in eng.programs.step(k, 2).out_info[1:]}
             assert shape == (MAX_ROUNDS, 2, (3 + 2 * n) * (k + 1) + 5)
+
+
+def test_prompt_logits_are_taken_a_few_positions_at_a_time(tiny_pair, engine, monkeypatch):
+    """Under a logits budget smaller than a chunk's, the scored prefill applies the LM head
+    to a few positions at a time (`step.logits_block`): the prompt logprobs are those of the
+    whole chunk's logits at once, and the compiled program's scratch shrinks with the block
+    (a [8, 64, 32000] float32 logits array is 62.5 MiB; in blocks of 4 positions, 3.9)."""
+    assert [step.logits_block(4, 16, 64, b) for b in (4 * 16 * 64 * 4, 4 * 5 * 64 * 4, 1)] == [16, 4, 1]
+    monkeypatch.setattr(step, "PROMPT_LOGITS_BYTES", 4 * 2 * 64 * 4)  # 2 positions of 4 rows
+    blocked = _engine(tiny_pair, N, schedule=(2,))
+    prompts = [[(5 * i + 2) % 64 for i in range(23)], PROMPTS[2]]
+    asked = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=N)
+    got, want = (e.generate(prompts, asked) for e in (blocked, engine))
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids and len(g.prompt_logprobs) == len(w.prompt_logprobs)
+        for a, b in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:]):
+            assert list(a) == list(b)
+            np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=0, atol=1e-6)
+
+    rows, positions, d, vocab = 8, 64, 16, 32000
+    w_head = jnp.zeros((d, vocab), jnp.float32)
+    hidden = jax.ShapeDtypeStruct((rows, positions, d), jnp.float32)
+    nxt = jax.ShapeDtypeStruct((rows, positions), jnp.int32)
+
+    def scratch(budget):
+        fn = lambda h, t: step.pack_prompt_logprobs(lambda x: x @ w_head, vocab, h, t, 5, budget)
+        return jax.jit(fn).lower(hidden, nxt).compile().memory_analysis().temp_size_in_bytes
+
+    whole = rows * positions * vocab * 4
+    assert scratch(whole) >= whole and scratch(rows * 4 * vocab * 4) < whole / 8

@@ -41,10 +41,8 @@ def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
     XLA:CPU with the built-in target: 16 tokens 20-24 ms, 32 tokens 26-30, 64 tokens 29-44,
     128 tokens 48, 256 tokens 127-143). So a 56-token prompt runs as one padded 64 (not
     4 x 16), an 84-token one as 128, a 140-token one as 128 + 16 (not a padded 256)."""
-    largest, overhead = max(chunks), 2 * min(chunks)
-
-    def cost(plan):
-        return sum(plan) + overhead * len(plan)
+    largest = max(chunks)
+    cost = lambda plan: _pieces_cost(plan, chunks)
 
     def plan_for(rest: int) -> list[int]:  # rest <= largest
         if rest <= 0:
@@ -60,6 +58,18 @@ def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
     sizes += plan_for(length - sum(sizes))
     starts = np.cumsum([0] + sizes[:-1])
     return [(int(s), c) for s, c in zip(starts, sizes)]
+
+
+def _pieces_cost(sizes: Sequence[int], chunks: Sequence[int]) -> int:
+    """A row's cost of prefill pieces of these sizes, in tokens: the padded tokens plus a
+    fixed overhead per piece worth two of the smallest chunk (`prefill_pieces`)."""
+    return sum(sizes) + 2 * min(chunks) * len(sizes)
+
+
+def prefill_cost(length: int, chunks: Sequence[int]) -> int:
+    """What prefilling `length` prompt tokens costs a row, in tokens, cut as
+    `prefill_pieces` cuts them (every row of a prefill runs the longest row's pieces)."""
+    return _pieces_cost([c for _, c in prefill_pieces(length, chunks)], chunks)
 
 
 def serving_buckets(table, batch_sizes: Sequence[int], candidates: Sequence[int] | None = None,

@@ -29,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import bad_words, compilation, drafters, inputs, kernels, multihost, stop_strings
-from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_pieces
+from dsd_jax import (bad_words, compilation, drafters, inputs, kernels, multihost, prefix_sharing,
+                     stop_strings)
+from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_cost, prefill_pieces
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.dispatch import DispatchPolicy
@@ -145,6 +146,12 @@ class SpecEngine:
     at each position, a top-k over the vocabulary, and reads them back with its other
     outputs (32 rounds x rows x (K+1) x 2N int32s a dispatch), for every request whether it
     asks or not; `warmup` also compiles the prefill programs of prompt logprobs.
+    `share_prefixes` (vLLM's `enable_prefix_caching`, narrower): requests admitted together
+    on one data shard whose prompts begin with the same `prefix_sharing.MIN_SHARED_PREFIX`
+    (32) or more tokens prefill those positions once; each other one copies them from the
+    first one's slot and prefills the rest (`dsd_jax.prefix_sharing`). Their outputs are
+    those of separate prefills up to floating-point rounding, as for any change of how a
+    prompt is chunked. False: every prompt is prefilled whole.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
@@ -153,7 +160,7 @@ class SpecEngine:
                  profile=None, controller=None, backend: str = "auto",
                  compilation_cache_dir: str | None = None, seed: int = 0, mesh=None,
                  multihost_strategy: str = "broadcast", matmul_precision: str | None = None,
-                 max_logprobs: int = 0):
+                 max_logprobs: int = 0, share_prefixes: bool = True):
         spec = SpecConfig() if spec is None else spec
         spec = SpecConfig.from_dict(spec) if isinstance(spec, collections.abc.Mapping) else spec
         if not isinstance(spec, SpecConfig):
@@ -164,6 +171,8 @@ class SpecEngine:
         prefill_chunk = inputs.check_size("prefill_chunk", prefill_chunk, 1)
         seed = inputs.check_size("seed", seed, 0, 2**32 - 1)  # as SamplingParams.seed: refused, not wrapped
         max_logprobs = inputs.check_size("max_logprobs", max_logprobs, 0, target.config.vocab_size)
+        if not isinstance(share_prefixes, bool):
+            raise TypeError(f"share_prefixes must be True or False, got {share_prefixes!r}")
         if isinstance(profile, (str, os.PathLike)):  # as DynamicConfig(profile=) takes it
             profile = os.fspath(profile)
         elif profile is not None and not isinstance(profile, Profile):
@@ -190,6 +199,7 @@ class SpecEngine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.max_logprobs = max_logprobs
+        self.share_prefixes = share_prefixes
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer, target.config.vocab_size)
         self._bad_word_rows = functools.lru_cache(maxsize=256)(self._tokenize_bad_words)
@@ -736,7 +746,10 @@ class SpecEngine:
         requests are queued.
 
         A group's completions (`SamplingParams.n`) on one shard share one prefill: the
-        first is prefilled and its slot copied into its siblings' slots."""
+        first is prefilled and its slot copied into its siblings' slots. With
+        `share_prefixes`, so do the prompts' shared beginnings (`dsd_jax.prefix_sharing`):
+        the prompts prefilled whole go first, then the others copy their donor's slot and
+        prefill the rest."""
         leaders, copies = [[] for _ in range(self.data)], [[] for _ in range(self.data)]
         for s in range(self.data):
             first: dict[int, Request] = {}
@@ -748,50 +761,18 @@ class SpecEngine:
                 else:
                     first[r.group] = r
                     leaders[s].append(r)
-        rows_bucket = lambda count: bucket_for(max(count), self.programs.prefill_rows)
-        n = rows_bucket([len(x) for x in leaders])
-        pad = self.slots_per_shard  # out of range: dropped
-        longest = max(len(r.prompt) for r in new)
-        rows = self._per_shard(lambda s: [r.slot for r in leaders[s]], n, 0)  # padding writes nothing
-        lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
+        whole, rest, shares, skip = self._plan_sharing(leaders)
         # a drafter that cannot leave the prompts to its catch-up is always prefilled
         draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(batch, live, refilled)
-        model_end = np.maximum(lengths - 1, 0).astype(np.int32)
-        draft_end = model_end if draft_now else np.zeros_like(model_end)
-        prompts = np.zeros((self.data, n, longest), np.int32)
-        for s in range(self.data):
-            for i, r in enumerate(leaders[s]):
-                prompts[s, i, :len(r.prompt)] = r.prompt
-        # a request asking for prompt logprobs sends the admission's chunks through the
-        # prefill programs that keep the target's logits (`Programs.prefill_scored`)
-        scored = any(r.params.prompt_logprobs is not None for r in new)
-        if scored:  # each position's next prompt token (-1: none)
-            following = np.where(np.arange(longest) + 1 < lengths[..., None],
-                                 np.pad(prompts[..., 1:], ((0, 0), (0, 0), (0, 1))), -1).astype(np.int32)
-        chunks = []  # (start, the scored prefill's packed prompt logprobs) per piece
-        for start, c in prefill_pieces(longest, self.programs.prefill_chunks):
-            piece = np.zeros((self.data, n, c), np.int32)
-            width = min(c, longest - start)
-            piece[..., :width] = prompts[..., start:start + width]
-            count = np.clip(lengths - start, 0, c).astype(np.int32)
-            args = (self._target_params, self._draft_params, self.state, rows, piece,
-                    np.full((self.data, n), start, np.int32), count, model_end, draft_end)
-            if scored:
-                after = np.full((self.data, n, c), -1, np.int32)
-                after[..., :width] = following[..., start:start + width]
-                self.state, packed = self.programs.prefill_scored(n, c)(*args, after)
-                chunks.append((start, packed))
-            else:
-                self.state = self.programs.prefill(n, c)(*args)
-        if scored:
-            self._read_prompt_logprobs(new, leaders, n, chunks)
+        self._prefill(whole, {}, draft_now, new)
+        if skip:
+            self._copy_slots(shares)
+            self._prefill(rest, skip, draft_now, new)
+            self.stats.shared_prefix_tokens += sum(skip.values())
         if any(copies):
-            m = rows_bucket([len(x) for x in copies])
-            self.state = self.programs.copy(m)(
-                self.state, self._per_shard(lambda s: [a for a, _ in copies[s]], m, 0),
-                self._per_shard(lambda s: [b for _, b in copies[s]], m, pad))
+            self._copy_slots(copies)
         by_shard = [[r for r in new if r.shard == s] for s in range(self.data)]
-        n = rows_bucket([len(x) for x in by_shard])
+        n = self._rows_bucket(by_shard)
 
         def field(value, fill=0, dtype=np.int32):
             return self._per_shard(lambda s: [value(r) for r in by_shard[s]], n, fill, dtype)
@@ -816,7 +797,7 @@ class SpecEngine:
                     arr[s, i] = self.drafter.admission_value(
                         name, AdmissionRequest(r.group, r.prompt, r.references))
         real = lambda name, fill=0.0: field(lambda r: getattr(r.params, name), fill, np.float32)
-        init = SlotInit(rows=field(lambda r: r.slot, pad), length=field(lambda r: len(r.prompt)),
+        init = SlotInit(rows=field(lambda r: r.slot, self.slots_per_shard), length=field(lambda r: len(r.prompt)),
                         limit=field(lambda r: len(r.prompt) + self._budget(r)),
                         min_length=field(lambda r: len(r.prompt) + r.params.min_tokens),
                         prompt_length=field(lambda r: len(r.prompt)),
@@ -830,6 +811,91 @@ class SpecEngine:
                         drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
                         drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
+
+    def _plan_sharing(self, leaders: list[list[Request]]):
+        """Which leaders (per shard) are prefilled whole and which copy a shared prefix from
+        one of those (`prefix_sharing.plan`): (whole, rest, (donor slot, slot) pairs per
+        shard, {request id: positions shared}). Sharing takes a second prefill and a copy,
+        so it is done only when the two prefills cost less than one over every prompt
+        whole (`buckets.prefill_cost`): a 32-token preamble before 480 tokens of each
+        prompt's own had cost 1.25x (`benchmarks/results/prefix_sharing/`)."""
+        empty = lambda: [[] for _ in leaders]
+        whole, rest, shares, skip = empty(), empty(), empty(), {}
+        for s, shard in enumerate(leaders):
+            may_share = [self.share_prefixes and r.params.prompt_logprobs is None for r in shard]
+            for r, share in zip(shard, prefix_sharing.plan([r.prompt for r in shard], may_share)):
+                if share is None:
+                    whole[s].append(r)
+                else:
+                    rest[s].append(r)
+                    shares[s].append((shard[share[0]].slot, r.slot))
+                    skip[r.request_id] = share[1]
+
+        def cost(rows, skip):  # of one prefill of these rows (every shard runs the fullest's)
+            if not any(rows):
+                return 0
+            longest = max(len(r.prompt) - skip.get(r.request_id, 0) for shard in rows for r in shard)
+            return self._rows_bucket(rows) * prefill_cost(longest, self.programs.prefill_chunks)
+
+        if skip and cost(whole, {}) + cost(rest, skip) >= cost(leaders, {}):
+            return leaders, empty(), empty(), {}
+        return whole, rest, shares, skip
+
+    def _rows_bucket(self, per_shard: list[list]) -> int:
+        """The smallest prefill rows bucket that holds the fullest shard's list."""
+        return bucket_for(max(len(x) for x in per_shard), self.programs.prefill_rows)
+
+    def _prefill(self, leaders: list[list[Request]], skip: dict[int, int], draft_now: bool,
+                 new: list[Request]) -> None:
+        """Prefills the prompts of `leaders` (per shard) in chunks, each from position
+        skip.get(request id, 0) (the positions before it are in its slot already). When one
+        of them asks for prompt logprobs the chunks run the scored prefill programs and the
+        new requests' `prompt_logprobs` are set from them."""
+        if not any(leaders):
+            return
+        n = self._rows_bucket(leaders)
+        rows = self._per_shard(lambda s: [r.slot for r in leaders[s]], n, 0)  # padding writes nothing
+        lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
+        starts = self._per_shard(lambda s: [skip.get(r.request_id, 0) for r in leaders[s]], n, 0)
+        model_end = np.maximum(lengths - 1, 0).astype(np.int32)
+        draft_end = model_end if draft_now else np.zeros_like(model_end)
+        todo = lengths - starts  # prompt tokens each row still writes
+        longest = int(todo.max())
+        prompts = np.zeros((self.data, n, longest), np.int32)
+        for s in range(self.data):
+            for i, r in enumerate(leaders[s]):
+                prompts[s, i, :todo[s, i]] = r.prompt[starts[s, i]:]
+        # a request asking for prompt logprobs sends the chunks through the prefill programs
+        # that also score the prompt (`Programs.prefill_scored`)
+        scored = any(r.params.prompt_logprobs is not None for shard in leaders for r in shard)
+        if scored:  # each position's next prompt token (-1: none)
+            following = np.where(np.arange(longest) + 1 < todo[..., None],
+                                 np.pad(prompts[..., 1:], ((0, 0), (0, 0), (0, 1))), -1).astype(np.int32)
+        chunks = []  # (start, the scored prefill's packed prompt logprobs) per piece
+        for start, c in prefill_pieces(longest, self.programs.prefill_chunks):
+            piece = np.zeros((self.data, n, c), np.int32)
+            width = min(c, longest - start)
+            piece[..., :width] = prompts[..., start:start + width]
+            count = np.clip(todo - start, 0, c).astype(np.int32)
+            args = (self._target_params, self._draft_params, self.state, rows, piece,
+                    (starts + start).astype(np.int32), count, model_end, draft_end)
+            if scored:
+                after = np.full((self.data, n, c), -1, np.int32)
+                after[..., :width] = following[..., start:start + width]
+                self.state, packed = self.programs.prefill_scored(n, c)(*args, after)
+                chunks.append((start, packed))
+            else:
+                self.state = self.programs.prefill(n, c)(*args)
+        self.stats.prefill_tokens += int(todo.sum())
+        if scored:  # scored prompts are prefilled whole: their chunks start at position 0
+            self._read_prompt_logprobs(new, leaders, n, chunks)
+
+    def _copy_slots(self, pairs: list[list[tuple[int, int]]]) -> None:
+        """Copies slots into slots, (source, destination) pairs per shard."""
+        m = self._rows_bucket(pairs)
+        self.state = self.programs.copy(m)(
+            self.state, self._per_shard(lambda s: [a for a, _ in pairs[s]], m, 0),
+            self._per_shard(lambda s: [b for _, b in pairs[s]], m, self.slots_per_shard))
 
     def _read_prompt_logprobs(self, new: list[Request], leaders: list[list[Request]], n: int,
                               chunks: list[tuple[int, Any]]) -> None:

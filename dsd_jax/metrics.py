@@ -42,6 +42,8 @@ class EngineStats:
         self.accepted_per_pos = np.zeros(max(self.max_k, 1), np.int64)
         self.proposed_per_pos = np.zeros(max(self.max_k, 1), np.int64)
         self.row_steps = 0  # sum over steps of live rows
+        self.prefill_tokens = 0  # prompt tokens the prefill programs wrote
+        self.shared_prefix_tokens = 0  # prompt positions copied from another's slot instead
         self.tpot_s: list[float] = []
         self.trace: collections.deque[dict] = collections.deque(maxlen=TRACE_LIMIT)  # the newest steps
         self._run_start = time.perf_counter() if running else None
@@ -107,6 +109,10 @@ class EngineStats:
             "acceptance_per_position": self.acceptance_per_position(),
             "k_hist": {int(k): v for k, v in sorted(self.k_hist.items())},
             "batch_hist": {int(b): v for b, v in sorted(self.batch_hist.items())},
+            # prompt tokens prefilled, and positions a prompt took from another's prefill
+            # instead (SpecEngine(share_prefixes=True); a group's siblings are not counted)
+            "prefill_tokens": self.prefill_tokens,
+            "shared_prefix_tokens": self.shared_prefix_tokens,
             "controller": controller_stats,
         }
 

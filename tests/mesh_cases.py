@@ -188,6 +188,15 @@ dp = data_parallel[2, 2]
 dp.reset_metrics()  # the trace below is this call's
 results["2x2"]["uneven"] = [o.token_ids for o in dp.generate(PROMPTS, uneven)] == ref_uneven
 results["2x2"]["shard_rows"] = [t["shard_rows"] for t in dp.stats.trace]
+# prompts beginning alike on 2x2: each shard prefills its first one whole and copies it
+# into the other (`share_prefixes`); tokens as one device's, which shares differently
+preamble = [(5 * i + 3) % 60 + 2 for i in range(34)]
+alike = [preamble + tail for tail in ([1], [2, 3], [4, 5, 6], [7])]
+short = SamplingParams(temperature=0.0, max_tokens=8)
+dp.reset_metrics()
+results["2x2"]["shared_prefixes"] = {
+    "same": [o.token_ids for o in dp.generate(alike, short)] == [o.token_ids for o in ref.generate(alike, short)],
+    "shared_tokens": dp.metrics()["shared_prefix_tokens"]}
 # stop strings on 2x2: a row stopped on the host frees its slot on its own shard (by a move
 # to nowhere where it is its shard's last row), and the tokens are one device's
 

@@ -639,7 +639,7 @@ def test_references_are_lists_of_continuations(engine):
 
 
 def test_prefill_pieces_cover_the_prompt_at_least_cost():
-    from dsd_jax.buckets import chunk_buckets, prefill_pieces
+    from dsd_jax.buckets import chunk_buckets, prefill_cost, prefill_pieces
     chunks = chunk_buckets(256)
     assert chunks == (16, 32, 64, 128, 256)
     assert chunk_buckets(100) == (16, 32, 64, 100)
@@ -653,6 +653,9 @@ def test_prefill_pieces_cover_the_prompt_at_least_cost():
     assert [c for _, c in prefill_pieces(140, chunks)] == [128, 16]  # not one padded 256
     assert [c for _, c in prefill_pieces(600, chunks)] == [256, 256, 128]
     assert prefill_pieces(0, chunks) == []
+    # a row's cost in tokens, as the cut weighs it: padded tokens + 32 a piece
+    # (prefix sharing compares prefills by it)
+    assert [prefill_cost(n, chunks) for n in (0, 24, 88, 536)] == [0, 32 + 32, 128 + 32, 544 + 3 * 32]
 
 
 def test_group_sampling_prefills_each_prompt_once(pair):

@@ -32,6 +32,13 @@ def test_outputs_identical_to_one_device(results, mesh, case):
     assert results[mesh][case] == results["single"][case]
 
 
+def test_shared_prefixes_on_each_data_shard(results):
+    """Four prompts behind one 34-token preamble on 2x2: each data shard prefills one whole
+    and its other one copies 34 positions (the shares stop before the 35-token prompt's
+    pending last token: 34); tokens equal one device's."""
+    assert results["2x2"]["shared_prefixes"] == {"same": True, "shared_tokens": 2 * 34}
+
+
 @pytest.mark.parametrize("which", ["top_logprobs", "prompt_logprobs"])
 def test_top_logprobs_on_a_mesh(results, which):
     """SamplingParams.logprobs and prompt_logprobs on 2x2 (logits split by vocabulary on

@@ -1,0 +1,60 @@
+"""Prompts that begin alike, prefilled once: which new requests copy a shared prefix.
+
+A batch-generation job often sends many prompts behind one long preamble (a system
+prompt, few-shot examples). Within an admission, on one data shard, a request whose
+prompt begins with at least `MIN_SHARED_PREFIX` tokens of an earlier request's prompt
+is not prefilled from position 0: once that earlier request (its donor) is prefilled, the
+engine copies the donor's slot into the request's (`step.copy_slots`: target KV, drafter
+state, tokens) and prefills only the positions after the shared ones.
+
+It is the analogue of vLLM's automatic prefix caching, narrower: the KV cache is one dense
+row per slot, so a finished request's prompt is not kept to be reused later, and only
+requests admitted together share. Host-only (numpy): the plan is made before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["MIN_SHARED_PREFIX", "common_prefix", "plan"]
+
+# Fewer shared positions than this are prefilled again: the copy moves a whole slot
+# (every layer's KV row at max_seq_len) and the rest runs as a second prefill, so a short
+# preamble saves less than it costs (`benchmarks/results/prefix_sharing/`).
+MIN_SHARED_PREFIX = 32
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens two token arrays share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+def plan(prompts: Sequence[Sequence[int]], may_share: Sequence[bool],
+         min_shared: int = MIN_SHARED_PREFIX) -> list[tuple[int, int] | None]:
+    """For each prompt, in order: None (prefilled whole: it may donate to later ones), or
+    (donor index, shared positions) with the donor an earlier prompt prefilled whole.
+
+    The shared positions stop before either prompt's last token: a prompt's last token is
+    pending (the first round processes it), so a donor's prefill covers positions
+    < len - 1 only, and the request writes its own last token. The longest share wins, the
+    earliest donor on a tie. A prompt with may_share False is prefilled whole (one asking
+    for prompt logprobs, which only its own prefill computes)."""
+    arrays = [np.asarray(p, np.int64) for p in prompts]
+    donors: dict[tuple[int, ...], list[int]] = {}  # donors by their first min_shared tokens
+    out: list[tuple[int, int] | None] = []
+    for i, tokens in enumerate(arrays):
+        key = tuple(tokens[:min_shared].tolist())
+        best = None
+        if may_share[i] and len(tokens) > min_shared:
+            for d in donors.get(key, ()):
+                shared = common_prefix(tokens[:len(tokens) - 1], arrays[d][:len(arrays[d]) - 1])
+                if shared >= min_shared and (best is None or shared > best[1]):
+                    best = (d, shared)
+        out.append(best)
+        if best is None and len(tokens) > min_shared:
+            donors.setdefault(key, []).append(i)
+    return out

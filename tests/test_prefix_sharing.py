@@ -1,0 +1,102 @@
+"""Prompts that begin alike, prefilled once (`dsd_jax.prefix_sharing`,
+`SpecEngine(share_prefixes=True)`): the plan, and an engine's outputs against an engine
+that prefills every prompt whole and against fresh full-sequence forwards."""
+
+import numpy as np
+import pytest
+
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, prefix_sharing
+from conftest import FixedK, oracle_logits
+
+M = prefix_sharing.MIN_SHARED_PREFIX
+PREAMBLE = [(11 * i + 5) % 60 + 2 for i in range(M + 9)]  # 41 tokens
+
+
+def test_the_plan_shares_the_longest_prefix_with_an_earlier_whole_prompt():
+    a = PREAMBLE + [1, 2, 3]
+    b = PREAMBLE + [1, 2, 9, 9]  # shares 43 with a
+    c = PREAMBLE[:M] + [0] * 10  # shares exactly M with a and b
+    d = PREAMBLE[:M - 1] + [0] * 10  # one short of M: whole
+    e = list(PREAMBLE)  # a prefix of a: its last token is its own, so 40 shared
+    f = a + [4, 4]  # extends a: a's last token is pending in a's slot, so 43 shared
+    g = [63] * 50  # another beginning: whole, and a donor for h
+    h = [63] * 60
+    plan = prefix_sharing.plan([a, b, c, d, e, f, g, h], [True] * 8)
+    assert plan == [None, (0, 43), (0, M), None, (0, M + 8), (0, 43), None, (6, 49)]
+    # a request that may not share (it asks for prompt logprobs) is prefilled whole and
+    # donates; a prompt no longer than M neither takes nor gives
+    assert prefix_sharing.plan([a, b, a], [False, False, True]) == [None, None, (0, 43)]
+    assert prefix_sharing.plan([PREAMBLE[:M], PREAMBLE[:M]], [True, True]) == [None, None]
+    assert prefix_sharing.plan([a, b], [True, True], min_shared=44) == [None, None]
+    assert prefix_sharing.common_prefix(np.array([1, 2, 3]), np.array([1, 2])) == 2
+
+
+def _engine(pair, share, schedule=(0, 3, 1, 2), **kw):
+    target, draft = pair
+    return SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=3),
+                      max_batch_size=16, max_seq_len=128, prefill_chunk=16, share_prefixes=share,
+                      controller=FixedK(list(schedule)), **kw)
+
+
+PROMPTS = [PREAMBLE + [1, 2, 3], PREAMBLE + [1, 2, 9, 9, 4], PREAMBLE[:M] + [7] * 20, [5, 6, 7],
+           list(PREAMBLE), PREAMBLE + [1, 2, 3, 8]]
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.0, max_tokens=10),
+    SamplingParams(temperature=1.0, max_tokens=10, seed=3, n=2)], ids=["greedy", "sampled_groups"])
+def test_shared_prefixes_give_the_outputs_of_whole_prefills(tiny_pair, sampling):
+    """Outputs equal to an engine prefilling every prompt whole, through K = 0..3 rounds;
+    greedy ones equal to fresh full forwards' argmax too. The counts say what was shared:
+    prompts 1, 2, 4 and 5 take 43, 32, 40 and 43 positions from prompt 0's slot."""
+    shared, whole = (_engine(tiny_pair, s) for s in (True, False))
+    got, want = (e.generate(PROMPTS, sampling) for e in (shared, whole))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert shared.metrics()["shared_prefix_tokens"] == 43 + M + 40 + 43
+    assert whole.metrics()["shared_prefix_tokens"] == 0
+    assert shared.metrics()["prefill_tokens"] + 43 + M + 40 + 43 == whole.metrics()["prefill_tokens"]
+    if sampling.temperature == 0.0:
+        target = tiny_pair[0]
+        for prompt, out in zip(PROMPTS, got):
+            seq = list(prompt)
+            for token in out.token_ids:
+                assert token == int(np.argmax(oracle_logits(target, seq)))
+                seq.append(token)
+
+
+def test_a_prompt_logprobs_request_is_prefilled_whole_beside_sharing_ones(tiny_pair):
+    """A request asking for prompt logprobs is prefilled whole (only its own prefill scores
+    its prompt) and others share its prefix; its entries are the full forward's."""
+    engine = _engine(tiny_pair, True, max_logprobs=2)
+    asks = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2)
+    plain = SamplingParams(temperature=0.0, max_tokens=4)
+    outs = engine.generate(PROMPTS[:2] + PROMPTS[1:2], [plain, asks, plain])
+    assert engine.metrics()["shared_prefix_tokens"] == 45  # the third from the second's slot
+    assert outs[0].prompt_logprobs is None and outs[2].prompt_logprobs is None
+    prompt = PROMPTS[1]
+    for t in range(1, len(prompt)):
+        logits = oracle_logits(tiny_pair[0], prompt[:t]).astype(np.float64)
+        want = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        assert outs[1].prompt_logprobs[t][prompt[t]] == pytest.approx(want[prompt[t]], abs=2e-5)
+    assert outs[1].token_ids == outs[2].token_ids
+
+
+def test_share_prefixes_must_be_a_bool(tiny_pair):
+    with pytest.raises(TypeError, match="share_prefixes must be True or False"):
+        _engine(tiny_pair, "yes")
+
+
+def test_a_short_share_before_long_prompts_is_not_worth_a_second_prefill(tiny_pair):
+    """Eight prompts sharing 32 tokens, then 480 of their own: the two prefills sharing takes
+    (one whole, then seven of 480 in a bucket of 8) cost more than one of all eight whole
+    (`buckets.prefill_cost`), so none is shared. Sharing 480 before 32 own, it is."""
+    target, _ = tiny_pair
+    engine = SpecEngine(target, None, SpecConfig(method="ngram", num_speculative_tokens=2),
+                        max_batch_size=8, max_seq_len=520, prefill_chunk=256, controller=FixedK([0]))
+    rng = np.random.default_rng(0)
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    for shared, own, taken in ((32, 480, 0), (480, 32, 7 * 480)):
+        preamble = rng.integers(2, 64, shared).tolist()
+        engine.reset_metrics()
+        engine.generate([preamble + rng.integers(2, 64, own).tolist() for _ in range(8)], one)
+        assert engine.metrics()["shared_prefix_tokens"] == taken

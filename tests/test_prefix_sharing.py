@@ -2,11 +2,13 @@
 `SpecEngine(share_prefixes=True)`): the plan, and an engine's outputs against an engine
 that prefills every prompt whole and against fresh full-sequence forwards."""
 
+import jax
 import numpy as np
 import pytest
 
-from dsd_jax import SamplingParams, SpecConfig, SpecEngine, prefix_sharing
-from conftest import FixedK, oracle_logits
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models, prefix_sharing
+from conftest import FixedK, oracle_logits, scaled, tiny_config
+from test_eagle3 import head_config, head_tensors, write_head
 
 M = prefix_sharing.MIN_SHARED_PREFIX
 PREAMBLE = [(11 * i + 5) % 60 + 2 for i in range(M + 9)]  # 41 tokens
@@ -62,6 +64,50 @@ def test_shared_prefixes_give_the_outputs_of_whole_prefills(tiny_pair, sampling)
             for token in out.token_ids:
                 assert token == int(np.argmax(oracle_logits(target, seq)))
                 seq.append(token)
+
+
+def _pair_of_engines(target, draft, spec, schedule):
+    return [SpecEngine(target, draft, spec, max_batch_size=8, max_seq_len=128, prefill_chunk=16,
+                       share_prefixes=share, controller=FixedK(schedule)) for share in (True, False)]
+
+
+def test_the_draft_models_cache_below_a_share_is_the_donors(tiny_pair):
+    """Drafts are verified, so a wrong drafter state below a share would cost acceptance,
+    not tokens. With the target as its own draft every draft is accepted when the draft's
+    cache is right: the counts per position equal whole prefills', and are full."""
+    target, _ = tiny_pair
+    engines = _pair_of_engines(target, target, SpecConfig(method="draft_model", num_speculative_tokens=3), [3])
+    outs = [e.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12)) for e in engines]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    shared, whole = (e.stats for e in engines)
+    assert engines[0].metrics()["shared_prefix_tokens"] == 43 + M + 40 + 43
+    np.testing.assert_array_equal(shared.accepted_per_pos, whole.accepted_per_pos)
+    np.testing.assert_array_equal(shared.accepted_per_pos, shared.proposed_per_pos)
+
+
+def test_an_eagle3_heads_state_below_a_share_is_the_donors(tmp_path):
+    """An EAGLE-3 head keeps the target's features by position and its own cache of entries
+    (entry p: feature p with token p+1). After admission (and one K = 0 round), each
+    prompt's features at 0..len-2 and head entries at 0..len-3 equal those of whole
+    prefills: below the share they are the donor's, and entry P-1, which pairs the donor's
+    feature with the taker's own token P, is the taker's own prefill's."""
+    target = scaled(models.init_model(tiny_config(num_layers=4), seed=0), 3.0)
+    cfg = head_config(64, 48)
+    head = str(write_head(tmp_path / "head", cfg, head_tensors(cfg, seed=1)))
+    engines = _pair_of_engines(target, None, SpecConfig(method="eagle3", num_speculative_tokens=3, model=head), [0])
+    for e in engines:
+        e.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=1))
+    assert engines[0].metrics()["shared_prefix_tokens"] == 43 + M + 40 + 43
+    shared, whole = (jax.device_get(e.state.drafter) for e in engines)
+    for slot, prompt in enumerate(PROMPTS):
+        n = len(prompt)
+        features = [st.features[slot, :n - 1] for st in (shared, whole)]
+        assert np.abs(features[1]).sum() > 0
+        np.testing.assert_allclose(*features, rtol=1e-4, atol=1e-5)
+        for cache in ("k", "v"):
+            entries = [getattr(st.kv, cache)[0][slot, :, :n - 2] for st in (shared, whole)]
+            assert np.abs(entries[1]).sum() > 0
+            np.testing.assert_allclose(*entries, rtol=1e-4, atol=1e-5)
 
 
 def test_a_prompt_logprobs_request_is_prefilled_whole_beside_sharing_ones(tiny_pair):

@@ -146,12 +146,13 @@ class SpecEngine:
     at each position, a top-k over the vocabulary, and reads them back with its other
     outputs (32 rounds x rows x (K+1) x 2N int32s a dispatch), for every request whether it
     asks or not; `warmup` also compiles the prefill programs of prompt logprobs.
-    `share_prefixes` (vLLM's `enable_prefix_caching`, narrower): requests admitted together
-    on one data shard whose prompts begin with the same `prefix_sharing.MIN_SHARED_PREFIX`
-    (32) or more tokens prefill those positions once; each other one copies them from the
-    first one's slot and prefills the rest (`dsd_jax.prefix_sharing`). Their outputs are
-    those of separate prefills up to floating-point rounding, as for any change of how a
-    prompt is chunked. False: every prompt is prefilled whole.
+    `share_prefixes` (vLLM's `enable_prefix_caching`, narrower): a new request whose prompt
+    begins with `prefix_sharing.MIN_SHARED_PREFIX` (32) or more tokens of a prompt on its
+    data shard, admitted with it or still running, copies those positions from that
+    prompt's slot and prefills the rest (`dsd_jax.prefix_sharing`), where the engine's
+    prefill cost model says it pays. Outputs are those of separate prefills up to
+    floating-point rounding, as for any change of how a prompt is chunked. False: every
+    prompt is prefilled whole.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | Mapping | None = None, *,
@@ -761,9 +762,14 @@ class SpecEngine:
                 else:
                     first[r.group] = r
                     leaders[s].append(r)
-        whole, rest, shares, skip = self._plan_sharing(leaders)
         # a drafter that cannot leave the prompts to its catch-up is always prefilled
         draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(batch, live, refilled)
+        for r in new:
+            r.prompt_drafted = draft_now
+        admitted = {id(r) for r in new}
+        whole, rest, shares, skip = self._plan_sharing(
+            leaders, [[r for r in live if r.shard == s and id(r) not in admitted] for s in range(self.data)],
+            draft_now)
         self._prefill(whole, {}, draft_now, new)
         if skip:
             self._copy_slots(shares)
@@ -812,23 +818,32 @@ class SpecEngine:
                         drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
 
-    def _plan_sharing(self, leaders: list[list[Request]]):
-        """Which leaders (per shard) are prefilled whole and which copy a shared prefix from
-        one of those (`prefix_sharing.plan`): (whole, rest, (donor slot, slot) pairs per
-        shard, {request id: positions shared}). Sharing takes a second prefill and a copy,
-        so it is done only when the two prefills cost less than one over every prompt
-        whole (`buckets.prefill_cost`): a 32-token preamble before 480 tokens of each
-        prompt's own had cost 1.25x (`benchmarks/results/prefix_sharing/`)."""
+    def _plan_sharing(self, leaders: list[list[Request]], running: list[list[Request]], draft_now: bool):
+        """Which leaders (per shard) are prefilled whole and which copy a shared prefix
+        (`prefix_sharing.plan`) from one of those or from a running request's slot:
+        (whole, rest, (donor slot, slot) pairs per shard, {request id: positions shared}).
+
+        A running request's slot holds its prompt's target KV; its drafter state only if
+        its prompt was drafted (`Request.prompt_drafted`), which matters when this
+        admission drafts (draft_now): a taker's drafter state below the share is its
+        donor's. Sharing takes a second prefill and a copy, so it is done only when the
+        two prefills cost less than one over every prompt whole (`buckets.prefill_cost`):
+        a 32-token preamble before 480 tokens of each prompt's own had cost 1.25x
+        (`benchmarks/results/prefix_sharing/`)."""
         empty = lambda: [[] for _ in leaders]
         whole, rest, shares, skip = empty(), empty(), empty(), {}
         for s, shard in enumerate(leaders):
-            may_share = [self.share_prefixes and r.params.prompt_logprobs is None for r in shard]
-            for r, share in zip(shard, prefix_sharing.plan([r.prompt for r in shard], may_share)):
+            donors = [r for r in running[s] if r.prompt_drafted or not draft_now] if self.share_prefixes else []
+            may_share = [False] * len(donors) + [self.share_prefixes and r.params.prompt_logprobs is None
+                                                 for r in shard]
+            candidates = donors + shard
+            plan = prefix_sharing.plan([r.prompt for r in candidates], may_share)
+            for r, share in zip(shard, plan[len(donors):]):
                 if share is None:
                     whole[s].append(r)
                 else:
                     rest[s].append(r)
-                    shares[s].append((shard[share[0]].slot, r.slot))
+                    shares[s].append((candidates[share[0]].slot, r.slot))
                     skip[r.request_id] = share[1]
 
         def cost(rows, skip):  # of one prefill of these rows (every shard runs the fullest's)

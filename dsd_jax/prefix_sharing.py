@@ -1,15 +1,16 @@
 """Prompts that begin alike, prefilled once: which new requests copy a shared prefix.
 
 A batch-generation job often sends many prompts behind one long preamble (a system
-prompt, few-shot examples). Within an admission, on one data shard, a request whose
-prompt begins with at least `MIN_SHARED_PREFIX` tokens of an earlier request's prompt
-is not prefilled from position 0: once that earlier request (its donor) is prefilled, the
-engine copies the donor's slot into the request's (`step.copy_slots`: target KV, drafter
-state, tokens) and prefills only the positions after the shared ones.
+prompt, few-shot examples). At an admission, on one data shard, a new request whose
+prompt begins with at least `MIN_SHARED_PREFIX` tokens of a running request's prompt, or
+of an earlier new one's, is not prefilled from position 0: once that prompt (its donor) is
+in its slot, the engine copies the donor's slot into the request's (`step.copy_slots`:
+target KV, drafter state, tokens) and prefills only the positions after the shared ones.
 
 It is the analogue of vLLM's automatic prefix caching, narrower: the KV cache is one dense
-row per slot, so a finished request's prompt is not kept to be reused later, and only
-requests admitted together share. Host-only (numpy): the plan is made before anything runs.
+row per slot, so a finished request's prompt is not kept to be reused later; only the
+prompts a shard holds can donate. Host-only (numpy): the plan is made before anything runs.
+The engine passes running requests first, as donors that may not take.
 """
 
 from __future__ import annotations

@@ -65,6 +65,9 @@ class Request:
     prompt_logprobs: list | None = None  # with params.prompt_logprobs, once prefilled
     shard: int = 0  # data shard holding the request
     slot: int = -1  # slot within its shard
+    # its prompt is in the drafter's state (prefilled at admission, or the drafter keeps
+    # none to lag): a slot that can donate its prompt's drafter state (`prefix_sharing`)
+    prompt_drafted: bool = False
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # RequestOutput's
     text_end: int | None = None  # where the text ends when a stop string ended it

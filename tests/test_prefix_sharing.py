@@ -146,3 +146,21 @@ def test_a_short_share_before_long_prompts_is_not_worth_a_second_prefill(tiny_pa
         engine.reset_metrics()
         engine.generate([preamble + rng.integers(2, 64, own).tolist() for _ in range(8)], one)
         assert engine.metrics()["shared_prefix_tokens"] == taken
+
+
+def test_a_running_request_donates_its_prompt_to_later_admissions(tiny_pair):
+    """Two slots, five prompts behind the preamble, finishing at different times: each
+    request admitted after the first two takes the preamble from a running request's slot
+    (every prompt shares its 41 tokens), with the tokens of whole prefills; with the target
+    as its own draft every draft is still accepted (the donor's draft cache is right)."""
+    target, _ = tiny_pair
+    prompts = [PREAMBLE + [i, 7, 7] for i in range(5)]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=m) for m in (3, 40, 6, 30, 9)]
+    engines = [SpecEngine(target, target, SpecConfig(method="draft_model", num_speculative_tokens=2),
+                          max_batch_size=2, max_seq_len=128, prefill_chunk=16, share_prefixes=share,
+                          controller=FixedK([2])) for share in (True, False)]
+    outs = [e.generate(prompts, sampling) for e in engines]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    assert engines[0].metrics()["shared_prefix_tokens"] == 4 * len(PREAMBLE)
+    shared = engines[0].stats
+    np.testing.assert_array_equal(shared.accepted_per_pos, shared.proposed_per_pos)

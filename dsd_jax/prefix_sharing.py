@@ -21,9 +21,9 @@ import numpy as np
 
 __all__ = ["MIN_SHARED_PREFIX", "common_prefix", "plan"]
 
-# Fewer shared positions than this are prefilled again: the copy moves a whole slot
-# (every layer's KV row at max_seq_len) and the rest runs as a second prefill, so a short
-# preamble saves less than it costs (`benchmarks/results/prefix_sharing/`).
+# Fewer shared positions than this are prefilled again: so short a share saves little
+# against a whole-slot copy and a second prefill (whether a longer one pays is the engine's
+# cost rule, `SpecEngine._plan_sharing`), and the donors are then found by one dict key.
 MIN_SHARED_PREFIX = 32
 
 
@@ -36,14 +36,15 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 def plan(prompts: Sequence[Sequence[int]], may_share: Sequence[bool],
          min_shared: int = MIN_SHARED_PREFIX) -> list[tuple[int, int] | None]:
-    """For each prompt, in order: None (prefilled whole: it may donate to later ones), or
-    (donor index, shared positions) with the donor an earlier prompt prefilled whole.
+    """For each prompt, in order: None (it takes no share, and may donate to later ones),
+    or (donor index, shared positions) with the donor an earlier prompt that takes none.
 
     The shared positions stop before either prompt's last token: a prompt's last token is
     pending (the first round processes it), so a donor's prefill covers positions
     < len - 1 only, and the request writes its own last token. The longest share wins, the
-    earliest donor on a tie. A prompt with may_share False is prefilled whole (one asking
-    for prompt logprobs, which only its own prefill computes)."""
+    earliest donor on a tie. A prompt with may_share False takes none: a running request
+    (already in its slot), or one asking for prompt logprobs (only its own prefill
+    computes them)."""
     arrays = [np.asarray(p, np.int64) for p in prompts]
     donors: dict[tuple[int, ...], list[int]] = {}  # donors by their first min_shared tokens
     out: list[tuple[int, int] | None] = []

@@ -831,11 +831,12 @@ class SpecEngine:
         a 32-token preamble before 480 tokens of each prompt's own had cost 1.25x
         (`benchmarks/results/prefix_sharing/`)."""
         empty = lambda: [[] for _ in leaders]
+        if not self.share_prefixes:
+            return leaders, empty(), empty(), {}
         whole, rest, shares, skip = empty(), empty(), empty(), {}
         for s, shard in enumerate(leaders):
-            donors = [r for r in running[s] if r.prompt_drafted or not draft_now] if self.share_prefixes else []
-            may_share = [False] * len(donors) + [self.share_prefixes and r.params.prompt_logprobs is None
-                                                 for r in shard]
+            donors = [r for r in running[s] if r.prompt_drafted or not draft_now]
+            may_share = [False] * len(donors) + [r.params.prompt_logprobs is None for r in shard]
             candidates = donors + shard
             plan = prefix_sharing.plan([r.prompt for r in candidates], may_share)
             for r, share in zip(shard, plan[len(donors):]):

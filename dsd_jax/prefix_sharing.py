@@ -52,9 +52,9 @@ def plan(prompts: Sequence[Sequence[int]], may_share: Sequence[bool],
         key = tuple(tokens[:min_shared].tolist())
         best = None
         if may_share[i] and len(tokens) > min_shared:
-            for d in donors.get(key, ()):
+            for d in donors.get(key, ()):  # the same first min_shared tokens, both longer
                 shared = common_prefix(tokens[:len(tokens) - 1], arrays[d][:len(arrays[d]) - 1])
-                if shared >= min_shared and (best is None or shared > best[1]):
+                if best is None or shared > best[1]:
                     best = (d, shared)
         out.append(best)
         if best is None and len(tokens) > min_shared:

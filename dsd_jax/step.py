@@ -310,9 +310,7 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     if next_tokens is None:
         return state
     head = lambda x: logits_of(target_graph, target_params, x)
-    vocab = config_of(target_graph, target_params).vocab_size
-    return state, pack_prompt_logprobs(head, vocab, hidden, next_tokens, opts.top_logprobs,
-                                       PROMPT_LOGITS_BYTES)
+    return state, pack_prompt_logprobs(head, hidden, next_tokens, opts.top_logprobs, PROMPT_LOGITS_BYTES)
 
 
 # The most float32 logits a scored prefill holds at once: 256 MiB (a whole chunk's, 64 rows x
@@ -329,15 +327,16 @@ def logits_block(rows: int, positions: int, vocab: int, budget: int) -> int:
     return max(fits, default=1)
 
 
-def pack_prompt_logprobs(head, vocab: int, hidden, next_tokens, top: int, budget: int) -> jax.Array:
+def pack_prompt_logprobs(head, hidden, next_tokens, top: int, budget: int) -> jax.Array:
     """A prefill chunk's prompt logprobs as int32 [N, C, 1 + 2 top]: per position the raw
     logprob of the next prompt token (bits; any value where there is none, next_tokens
     < 0), then its `top` likeliest ids and their raw logprobs (bits), largest first.
 
-    head maps last-layer outputs [N, S, d] to float32 logits [N, S, vocab]; hidden is
+    head maps last-layer outputs [N, S, d] to float32 logits [N, S, V]; hidden is
     [N, C, d]. The logits of `logits_block` positions at a time are alive at once: a loop
     over blocks when the whole chunk's would not fit `budget`."""
     N, C = next_tokens.shape
+    vocab = jax.eval_shape(head, jax.ShapeDtypeStruct((N, 1, hidden.shape[-1]), hidden.dtype)).shape[-1]
 
     def score(x, nxt):
         logits = head(x)

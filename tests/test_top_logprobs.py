@@ -162,7 +162,7 @@ def test_prompt_logits_are_taken_a_few_positions_at_a_time(tiny_pair, engine, mo
     nxt = jax.ShapeDtypeStruct((rows, positions), jnp.int32)
 
     def scratch(budget):
-        fn = lambda h, t: step.pack_prompt_logprobs(lambda x: x @ w_head, vocab, h, t, 5, budget)
+        fn = lambda h, t: step.pack_prompt_logprobs(lambda x: x @ w_head, h, t, 5, budget)
         return jax.jit(fn).lower(hidden, nxt).compile().memory_analysis().temp_size_in_bytes
 
     whole = rows * positions * vocab * 4

@@ -222,6 +222,10 @@ class SpecEngine:
         self._target_params = self.placement.put_params(target_params, "target")
         self._draft_params = self.placement.put_params(draft_params, "draft")
         self.capacity = max_seq_len + self.max_k + 1
+        # what free slots kept of finished requests, per shard {slot: prefix_sharing.Retained},
+        # good while the state is written by runs alone (`state`'s setter counts writes)
+        self._state_writes, self._retained_at = 0, -1
+        self._retained: list[dict[int, prefix_sharing.Retained]] = [{} for _ in range(self.data)]
         # each kernel's backend, resolved once; under "auto" on GPU/TPU a Pallas kernel that
         # fails to compile falls back to XLA (`Programs`, `kernels.PallasFallbackWarning`)
         platform = kernels.default_platform(self.placement.device)
@@ -274,6 +278,23 @@ class SpecEngine:
         # held while a generate() or stream() is under way (`_run`); a lock, so that two
         # threads calling one engine cannot both get in
         self._run_lock = threading.Lock()
+
+    @property
+    def state(self):
+        """The device state (`dsd_jax.state.DecodeState`): every slot's caches and settings."""
+        return self._state
+
+    @state.setter
+    def state(self, value) -> None:
+        # a state written outside a run (the profiler's) no longer holds what runs retained
+        self._state = value
+        self._state_writes += 1
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets what free slots kept of finished requests (vLLM's `reset_prefix_cache`):
+        the next call shares prefixes only among its own prompts. New weights forget it by
+        themselves, as does anything run on the state outside generate() and stream()."""
+        self._retained = [{} for _ in range(self.data)]
 
     def _serving_bucket(self, fullest: int) -> int:
         """The batch bucket the next step runs in: the controller's (a larger bucket where
@@ -339,6 +360,7 @@ class SpecEngine:
                                        may_alias=False if copy else None)
         self._target_params = new.get("target", self._target_params)
         self._draft_params = new.get("draft", self._draft_params)
+        self.reset_prefix_cache()  # the slots hold the old weights' KV
 
     def set_params_from(self, mapping, state, role: str = "target") -> None:
         """Weights from a trainer's own param tree (an `nnx.State` or nested dicts of another
@@ -740,43 +762,43 @@ class SpecEngine:
                 out[s, :len(items)] = items
         return out
 
-    def _admit(self, new: list[Request], batch: int, live: list[Request], refilled: bool) -> None:
+    def _admit(self, new: list[Request], shards: list[list[Request]], refilled: bool) -> None:
         """Prefills target (and draft, when the dispatch policy says so) for new requests in
-        chunks, then marks them live; `batch` is the fullest shard's live count after
-        admission, `live` every live request (the new ones included), `refilled` whether
-        requests are queued.
+        chunks, then marks them live; `shards` holds every live request in slot order (the
+        new ones placed at the ends), `refilled` says whether requests are queued.
 
         A group's completions (`SamplingParams.n`) on one shard share one prefill: the
         first is prefilled and its slot copied into its siblings' slots. With
         `share_prefixes`, so do the prompts' shared beginnings (`dsd_jax.prefix_sharing`):
-        the prompts prefilled whole go first, then the others copy their donor's slot and
-        prefill the rest."""
-        leaders, copies = [[] for _ in range(self.data)], [[] for _ in range(self.data)]
-        for s in range(self.data):
-            first: dict[int, Request] = {}
-            for r in new:
-                if r.shard != s:
-                    continue
-                if r.group in first:
-                    copies[s].append((first[r.group].slot, r.slot))
-                else:
-                    first[r.group] = r
-                    leaders[s].append(r)
-        # a drafter that cannot leave the prompts to its catch-up is always prefilled
-        draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(batch, live, refilled)
-        for r in new:
-            r.prompt_drafted = draft_now
+        the prompts prefilled whole go first, then the others copy their donor's slot (or
+        sit in it, a free slot that kept a finished request) and prefill the rest."""
         admitted = {id(r) for r in new}
-        whole, rest, shares, skip = self._plan_sharing(
-            leaders, [[r for r in live if r.shard == s and id(r) not in admitted] for s in range(self.data)],
-            draft_now)
-        self._prefill(whole, {}, draft_now, new)
+        leader_of = [{} for _ in range(self.data)]  # per shard: group -> its first new request
+        for r in new:
+            leader_of[r.shard].setdefault(r.group, r)
+        leaders = [list(groups.values()) for groups in leader_of]
+        live = [r for shard in shards for r in shard]
+        # a drafter that cannot leave the prompts to its catch-up is always prefilled
+        draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(
+            max(map(len, shards)), live, refilled)
+        whole, rest, donor_of, skip = self._plan_sharing(
+            leaders, [[r for r in shard if id(r) not in admitted] for shard in shards], draft_now)
+        lazy = {r.group for shard in rest for r in shard if self._leaves_draft(r, donor_of[r.request_id], skip, draft_now)}
+        for r in new:  # a group's siblings get their leader's drafter state
+            r.prompt_drafted = draft_now and r.group not in lazy
+        self._seat(new, shards, donor_of)
+        self._prefill(whole, {}, new)
         if skip:
-            self._copy_slots(shares)
-            self._prefill(rest, skip, draft_now, new)
+            self._copy_slots([[(self._slot_of(donor_of[r.request_id]), r.slot) for r in shard
+                               if self._slot_of(donor_of[r.request_id]) != r.slot] for shard in rest])
+            self._prefill(rest, skip, new)
             self.stats.shared_prefix_tokens += sum(skip.values())
+        copies = [[(leader_of[s][r.group].slot, r.slot) for r in shard
+                   if id(r) in admitted and leader_of[s][r.group] is not r] for s, shard in enumerate(shards)]
         if any(copies):
             self._copy_slots(copies)
+        for s, shard in enumerate(shards):  # slots now taken keep nothing
+            self._retained[s] = {slot: kept for slot, kept in self._retained[s].items() if slot >= len(shard)}
         by_shard = [[r for r in new if r.shard == s] for s in range(self.data)]
         n = self._rows_bucket(by_shard)
 
@@ -814,38 +836,42 @@ class SpecEngine:
                         frequency_penalty=real("frequency_penalty"),
                         bias_ids=bias_ids, bias_values=bias_values, bad_words=bad, allowed_ids=allowed,
                         seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
-                        drafter_length=field(lambda r: len(r.prompt) if draft_now else 1),
+                        drafter_length=field(lambda r: len(r.prompt) if r.prompt_drafted else 1),
                         drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
 
     def _plan_sharing(self, leaders: list[list[Request]], running: list[list[Request]], draft_now: bool):
-        """Which leaders (per shard) are prefilled whole and which copy a shared prefix
-        (`prefix_sharing.plan`) from one of those or from a running request's slot:
-        (whole, rest, (donor slot, slot) pairs per shard, {request id: positions shared}).
+        """Which leaders (per shard) are prefilled whole and which take a shared prefix
+        (`prefix_sharing.plan`) from one of those, from a running request's slot or from a
+        free slot that kept a finished request (`_retained`): (whole, rest, {request id:
+        its donor, a Request or a retained slot}, {request id: positions shared}).
 
         A running request's slot holds its prompt's target KV; its drafter state only if
         its prompt was drafted (`Request.prompt_drafted`), which matters when this
         admission drafts (draft_now): a taker's drafter state below the share is its
-        donor's. Sharing takes a second prefill and a copy, so it is done only when the
-        two prefills cost less than one over every prompt whole (`buckets.prefill_cost`):
-        a 32-token preamble before 480 tokens of each prompt's own had cost 1.25x
-        (`benchmarks/results/prefix_sharing/`)."""
+        donor's (a retained slot: `Retained.offered`). Sharing takes a second prefill and a
+        copy, so it is done only when the two prefills cost less than one over every prompt
+        whole (`buckets.prefill_cost`): a 32-token preamble before 480 tokens of each
+        prompt's own had cost 1.25x (`benchmarks/results/prefix_sharing/`)."""
         empty = lambda: [[] for _ in leaders]
         if not self.share_prefixes:
-            return leaders, empty(), empty(), {}
-        whole, rest, shares, skip = empty(), empty(), empty(), {}
+            return leaders, empty(), {}, {}
+        whole, rest, donor_of, skip = empty(), empty(), {}, {}
+        d = self.drafter
         for s, shard in enumerate(leaders):
-            donors = [r for r in running[s] if r.prompt_drafted or not draft_now]
-            may_share = [False] * len(donors) + [r.params.prompt_logprobs is None for r in shard]
-            candidates = donors + shard
-            plan = prefix_sharing.plan([r.prompt for r in candidates], may_share)
-            for r, share in zip(shard, plan[len(donors):]):
+            offered = [(slot, kept.offered(draft_now, d.keeps_positions, d.catches_up_prompts))
+                       for slot, kept in sorted(self._retained[s].items())]
+            fixed = [(r, r.prompt) for r in running[s] if r.prompt_drafted or not draft_now]
+            fixed += [(slot, tokens) for slot, tokens in offered if tokens is not None]
+            candidates = fixed + [(r, r.prompt) for r in shard]
+            may_share = [False] * len(fixed) + [r.params.prompt_logprobs is None for r in shard]
+            plan = prefix_sharing.plan([tokens for _, tokens in candidates], may_share)
+            for r, share in zip(shard, plan[len(fixed):]):
                 if share is None:
                     whole[s].append(r)
                 else:
                     rest[s].append(r)
-                    shares[s].append((candidates[share[0]].slot, r.slot))
-                    skip[r.request_id] = share[1]
+                    donor_of[r.request_id], skip[r.request_id] = candidates[share[0]][0], share[1]
 
         def cost(rows, skip):  # of one prefill of these rows (every shard runs the fullest's)
             if not any(rows):
@@ -854,17 +880,42 @@ class SpecEngine:
             return self._rows_bucket(rows) * prefill_cost(longest, self.programs.prefill_chunks)
 
         if skip and cost(whole, {}) + cost(rest, skip) >= cost(leaders, {}):
-            return leaders, empty(), empty(), {}
-        return whole, rest, shares, skip
+            return leaders, empty(), {}, {}
+        return whole, rest, donor_of, skip
+
+    def _leaves_draft(self, r: Request, donor, skip: dict[int, int], draft_now: bool) -> bool:
+        """Whether taker r leaves its prompt to the drafter's catch-up although the
+        admission drafts: its share runs into what a retained slot's drafter state may lack
+        (`Retained.lazy`; only a drafter that catches up is offered such a share)."""
+        return (draft_now and isinstance(donor, int) and self.drafter.keeps_positions
+                and self._retained[r.shard][donor].lazy(skip[r.request_id]))
+
+    @staticmethod
+    def _slot_of(donor) -> int:
+        return donor if isinstance(donor, int) else donor.slot
+
+    def _seat(self, new: list[Request], shards: list[list[Request]], donor_of: dict) -> None:
+        """Orders each shard's new requests (its last slots) so that a request taking a
+        retained slot's prefix sits in that slot when it is one of theirs
+        (`prefix_sharing.seat`): its share is then in place."""
+        donor_slot = {id(r): donor_of[r.request_id] for r in new
+                      if isinstance(donor_of.get(r.request_id), int)}
+        if not donor_slot:
+            return
+        for s, shard in enumerate(shards):
+            base = len(shard) - sum(r.shard == s for r in new)
+            shard[base:] = prefix_sharing.seat(shard[base:], base, donor_slot)
+            for slot in range(base, len(shard)):
+                shard[slot].slot = slot
 
     def _rows_bucket(self, per_shard: list[list]) -> int:
         """The smallest prefill rows bucket that holds the fullest shard's list."""
         return bucket_for(max(len(x) for x in per_shard), self.programs.prefill_rows)
 
-    def _prefill(self, leaders: list[list[Request]], skip: dict[int, int], draft_now: bool,
-                 new: list[Request]) -> None:
+    def _prefill(self, leaders: list[list[Request]], skip: dict[int, int], new: list[Request]) -> None:
         """Prefills the prompts of `leaders` (per shard) in chunks, each from position
-        skip.get(request id, 0) (the positions before it are in its slot already). When one
+        skip.get(request id, 0) (the positions before it are in its slot already), the
+        drafter's state too for the requests whose `prompt_drafted` is set. When one
         of them asks for prompt logprobs the chunks run the scored prefill programs and the
         new requests' `prompt_logprobs` are set from them."""
         if not any(leaders):
@@ -874,7 +925,8 @@ class SpecEngine:
         lengths = self._per_shard(lambda s: [len(r.prompt) for r in leaders[s]], n, 0)
         starts = self._per_shard(lambda s: [skip.get(r.request_id, 0) for r in leaders[s]], n, 0)
         model_end = np.maximum(lengths - 1, 0).astype(np.int32)
-        draft_end = model_end if draft_now else np.zeros_like(model_end)
+        draft_end = np.where(self._per_shard(lambda s: [r.prompt_drafted for r in leaders[s]], n, False, bool),
+                             model_end, 0).astype(np.int32)
         todo = lengths - starts  # prompt tokens each row still writes
         longest = int(todo.max())
         prompts = np.zeros((self.data, n, longest), np.int32)
@@ -937,8 +989,10 @@ class SpecEngine:
                 r.prompt_logprobs = by_group[r.group]
 
     def _remove(self, shards: list[list[Request]], finished: list[Request]) -> None:
-        """Keeps each shard's live requests packed: its last live slot moves into each freed
-        slot (one move per shard per program call)."""
+        """Keeps each shard's live requests packed: its last live slot swaps with each freed
+        slot (`step.move_slot`, one per shard per program call), and the free slot it leaves
+        keeps what the finished request wrote, which later prompts beginning with it take
+        (`_retained`, `dsd_jax.prefix_sharing`)."""
         pending = [[r for r in finished if r.shard == s] for s in range(self.data)]
         move = self.programs.move()
         while any(pending):
@@ -957,6 +1011,8 @@ class SpecEngine:
                     src[s] = i           # destination frees it
                 live.pop()
                 r.slot = -1
+                if self.share_prefixes:
+                    self._retained[s][last] = prefix_sharing.retained(r.prompt, r.tokens, r.prompt_drafted)
             if (src < self.slots_per_shard).any():
                 self.state = move(self.state, src, dst)
 
@@ -1092,6 +1148,8 @@ class SpecEngine:
         shards: list[list[Request]] = [[] for _ in range(self.data)]  # live, in slot order
         inflight = None
         finished_normally = False
+        if self._retained_at != self._state_writes:  # the state was written since the last run
+            self.reset_prefix_cache()
         try:  # released in the finally: also when a stream is closed or dropped
             self._policy.begin_run()
             self.stats.begin_run()
@@ -1103,8 +1161,7 @@ class SpecEngine:
                 if queue and free:
                     new = [queue.popleft() for _ in range(min(len(queue), free))]
                     self._place(new, shards)
-                    self._admit(new, max(map(len, shards)), [r for shard in shards for r in shard],
-                                refilled=bool(queue))
+                    self._admit(new, shards, refilled=bool(queue))
                     self._prefilled = True
                 dispatched = None
                 live = [r for shard in shards for r in shard]
@@ -1140,5 +1197,7 @@ class SpecEngine:
                     # unfinished requests (their ids never come back: kept, they piled up)
                     self.state = self._freed_state()
                     self._forget([r for r in requests if r.finish_reason is None], finished=False)
+                else:  # what the slots retained holds until the state is written elsewhere
+                    self._retained_at = self._state_writes
             finally:  # the last thing: the next run finds the slots freed
                 self._run_lock.release()

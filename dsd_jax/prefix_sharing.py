@@ -7,19 +7,28 @@ of an earlier new one's, is not prefilled from position 0: once that prompt (its
 in its slot, the engine copies the donor's slot into the request's (`step.copy_slots`:
 target KV, drafter state, tokens) and prefills only the positions after the shared ones.
 
+A finished request donates too: the move that keeps live requests packed swaps its slot
+with the last live one (`step.move_slot`), so a free slot keeps what the request left, its
+prompt and completion (`Retained`), until an admission takes the slot, in this run or a
+later call on the same weights. A multi-turn rollout whose next prompt is the last one
+plus its completion and a new message prefills only the new message. A request taking
+such a share is seated in its donor's slot when that slot is among the ones being filled
+(`seat`): nothing is copied.
+
 It is the analogue of vLLM's automatic prefix caching, narrower: the KV cache is one dense
-row per slot, so a finished request's prompt is not kept to be reused later; only the
-prompts a shard holds can donate. Host-only (numpy): the plan is made before anything runs.
-The engine passes running requests first, as donors that may not take.
+row per slot, so what a shard can reuse is what its slots hold, at most one request per
+slot. Host-only (numpy): the plan is made before anything runs. The engine passes running
+requests and retained slots first, as donors that may not take.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MIN_SHARED_PREFIX", "common_prefix", "plan"]
+__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "plan", "retained", "seat"]
 
 # Fewer shared positions than this are prefilled again: so short a share saves little
 # against a whole-slot copy and a second prefill (whether a longer one pays is the engine's
@@ -60,3 +69,50 @@ def plan(prompts: Sequence[Sequence[int]], may_share: Sequence[bool],
         if best is None and len(tokens) > min_shared:
             donors.setdefault(key, []).append(i)
     return out
+
+
+class Retained(NamedTuple):
+    """What a free slot holds from the request that finished in it."""
+
+    sequence: np.ndarray  # its prompt and completion; the target KV holds positions < len - 1
+    prompt_length: int
+    prompt_drafted: bool  # the drafter's state holds the prompt (`Request.prompt_drafted`)
+
+    def offered(self, draft_now: bool, keeps_positions: bool, catches_up: bool) -> np.ndarray | None:
+        """The tokens whose state this slot can give an admission (None: nothing).
+
+        The target's KV is good for the whole sequence. A drafter's state of the positions
+        after the prompt is unknown to the host (a draft model lags after K = 0 rounds), so
+        when the admission drafts its prompts (draft_now) and the drafter keeps state per
+        position: a drafter that catches up takes the whole sequence and its takers leave
+        their prompt to the catch-up (`lazy`); any other is offered the prompt alone."""
+        if not draft_now or not keeps_positions or catches_up:
+            return self.sequence
+        return self.sequence[:self.prompt_length] if self.prompt_drafted else None
+
+    def lazy(self, shared: int) -> bool:
+        """A taker of `shared` positions that drafts now would find drafter state missing
+        below them (a drafter that catches up then takes its whole prompt that way)."""
+        return not self.prompt_drafted or shared > self.prompt_length - 1
+
+
+def retained(prompt: Sequence[int], tokens: Sequence[int], prompt_drafted: bool) -> Retained:
+    """A finished request's `Retained` record (tokens: what the host returned; the device
+    may have run on past a stop string, but its positions before agree)."""
+    return Retained(np.asarray(list(prompt) + list(tokens), np.int64), len(prompt), prompt_drafted)
+
+
+def seat(requests: list, base: int, donor_slot: dict[int, int]) -> list:
+    """The new requests of one shard in the order of slots base, base + 1, ...: a request
+    whose donor is a free slot in that range (`donor_slot`: id(request) -> slot) sits in
+    it, one per donor slot. Its share is then in place, and a slot some request copies from
+    is never the destination of another's copy or of a whole prefill."""
+    order: list = [None] * len(requests)
+    seated = set()
+    for r in requests:
+        at = donor_slot.get(id(r), -1) - base
+        if 0 <= at < len(order) and order[at] is None:
+            order[at] = r
+            seated.add(id(r))
+    rest = iter([r for r in requests if id(r) not in seated])
+    return [r if r is not None else next(rest) for r in order]

@@ -445,7 +445,20 @@ def copy_slots(state: DecodeState, src, dst) -> DecodeState:
 
 
 def move_slot(state: DecodeState, src, dst) -> DecodeState:
-    """Copies slot src into slot dst and frees src; keeps live requests packed in slots
-    0..n-1. Out-of-range src and dst (on a data shard with nothing to move) do nothing."""
-    moved = copy_slots(state, src, dst)
-    return moved._replace(active=moved.active.at[src].set(False, mode="drop"))
+    """Swaps slots src and dst and frees src (which then holds what dst held): keeps live
+    requests packed in slots 0..n-1 while the finished request's slot, prompt and
+    completion, is kept in a free slot for a later prompt that begins with them
+    (`dsd_jax.prefix_sharing`). A dst out of range (on a data shard with nothing to move,
+    or a freed slot that stays where it is) swaps nothing."""
+    slots = state.length.shape[0]
+    to = jnp.clip(dst, 0, slots - 1)
+    frm = jnp.where((dst >= 0) & (dst < slots), jnp.clip(src, 0, slots - 1), to)  # none: a self-swap
+
+    def swap(x):
+        a, b = jax.lax.dynamic_index_in_dim(x, frm, 0), jax.lax.dynamic_index_in_dim(x, to, 0)
+        return jax.lax.dynamic_update_index_in_dim(jax.lax.dynamic_update_index_in_dim(x, a, to, 0), b, frm, 0)
+
+    swapped = state._replace(**{f: swap(getattr(state, f)) for f in _PER_SLOT},
+                             target_kv=jax.tree.map(swap, state.target_kv),
+                             drafter=jax.tree.map(swap, state.drafter))
+    return swapped._replace(active=swapped.active.at[src].set(False, mode="drop"))

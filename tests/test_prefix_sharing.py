@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models, prefix_sharing
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models, prefix_sharing, profiler
 from conftest import FixedK, oracle_logits, scaled, tiny_config
 from test_eagle3 import head_config, head_tensors, write_head
 
@@ -31,6 +31,26 @@ def test_the_plan_shares_the_longest_prefix_with_an_earlier_whole_prompt():
     assert prefix_sharing.plan([PREAMBLE[:M], PREAMBLE[:M]], [True, True]) == [None, None]
     assert prefix_sharing.plan([a, b], [True, True], min_shared=44) == [None, None]
     assert prefix_sharing.common_prefix(np.array([1, 2, 3]), np.array([1, 2])) == 2
+
+
+def test_a_request_taking_a_kept_slots_prefix_is_seated_in_it():
+    """New requests fill slots 4..7; b and d take from kept slots 6 and 5, c from slot 9
+    (beyond theirs), e from 6 too: b sits in 6 and d in 5, the rest keep their order."""
+    a, b, c, d, e = (object() for _ in range(5))
+    order = prefix_sharing.seat([a, b, c, d, e], 4, {id(b): 6, id(c): 9, id(d): 5, id(e): 6})
+    assert [id(r) for r in order] == [id(r) for r in (a, d, b, c, e)]
+    assert prefix_sharing.seat([a, b], 0, {}) == [a, b]
+    kept = prefix_sharing.retained([1, 2, 3], [4, 5], prompt_drafted=True)
+    assert kept.sequence.tolist() == [1, 2, 3, 4, 5] and kept.prompt_length == 3
+    # the draft state after the prompt is unknown: drafting admissions get the prompt alone
+    # from a drafter that cannot catch up, the whole sequence from one that can (its takers
+    # then catch up), and from a drafter keeping nothing per position
+    assert kept.offered(True, True, False).tolist() == [1, 2, 3]
+    assert kept.offered(True, True, True).tolist() == [1, 2, 3, 4, 5]
+    assert kept.offered(True, False, False).tolist() == [1, 2, 3, 4, 5]
+    assert kept.offered(False, True, True).tolist() == [1, 2, 3, 4, 5]
+    assert kept._replace(prompt_drafted=False).offered(True, True, False) is None
+    assert not kept.lazy(2) and kept.lazy(3) and kept._replace(prompt_drafted=False).lazy(1)
 
 
 def _engine(pair, share, schedule=(0, 3, 1, 2), **kw):
@@ -164,3 +184,123 @@ def test_a_running_request_donates_its_prompt_to_later_admissions(tiny_pair):
     assert engines[0].metrics()["shared_prefix_tokens"] == 4 * len(PREAMBLE)
     shared = engines[0].stats
     np.testing.assert_array_equal(shared.accepted_per_pos, shared.proposed_per_pos)
+
+
+RNG = np.random.default_rng(7)
+TURN1 = [RNG.integers(2, 64, 36 + 3 * i).tolist() for i in range(4)]
+
+
+TURNS = [SamplingParams(temperature=0.0, max_tokens=m) for m in (5, 12, 3, 8)]
+
+
+def _next_turn(engine, first, second, order=(3, 1, 0, 2)):
+    """A second call after the first turn's (`first`, its outputs): each chosen prompt
+    followed by its completion and two tokens of its own (a multi-turn rollout's next
+    prompt)."""
+    prompts = [TURN1[i] + list(first[i].token_ids) + [9, 9] for i in order]
+    engine.reset_metrics()
+    return prompts, engine.generate(prompts, second)
+
+
+def _multi_turn(engine, second, order=(3, 1, 0, 2)):
+    return _next_turn(engine, engine.generate(TURN1, TURNS), second, order)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_a_next_turn_takes_its_prompt_and_completion_from_the_slot_that_kept_them(tiny_pair, method):
+    """Four requests finish and their slots keep what they wrote; a second call whose prompts
+    are those prompts, their completions and two more tokens prefills only the new tokens
+    and its own last one: every position but those is shared, whatever order the call
+    sends them in (each sits in its donor's slot). Tokens equal whole prefills'. The first
+    turn decodes at K = 0, so the draft model never ran over its completions: the takers
+    catch the draft up from scratch, and with the target as its own draft every draft of
+    the second turn is accepted (a draft cache taken from the kept slot was not)."""
+    target, _ = tiny_pair
+    spec = SpecConfig(method=method, num_speculative_tokens=2)
+    engines = [SpecEngine(target, target if method == "draft_model" else None, spec, max_batch_size=4,
+                          max_seq_len=128, prefill_chunk=16, share_prefixes=share, controller=FixedK([0]))
+               for share in (True, False)]
+    second = SamplingParams(temperature=0.0, max_tokens=10)
+    firsts = [e.generate(TURN1, TURNS) for e in engines]
+    for e in engines:
+        e.controller = FixedK([2])
+    (prompts, got), (_, want) = (_next_turn(e, first, second) for e, first in zip(engines, firsts))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert engines[0].metrics()["shared_prefix_tokens"] == sum(len(p) - 3 for p in prompts)
+    assert engines[0].metrics()["prefill_tokens"] == 3 * len(prompts)
+    if method == "draft_model":
+        stats = engines[0].stats
+        assert stats.proposed_per_pos.sum() > 0
+        np.testing.assert_array_equal(stats.accepted_per_pos, stats.proposed_per_pos)
+
+
+def test_a_kept_slot_beyond_the_admitted_ones_is_copied_and_groups_follow(tiny_pair):
+    """One second-turn prompt, sampled twice (n = 2): its donor's slot is not slot 0, so the
+    kept slot is copied into slot 0 and then into the sibling's; the completions are those of
+    whole prefills."""
+    target, draft = tiny_pair
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=2)
+    engines = [SpecEngine(target, draft, spec, max_batch_size=4, max_seq_len=128, prefill_chunk=16,
+                          share_prefixes=share, controller=FixedK([2, 0])) for share in (True, False)]
+    firsts = [e.generate(TURN1, TURNS) for e in engines]
+    far = max(engines[0]._retained[0])
+    kept = engines[0]._retained[0][far].sequence.tolist()
+    which = next(i for i, p in enumerate(TURN1) if kept[:len(p)] == p)
+    second = SamplingParams(temperature=1.0, max_tokens=10, seed=5, n=2)
+    (prompts, got), (_, want) = (_next_turn(e, first, second, order=(which,))
+                                 for e, first in zip(engines, firsts))
+    assert far > 0 and len(kept) == len(prompts[0]) - 2
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert engines[0].metrics()["shared_prefix_tokens"] == len(prompts[0]) - 3
+
+
+def test_an_eagle3_head_takes_a_kept_prompt_but_not_its_completion(tmp_path):
+    """A head's entries after the prompt may lag and it cannot catch a prompt up, so a kept
+    slot offers it the prompt alone: the second turn shares each first prompt but its last
+    token, and its tokens are those of whole prefills."""
+    target = scaled(models.init_model(tiny_config(num_layers=4), seed=0), 3.0)
+    cfg = head_config(64, 48)
+    head = str(write_head(tmp_path / "head", cfg, head_tensors(cfg, seed=1)))
+    engines = _pair_of_engines(target, None, SpecConfig(method="eagle3", num_speculative_tokens=3, model=head), [3])
+    second = SamplingParams(temperature=0.0, max_tokens=10)
+    (prompts, got), (_, want) = (_multi_turn(e, second) for e in engines)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert engines[0].metrics()["shared_prefix_tokens"] == sum(len(TURN1[i]) - 1 for i in (3, 1, 0, 2))
+
+
+def test_a_finished_request_donates_within_a_run(tiny_pair):
+    """Two slots: a finishes first and its slot keeps prompt and completion; c, admitted
+    then, begins with a's prompt and more of it than the running b shares, so it takes
+    a's 51 prompt positions from the kept slot (and sits in it); b took the preamble from
+    a when both were admitted."""
+    target, draft = tiny_pair
+    a, b = PREAMBLE + [1] * 10, PREAMBLE + [2] * 10
+    c = a + [5]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=m) for m in (2, 30, 5)]
+    engines = [SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=2),
+                          max_batch_size=2, max_seq_len=128, prefill_chunk=16, share_prefixes=share,
+                          controller=FixedK([2])) for share in (True, False)]
+    outs = [e.generate([a, b, c], sampling) for e in engines]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    assert engines[0].metrics()["shared_prefix_tokens"] == len(PREAMBLE) + len(a)
+
+
+@pytest.mark.parametrize("forget", ["set_params", "state_written", "reset_prefix_cache"])
+def test_new_weights_or_a_written_state_forget_what_slots_kept(tiny_pair, forget):
+    """What the slots kept is the old weights' KV: after set_params (even of equal weights),
+    a state written outside a run (the profiler's), or reset_prefix_cache(), a second turn
+    shares nothing, and its tokens are those of whole prefills."""
+    target, draft = tiny_pair
+    engines = [_engine(tiny_pair, share, schedule=[2]) for share in (True, False)]
+    second = SamplingParams(temperature=0.0, max_tokens=6)
+    firsts = [e.generate(TURN1, TURNS) for e in engines]
+    if forget == "set_params":
+        engines[0].set_params(target=target)
+    elif forget == "state_written":
+        with profiler._borrowed_state(engines[0], profiler._state_programs(engines[0]), 0, 0.0):
+            pass
+    else:
+        engines[0].reset_prefix_cache()
+    (_, got), (_, want) = (_next_turn(e, first, second) for e, first in zip(engines, firsts))
+    assert engines[0].metrics()["shared_prefix_tokens"] == 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -156,6 +156,9 @@ class Runner:
         if ctl is not None:
             engine.controller = ctl
         engine.stats.reset()
+        # configurations share an engine and repeat the prompts: each call starts cold, not
+        # from the slots the last one's requests finished in (`prefix_sharing`)
+        engine.reset_prefix_cache()
         t0 = time.perf_counter()
         outs = engine.generate(prompts, sampling)
         wall = time.perf_counter() - t0

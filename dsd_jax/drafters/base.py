@@ -83,6 +83,10 @@ class Drafter:
     # does when its controller is not about to speculate) and a run kept at K = 0 (large
     # batches) never pays for the drafter
     catches_up_prompts: ClassVar[bool] = False
+    # True: its state holds something per token position (a KV cache, the target's
+    # features): a shared prefix must bring the donor's state of those positions along
+    # (`dsd_jax.prefix_sharing`)
+    keeps_positions: ClassVar[bool] = False
     # True: the draft model's vocabulary may be another size than the target's (one
     # tokenizer, padded differently: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064)
     any_vocab_size: ClassVar[bool] = False

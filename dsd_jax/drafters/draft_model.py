@@ -55,6 +55,7 @@ class DraftModelState(NamedTuple):
 class DraftModel(Drafter):
     needs_model = True
     catches_up_prompts = True
+    keeps_positions = True
     any_vocab_size = True
 
     graph: Any = None  # nnx.GraphDef of the draft model

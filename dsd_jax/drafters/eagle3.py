@@ -67,6 +67,7 @@ def _gather_rows(x, rows, positions):
 class Eagle3(Drafter):
     needs_model = True
     needs_features = True
+    keeps_positions = True
 
     graph: Any = None  # nnx.GraphDef of the head
     config: Any = None  # its Eagle3Config

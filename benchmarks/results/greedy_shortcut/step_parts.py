@@ -94,8 +94,9 @@ sp = SamplingParams(temperature=0.0, max_tokens=128)
 
 def per_round(e, prompt) -> float:
     reqs = e._make_requests([prompt], sp)
-    e._place(reqs, [[]])
-    e._admit(reqs, 1, reqs, refilled=False)
+    shards = [[]]
+    e._place(reqs, shards)
+    e._admit(reqs, shards, refilled=False)
     jax.block_until_ready(e.state)
     step = e.programs.step(0, 1)
     e.state, out = step(e._target_params, e._draft_params, e.state, np.int32(1))

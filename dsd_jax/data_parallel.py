@@ -36,7 +36,7 @@ def per_shard(fn, mesh, data: int, state_specs, kinds, out_specs):
 
     kinds: one of HOST (leading [data] axis, replicated: the shard takes its entry),
     PARAMS (replicated over "data") or STATE (slots split on "data", `state_specs`
-    naming only that axis) per positional argument. out_specs: the shard_map out_specs
+    naming only that axis), or the argument's own in_specs, per positional argument. out_specs: the shard_map out_specs
     (over "data" only).
     """
     def local(*args):
@@ -47,7 +47,8 @@ def per_shard(fn, mesh, data: int, state_specs, kinds, out_specs):
 
     if data == 1:
         return local
-    in_specs = tuple({HOST: P(), PARAMS: P(), STATE: state_specs}[k] for k in kinds)
+    in_specs = tuple({HOST: P(), PARAMS: P(), STATE: state_specs}[k] if isinstance(k, str) else k
+                     for k in kinds)
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                          axis_names=frozenset({DATA}), check_vma=False)
 

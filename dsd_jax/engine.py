@@ -994,7 +994,7 @@ class SpecEngine:
         keeps what the finished request wrote, which later prompts beginning with it take
         (`_retained`, `dsd_jax.prefix_sharing`)."""
         pending = [[r for r in finished if r.shard == s] for s in range(self.data)]
-        move = self.programs.move()
+        move, rows = self.programs.move(), self.programs.slot_rows()
         while any(pending):
             src = np.full(self.data, self.slots_per_shard, np.int32)  # out of range: no move
             dst = src.copy()
@@ -1014,7 +1014,7 @@ class SpecEngine:
                 if self.share_prefixes:
                     self._retained[s][last] = prefix_sharing.retained(r.prompt, r.tokens, r.prompt_drafted)
             if (src < self.slots_per_shard).any():
-                self.state = move(self.state, src, dst)
+                self.state = move(self.state, src, dst, rows(self.state, dst))
 
     def _process(self, d: _Dispatch) -> tuple:
         """Reads one dispatch's outputs back (the only device->host copy in the loop) and

@@ -60,7 +60,7 @@ class Programs:
         def shards(fn, kinds, out_specs=local):
             return per_shard(fn, place.mesh, data, local, kinds, out_specs)
 
-        self._shards, self._outs = shards, outs
+        self._shards, self._outs, self._state_sh = shards, outs, state_sh
         self._graph = target_graph
         self._fallback = fallback
         self._build(opts, drafter)
@@ -80,7 +80,11 @@ class Programs:
                                        donate_argnums=2, **self._step_outs)
         self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
                               donate_argnums=0, **outs)
-        self._move = jax.jit(shards(step_lib.move_slot, (STATE, HOST, HOST)), donate_argnums=0, **outs)
+        # a swap of two slots: a program reads the destination's rows, then one moves (`move_slot`)
+        rows_specs = None if local is None else step_lib.per_slot(local)
+        rows_outs = {} if self._state_sh is None else {"out_shardings": step_lib.per_slot(self._state_sh)}
+        self._rows = jax.jit(shards(step_lib.slot_rows, (STATE, HOST), out_specs=rows_specs), **rows_outs)
+        self._move = jax.jit(shards(step_lib.move_slot, (STATE, HOST, HOST, rows_specs)), donate_argnums=0, **outs)
         self._copy = jax.jit(shards(step_lib.copy_slots, (STATE, HOST, HOST)), donate_argnums=0, **outs)
         self._compiled: dict = {}
 
@@ -231,10 +235,17 @@ class Programs:
             stop_ids=self._per_shard(n, MAX_STOP_IDS), drafter_length=i32, drafter=extra)
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 
+    def slot_rows(self):
+        """`(state, slot [data])`: each shard's rows of that slot (`step.slot_rows`)."""
+        return self._get(("rows",), lambda: self._rows.lower(self._args[2], self._per_shard()))
+
     def move(self):
-        """`(state, src [data], dst [data])`: one move per shard (out of range: none)."""
+        """`(state, src [data], dst [data], slot_rows(state, dst))`: one swap per shard, src
+        freed (`step.move_slot`; dst out of range: none)."""
+        rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data,) + x.shape[1:], x.dtype, sharding=x.sharding),
+                            step_lib.per_slot(self._args[2]))
         return self._get(("move",), lambda: self._move.lower(
-            self._args[2], self._per_shard(), self._per_shard()))
+            self._args[2], self._per_shard(), self._per_shard(), rows))
 
     def copy(self, n: int):
         """`(state, src [data, n], dst [data, n])`: each shard copies n of its slots (a
@@ -252,7 +263,7 @@ class Programs:
         if self.opts.top_logprobs:
             jobs += [functools.partial(self.prefill_scored, n, c) for n in self.prefill_rows
                      for c in self.prefill_chunks]
-        jobs += [functools.partial(self.admit, n) for n in self.prefill_rows] + [self.move]
+        jobs += [functools.partial(self.admit, n) for n in self.prefill_rows] + [self.slot_rows, self.move]
         jobs += [functools.partial(self.copy, n) for n in self.prefill_rows]
         while True:
             backends = self.opts.backend

@@ -444,21 +444,39 @@ def copy_slots(state: DecodeState, src, dst) -> DecodeState:
     return jax.lax.fori_loop(0, src.shape[0], one, state)
 
 
-def move_slot(state: DecodeState, src, dst) -> DecodeState:
-    """Swaps slots src and dst and frees src (which then holds what dst held): keeps live
-    requests packed in slots 0..n-1 while the finished request's slot, prompt and
-    completion, is kept in a free slot for a later prompt that begins with them
-    (`dsd_jax.prefix_sharing`). A dst out of range (on a data shard with nothing to move,
-    or a freed slot that stays where it is) swaps nothing."""
+def per_slot(state) -> tuple:
+    """The state's per-slot leaves: (the `_PER_SLOT` fields, target KV, drafter state). Of a
+    `DecodeState` of arrays, or of its specs or shardings."""
+    return tuple(getattr(state, f) for f in _PER_SLOT), state.target_kv, state.drafter
+
+
+def slot_rows(state: DecodeState, slot) -> tuple:
+    """Slot `slot`'s rows of every per-slot array (`per_slot`, the slot axis kept at 1);
+    an out-of-range slot reads the last one."""
+    slot = jnp.clip(slot, 0, state.length.shape[0] - 1)
+    return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, slot, 0), per_slot(state))
+
+
+def move_slot(state: DecodeState, src, dst, dst_rows) -> DecodeState:
+    """Swaps slots src and dst and frees src: copies src into dst and writes `dst_rows`
+    (`slot_rows(state, dst)`, read by a program of its own before this one) into src. Keeps
+    live requests packed in slots 0..n-1 while the finished request's slot, prompt and
+    completion, stays in a free slot for a later prompt that begins with them
+    (`dsd_jax.prefix_sharing`). A dst out of range (a data shard with nothing to move, or a
+    freed slot that stays where it is) writes nothing.
+
+    Two programs, because one swapping in place made XLA copy every per-slot array whole
+    (73 ms against 3 ms for a one-slot copy on the built-in pair's state; 6.5 ms so:
+    `benchmarks/results/prefix_sharing/swap_cost.py`)."""
     slots = state.length.shape[0]
-    to = jnp.clip(dst, 0, slots - 1)
-    frm = jnp.where((dst >= 0) & (dst < slots), jnp.clip(src, 0, slots - 1), to)  # none: a self-swap
+    swap = (src >= 0) & (src < slots) & (dst >= 0) & (dst < slots)
+    at = jnp.clip(src, 0, slots - 1)
+    moved = copy_slots(state, src, dst)
 
-    def swap(x):
-        a, b = jax.lax.dynamic_index_in_dim(x, frm, 0), jax.lax.dynamic_index_in_dim(x, to, 0)
-        return jax.lax.dynamic_update_index_in_dim(jax.lax.dynamic_update_index_in_dim(x, a, to, 0), b, frm, 0)
+    def put(x, row):  # no swap: src's own row onto itself
+        return jax.lax.dynamic_update_index_in_dim(
+            x, jnp.where(swap, row, jax.lax.dynamic_index_in_dim(x, at, 0)), at, 0)
 
-    swapped = state._replace(**{f: swap(getattr(state, f)) for f in _PER_SLOT},
-                             target_kv=jax.tree.map(swap, state.target_kv),
-                             drafter=jax.tree.map(swap, state.drafter))
-    return swapped._replace(active=swapped.active.at[src].set(False, mode="drop"))
+    fields, kv, drafter = jax.tree.map(put, per_slot(moved), dst_rows)
+    moved = moved._replace(**dict(zip(_PER_SLOT, fields)), target_kv=kv, drafter=drafter)
+    return moved._replace(active=moved.active.at[src].set(False, mode="drop"))

@@ -194,9 +194,17 @@ preamble = [(5 * i + 3) % 60 + 2 for i in range(34)]
 alike = [preamble + tail for tail in ([1], [2, 3], [4, 5, 6], [7])]
 short = SamplingParams(temperature=0.0, max_tokens=8)
 dp.reset_metrics()
+first_turn = dp.generate(alike, short)
 results["2x2"]["shared_prefixes"] = {
-    "same": [o.token_ids for o in dp.generate(alike, short)] == [o.token_ids for o in ref.generate(alike, short)],
+    "same": [o.token_ids for o in first_turn] == [o.token_ids for o in ref.generate(alike, short)],
     "shared_tokens": dp.metrics()["shared_prefix_tokens"]}
+# a second turn on 2x2: each prompt, its completion and two more tokens, in another order
+# that still places each on its first turn's shard, where a free slot kept it
+turn2 = [alike[i] + list(first_turn[i].token_ids) + [9, 9] for i in (2, 1, 0, 3)]
+dp.reset_metrics()
+results["2x2"]["next_turn"] = {
+    "same": [o.token_ids for o in dp.generate(turn2, short)] == [o.token_ids for o in ref.generate(turn2, short)],
+    "shared_tokens": dp.metrics()["shared_prefix_tokens"], "want": sum(len(p) - 3 for p in turn2)}
 # stop strings on 2x2: a row stopped on the host frees its slot on its own shard (by a move
 # to nowhere where it is its shard's last row), and the tokens are one device's
 

@@ -89,7 +89,7 @@ def _cache_shapes(engine) -> set[str]:
 
 @pytest.mark.parametrize("program", [
     ("step", 0, 1), ("step", 2, 1), ("step", 2, 2), ("step", 1, 4),
-    ("prefill", 1, 16), ("prefill", 2, 16), ("move",), ("copy", 2), ("copy", 4)])
+    ("prefill", 1, 16), ("prefill", 2, 16), ("move",), ("slot_rows",), ("copy", 2), ("copy", 4)])
 def test_no_whole_cache_work(engine, program):
     exe = getattr(engine.programs, program[0])(*program[1:])
     hlo = exe.as_text()

@@ -39,6 +39,14 @@ def test_shared_prefixes_on_each_data_shard(results):
     assert results["2x2"]["shared_prefixes"] == {"same": True, "shared_tokens": 2 * 34}
 
 
+def test_a_next_turn_takes_what_each_data_shard_kept(results):
+    """A second call whose prompts are the first's, their completions and two more tokens,
+    each placed on the shard its first turn finished on: all but the last three positions
+    of every prompt come from the free slot that kept them; tokens equal one device's."""
+    turn = results["2x2"]["next_turn"]
+    assert turn["same"] and turn["shared_tokens"] == turn["want"]
+
+
 @pytest.mark.parametrize("which", ["top_logprobs", "prompt_logprobs"])
 def test_top_logprobs_on_a_mesh(results, which):
     """SamplingParams.logprobs and prompt_logprobs on 2x2 (logits split by vocabulary on

@@ -300,7 +300,8 @@ def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
                           backend=args.backend, compilation_cache_dir=args.compilation_cache_dir,
                           seed=args.seed or 0, mesh=mesh,
                           max_logprobs=max(getattr(args, "top_logprobs", None) or 0,
-                                           getattr(args, "prompt_logprobs", None) or 0))
+                                           getattr(args, "prompt_logprobs", None) or 0),
+                          share_prefixes=getattr(args, "share_prefixes", True))
     except (ValueError, NotImplementedError) as e:
         _fail(cmd, None, f"cannot build the engine: {e}")
 
@@ -622,13 +623,13 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 
 # flags whose values decide a generate run's records: a resumed run must have them all alike
 _RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "top_logprobs", "prompt_logprobs", "max_seq_len",
-                                   "dtype", "method", "prompt_format", "stop", "bad_words")
+                                   "dtype", "method", "prompt_format", "stop", "bad_words", "share_prefixes")
 # flags added after runs' settings files were first written, with the value a file that
 # lacks one was generated with (off): such a run resumes under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
                        "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None,
                        "bad_words": None, "allowed_token_ids": None, "top_logprobs": None,
-                       "prompt_logprobs": None}
+                       "prompt_logprobs": None, "share_prefixes": True}
 _MODEL_FLAGS = ("target", "draft", "hf_target", "hf_draft", "tokenizer")
 
 
@@ -867,6 +868,10 @@ def _add_generate(sub) -> None:
     g.add_argument("--prompt-logprobs", type=int, metavar="N",
                    help="write the same for each prompt token (vLLM's prompt_logprobs=N): prompt_logprobs, "
                         "null for the first token")
+    g.add_argument("--no-share-prefixes", dest="share_prefixes", action="store_false",
+                   help="prefill every prompt whole: by default a prompt beginning with 32 or more tokens "
+                        "of another one's (a shared system prompt) copies them from that request's slot, "
+                        "which gives the same tokens up to floating-point rounding")
     g.add_argument("--profile", metavar="FILE", help="profile JSON: use the goodput controller")
     g.add_argument("--warmup", action="store_true", help="compile every program before generating")
     g.add_argument("--stats", metavar="FILE", help="write engine.metrics() as JSON")

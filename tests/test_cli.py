@@ -1020,11 +1020,14 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
         # a settings file from before the penalty flags stands for them off
         saved = json.loads(settings.read_text())
         for flag in ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "min_p",
-                     "min_tokens", "bad_words", "allowed_token_ids"):
+                     "min_tokens", "bad_words", "allowed_token_ids", "share_prefixes"):
             del saved[flag]
         settings.write_text(json.dumps(saved))
         msg = _err(argv(out, "--resume", "--repetition-penalty", "1.2"))
         assert msg.count("(now") == 1 and "repetition_penalty 1.0 (now 1.2)" in msg, msg
+        # and, from before --no-share-prefixes, for prompts sharing their beginnings
+        msg = _err(argv(out, "--resume", "--no-share-prefixes"))
+        assert msg.count("(now") == 1 and "share_prefixes True (now False)" in msg, msg
     assert "--resume" in _err(argv(out, "--resume", "--overwrite"))
     assert "give its --out" in _err([a for a in argv(out) if a not in ("--out", str(out))] + ["--resume"])
 
@@ -1051,6 +1054,24 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
     # --resume with nothing begun runs from the start
     fresh = tmp_path / "fresh.jsonl"
     assert cli.main(argv(fresh, "--resume")) == 0 and fresh.read_text() == whole.read_text()
+
+
+def test_no_share_prefixes_prefills_every_prompt_whole(files, tmp_path):
+    """Two prompts beginning with the same 40 tokens: by default the second copies 40
+    positions from the first's slot (--stats' shared_prefix_tokens); --no-share-prefixes
+    prefills both whole; the records are the same."""
+    prompts = tmp_path / "alike.jsonl"
+    begin = [(7 * i) % 50 + 3 for i in range(40)]
+    prompts.write_text("".join(json.dumps({"prompt_token_ids": begin + [t]}) + "\n" for t in (1, 2)))
+    got = {}
+    for more in ([], ["--no-share-prefixes"]):
+        out, stats = tmp_path / f"out{len(more)}.jsonl", tmp_path / f"stats{len(more)}.json"
+        argv = ["generate", "--target", files.target, "--draft", files.draft, *ENGINE_FLAGS,
+                "--max-seq-len", "64", "--prompts", str(prompts), "--temperature", "0", "--max-tokens", "4",
+                "--out", str(out), "--stats", str(stats), *more]
+        assert cli.main(argv) == 0
+        got[bool(more)] = out.read_text(), json.loads(stats.read_text())["shared_prefix_tokens"]
+    assert got[False][1] == 40 and got[True][1] == 0 and got[False][0] == got[True][0]
 
 
 def _settings_of(argv) -> dict:

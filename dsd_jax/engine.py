@@ -783,9 +783,10 @@ class SpecEngine:
             max(map(len, shards)), live, refilled)
         whole, rest, donor_of, skip = self._plan_sharing(
             leaders, [[r for r in shard if id(r) not in admitted] for shard in shards], draft_now)
-        lazy = {r.group for shard in rest for r in shard if self._leaves_draft(r, donor_of[r.request_id], skip, draft_now)}
-        for r in new:  # a group's siblings get their leader's drafter state
-            r.prompt_drafted = draft_now and r.group not in lazy
+        lazy = {(r.shard, r.group) for shard in rest for r in shard
+                if self._leaves_draft(r, donor_of[r.request_id], skip, draft_now)}
+        for r in new:  # siblings get their shard's leader's drafter state
+            r.prompt_drafted = draft_now and (r.shard, r.group) not in lazy
         self._seat(new, shards, donor_of)
         self._prefill(whole, {}, new)
         if skip:

@@ -625,7 +625,8 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
 _RECORD_FLAGS = _SAMPLING_FLAGS + ("seed", "logprobs", "top_logprobs", "prompt_logprobs", "max_seq_len",
                                    "dtype", "method", "prompt_format", "stop", "bad_words", "share_prefixes")
 # flags added after runs' settings files were first written, with the value a file that
-# lacks one was generated with (off): such a run resumes under that value
+# lacks one was generated with (off; prefix sharing: on, its default): such a run resumes
+# under that value
 _RECORD_FLAGS_ADDED = {"min_p": 0.0, "min_tokens": 0, "repetition_penalty": 1.0,
                        "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None,
                        "bad_words": None, "allowed_token_ids": None, "top_logprobs": None,

@@ -36,8 +36,8 @@ def per_shard(fn, mesh, data: int, state_specs, kinds, out_specs):
 
     kinds: one of HOST (leading [data] axis, replicated: the shard takes its entry),
     PARAMS (replicated over "data") or STATE (slots split on "data", `state_specs`
-    naming only that axis), or the argument's own in_specs, per positional argument. out_specs: the shard_map out_specs
-    (over "data" only).
+    naming only that axis), or the argument's own in_specs, per positional argument.
+    out_specs: the shard_map out_specs (over "data" only).
     """
     def local(*args):
         shard = jax.lax.axis_index(DATA) if data > 1 else 0

@@ -465,9 +465,9 @@ def move_slot(state: DecodeState, src, dst, dst_rows) -> DecodeState:
     (`dsd_jax.prefix_sharing`). A dst out of range (a data shard with nothing to move, or a
     freed slot that stays where it is) writes nothing.
 
-    Two programs, because one swapping in place made XLA copy every per-slot array whole
-    (73 ms against 3 ms for a one-slot copy on the built-in pair's state; 6.5 ms so:
-    `benchmarks/results/prefix_sharing/swap_cost.py`)."""
+    Two programs, because one swapping both rows made XLA copy every per-slot array whole
+    (72 ms against 3.0 ms for a one-slot copy on the built-in pair's state; 6.0 ms so, twice
+    a copy's bytes at its bandwidth: `benchmarks/results/prefix_sharing/swap_cost.py`)."""
     slots = state.length.shape[0]
     swap = (src >= 0) & (src < slots) & (dst >= 0) & (dst < slots)
     at = jnp.clip(src, 0, slots - 1)

@@ -744,12 +744,30 @@ class SpecEngine:
         return min(r.params.max_tokens, self.max_seq_len - len(r.prompt))
 
     def _place(self, new: list[Request], shards: list[list[Request]]) -> None:
-        """Each new request goes to the least loaded data shard (the step's time follows the
-        fullest one), at the end of its packed slots."""
-        for r in new:
-            r.shard = min(range(self.data), key=lambda s: len(shards[s]))
-            r.slot = len(shards[r.shard])
-            shards[r.shard].append(r)
+        """Each new request goes to a data shard, at the end of its packed slots: as many to
+        each shard as placing each on the least loaded one gives (the step's time follows
+        the fullest), and with `share_prefixes` each to the shard whose running requests or
+        kept slots hold the longest start of its prompt while that shard still takes one
+        (`prefix_sharing.place`); the others to the least loaded that does."""
+        loads = [len(shard) for shard in shards]
+        quota = [0] * self.data
+        for _ in new:
+            s = min(range(self.data), key=lambda s: loads[s] + quota[s])
+            quota[s] += 1
+        chosen: list[int | None] = [None] * len(new)
+        if self.share_prefixes and self.data > 1:
+            donors = [[r.prompt for r in shards[s]] + [kept.sequence for kept in self._retained[s].values()]
+                      for s in range(self.data)]
+            chosen = prefix_sharing.place([r.prompt for r in new], donors, quota)
+            for s in chosen:
+                if s is not None:
+                    quota[s] -= 1
+        for r, s in zip(new, chosen):
+            if s is None:
+                s = min((s for s in range(self.data) if quota[s] > 0), key=lambda s: len(shards[s]))
+                quota[s] -= 1
+            r.shard, r.slot = s, len(shards[s])
+            shards[s].append(r)
 
     def _per_shard(self, items_of, n: int, fill, dtype=np.int32, width=None) -> np.ndarray:
         """A [data, n(, width)] host argument: shard s's rows from `items_of(s)`, padded with

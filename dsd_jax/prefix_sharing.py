@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "plan", "retained", "seat"]
+__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "place", "plan", "retained", "seat"]
 
 # Fewer shared positions than this are prefilled again: so short a share saves little
 # against a whole-slot copy and a second prefill (whether a longer one pays is the engine's
@@ -68,6 +68,41 @@ def plan(prompts: Sequence[Sequence[int]], may_share: Sequence[bool],
         out.append(best)
         if best is None and len(tokens) > min_shared:
             donors.setdefault(key, []).append(i)
+    return out
+
+
+def longest_shares(prompts: Sequence[Sequence[int]], donors: Sequence[Sequence[int]],
+                   min_shared: int = MIN_SHARED_PREFIX) -> list[int]:
+    """For each prompt, the most positions it could take from one of `donors` as `plan`
+    counts them (0 below `min_shared`)."""
+    by_key: dict[tuple[int, ...], list[np.ndarray]] = {}
+    for d in donors:
+        if len(d) > min_shared:
+            by_key.setdefault(tuple(d[:min_shared]), []).append(np.asarray(d, np.int64))
+    out = []
+    for p in prompts:
+        p = np.asarray(p, np.int64)
+        found = by_key.get(tuple(p[:min_shared].tolist()), ()) if len(p) > min_shared else ()
+        out.append(max((common_prefix(p[:len(p) - 1], d[:len(d) - 1]) for d in found), default=0))
+    return out
+
+
+def place(prompts: Sequence[Sequence[int]], donors: Sequence[Sequence[Sequence[int]]],
+          quota: Sequence[int]) -> list[int | None]:
+    """Data shards for new prompts, given each shard's donors (its running prompts and kept
+    sequences) and how many new requests each takes (`quota`, the balance least-loaded
+    placement gives): the prompts with most to gain first, each to the shard with its
+    longest share that still takes one. None: nothing to gain anywhere, place it freely."""
+    shares = np.array([longest_shares(prompts, d) for d in donors]).reshape(len(donors), len(prompts))
+    left = list(quota)
+    out: list[int | None] = [None] * len(prompts)
+    for i in sorted(range(len(prompts)), key=lambda i: -int(shares[:, i].max(initial=0))):
+        open_shards = [s for s in range(len(left)) if left[s] > 0]
+        s = max(open_shards, key=lambda s: shares[s, i], default=None)
+        if s is None or shares[s, i] == 0:
+            continue
+        out[i] = s
+        left[s] -= 1
     return out
 
 

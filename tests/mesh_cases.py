@@ -198,9 +198,9 @@ first_turn = dp.generate(alike, short)
 results["2x2"]["shared_prefixes"] = {
     "same": [o.token_ids for o in first_turn] == [o.token_ids for o in ref.generate(alike, short)],
     "shared_tokens": dp.metrics()["shared_prefix_tokens"]}
-# a second turn on 2x2: each prompt, its completion and two more tokens, in another order
-# that still places each on its first turn's shard, where a free slot kept it
-turn2 = [alike[i] + list(first_turn[i].token_ids) + [9, 9] for i in (2, 1, 0, 3)]
+# a second turn on 2x2: each prompt, its completion and two more tokens, in an order that
+# placing by load alone would send half of them to the other shard than their first turn's
+turn2 = [alike[i] + list(first_turn[i].token_ids) + [9, 9] for i in (3, 1, 0, 2)]
 dp.reset_metrics()
 results["2x2"]["next_turn"] = {
     "same": [o.token_ids for o in dp.generate(turn2, short)] == [o.token_ids for o in ref.generate(turn2, short)],

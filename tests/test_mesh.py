@@ -41,8 +41,9 @@ def test_shared_prefixes_on_each_data_shard(results):
 
 def test_a_next_turn_takes_what_each_data_shard_kept(results):
     """A second call whose prompts are the first's, their completions and two more tokens,
-    each placed on the shard its first turn finished on: all but the last three positions
-    of every prompt come from the free slot that kept them; tokens equal one device's."""
+    in another order: each is placed on the shard its first turn finished on (two would go
+    to the other by load alone), and all but the last three positions of every prompt come
+    from the free slot that kept them; tokens equal one device's."""
     turn = results["2x2"]["next_turn"]
     assert turn["same"] and turn["shared_tokens"] == turn["want"]
 

@@ -53,6 +53,19 @@ def test_a_request_taking_a_kept_slots_prefix_is_seated_in_it():
     assert not kept.lazy(2) and kept.lazy(3) and kept._replace(prompt_drafted=False).lazy(1)
 
 
+def test_placement_sends_a_prompt_to_the_shard_holding_its_start():
+    """Two shards, two new requests each (the balance by load): the longest shares go
+    first to their shards; a prompt whose best shard is full takes its next best; one with
+    nothing to share anywhere is left to placement by load (None)."""
+    pre = list(PREAMBLE)
+    donors = [[pre + [1] * 8], [pre + [2] * 8, [5] * 40]]
+    prompts = [pre + [2] * 9, pre + [1] * 9, pre + [2] * 3, [7] * 40, pre + [2] * 5]
+    # shares: 48 on shard 1; 48 on shard 0; 43 on 1 (41 on 0); none; 45 on 1 (41 on 0)
+    assert prefix_sharing.longest_shares(prompts, donors[1]) == [48, 41, 43, 0, 45]
+    assert prefix_sharing.place(prompts, donors, [2, 2]) == [1, 0, 0, None, 1]
+    assert prefix_sharing.place(prompts, donors, [3, 1]) == [1, 0, 0, None, 0]
+
+
 def _engine(pair, share, schedule=(0, 3, 1, 2), **kw):
     target, draft = pair
     return SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=3),

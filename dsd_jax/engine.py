@@ -799,6 +799,8 @@ class SpecEngine:
         # a drafter that cannot leave the prompts to its catch-up is always prefilled
         draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(
             max(map(len, shards)), live, refilled)
+        for r in new:  # what the donors among them will hold (a taker may still leave it, below)
+            r.prompt_drafted = draft_now
         whole, rest, donor_of, skip = self._plan_sharing(
             leaders, [[r for r in shard if id(r) not in admitted] for shard in shards], draft_now)
         lazy = {(r.shard, r.group) for shard in rest for r in shard
@@ -868,7 +870,8 @@ class SpecEngine:
         A running request's slot holds its prompt's target KV; its drafter state only if
         its prompt was drafted (`Request.prompt_drafted`), which matters when this
         admission drafts (draft_now): a taker's drafter state below the share is its
-        donor's (a retained slot: `Retained.offered`). Sharing takes a second prefill and a
+        donor's, so a donor is offered only what that allows (`Retained.offered`), and a
+        taker of more leaves its prompt to the drafter's catch-up (`_leaves_draft`). Sharing takes a second prefill and a
         copy, so it is done only when the two prefills cost less than one over every prompt
         whole (`buckets.prefill_cost`): a 32-token preamble before 480 tokens of each
         prompt's own had cost 1.25x (`benchmarks/results/prefix_sharing/`)."""
@@ -878,10 +881,10 @@ class SpecEngine:
         whole, rest, donor_of, skip = empty(), empty(), {}, {}
         d = self.drafter
         for s, shard in enumerate(leaders):
-            offered = [(slot, kept.offered(draft_now, d.keeps_positions, d.catches_up_prompts))
-                       for slot, kept in sorted(self._retained[s].items())]
-            fixed = [(r, r.prompt) for r in running[s] if r.prompt_drafted or not draft_now]
-            fixed += [(slot, tokens) for slot, tokens in offered if tokens is not None]
+            held = [(r, self._held(r, s)) for r in running[s]] + sorted(self._retained[s].items())
+            fixed = [(donor, kept.offered(draft_now, d.keeps_positions, d.catches_up_prompts))
+                     for donor, kept in held]
+            fixed = [(donor, tokens) for donor, tokens in fixed if tokens is not None]
             candidates = fixed + [(r, r.prompt) for r in shard]
             may_share = [False] * len(fixed) + [r.params.prompt_logprobs is None for r in shard]
             plan = prefix_sharing.plan([tokens for _, tokens in candidates], may_share)
@@ -902,12 +905,20 @@ class SpecEngine:
             return leaders, empty(), {}, {}
         return whole, rest, donor_of, skip
 
+    def _held(self, donor, shard: int) -> prefix_sharing.Retained:
+        """What a donor's slot holds: a running or new request's prompt, or what a free
+        slot kept."""
+        if isinstance(donor, int):
+            return self._retained[shard][donor]
+        return prefix_sharing.retained(donor.prompt, (), donor.prompt_drafted)
+
     def _leaves_draft(self, r: Request, donor, skip: dict[int, int], draft_now: bool) -> bool:
         """Whether taker r leaves its prompt to the drafter's catch-up although the
-        admission drafts: its share runs into what a retained slot's drafter state may lack
-        (`Retained.lazy`; only a drafter that catches up is offered such a share)."""
-        return (draft_now and isinstance(donor, int) and self.drafter.keeps_positions
-                and self._retained[r.shard][donor].lazy(skip[r.request_id]))
+        admission drafts: its share runs into what its donor's drafter state may lack (a
+        kept completion, a prompt left to the catch-up; `Retained.lazy`). Only a drafter
+        that catches up is offered such a share."""
+        return (draft_now and self.drafter.keeps_positions
+                and self._held(donor, r.shard).lazy(skip[r.request_id]))
 
     @staticmethod
     def _slot_of(donor) -> int:

@@ -107,9 +107,10 @@ def place(prompts: Sequence[Sequence[int]], donors: Sequence[Sequence[Sequence[i
 
 
 class Retained(NamedTuple):
-    """What a free slot holds from the request that finished in it."""
+    """What a slot holds that a new prompt can take: a free slot, what the request that
+    finished in it wrote; a running request's slot, its prompt."""
 
-    sequence: np.ndarray  # its prompt and completion; the target KV holds positions < len - 1
+    sequence: np.ndarray  # prompt (and completion); the target KV holds positions < len - 1
     prompt_length: int
     prompt_drafted: bool  # the drafter's state holds the prompt (`Request.prompt_drafted`)
 
@@ -132,8 +133,9 @@ class Retained(NamedTuple):
 
 
 def retained(prompt: Sequence[int], tokens: Sequence[int], prompt_drafted: bool) -> Retained:
-    """A finished request's `Retained` record (tokens: what the host returned; the device
-    may have run on past a stop string, but its positions before agree)."""
+    """The `Retained` record of a finished request (tokens: what the host returned; the
+    device may have run on past a stop string, but its positions before agree), or of a
+    running one's prompt (no tokens)."""
     return Retained(np.asarray(list(prompt) + list(tokens), np.int64), len(prompt), prompt_drafted)
 
 

@@ -199,6 +199,46 @@ def test_a_running_request_donates_its_prompt_to_later_admissions(tiny_pair):
     np.testing.assert_array_equal(shared.accepted_per_pos, shared.proposed_per_pos)
 
 
+class _DraftsFromTheSecondAdmission(FixedK):
+    """A static-mode controller: K = 0 and no draft prefill at the first admission, K = 2
+    and a drafted admission from the second on (`DispatchPolicy.draft_at_admission` reads
+    `spec.schedule_k`)."""
+
+    mode = "static"
+
+    def __init__(self):
+        super().__init__([0])
+        self.spec, self.admissions = self, 0
+
+    def schedule_k(self, batch_size):
+        self.admissions += 1
+        return 0 if self.admissions == 1 else 2
+
+    def choose_k(self, batch_size, context_len=None, request_ids=None):
+        return 0 if self.admissions < 2 else 2
+
+
+def test_a_running_prompt_left_to_the_catch_up_still_donates(tiny_pair):
+    """a and x are admitted at K = 0, so a's prompt is not in the draft's cache; b, admitted
+    when x ends and the controller turns to K = 2 (a drafting admission), still takes 45
+    positions from a's running slot, and leaves its own prompt to the draft's catch-up: with
+    the target as its own draft every draft is accepted, and the tokens equal whole
+    prefills'."""
+    target, _ = tiny_pair
+    a, x = PREAMBLE + [1] * 10, [5] * 40
+    b = a[:45] + [3, 3]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=m) for m in (30, 3, 10)]
+    engines = [SpecEngine(target, target, SpecConfig(method="draft_model", num_speculative_tokens=2),
+                          max_batch_size=2, max_seq_len=128, prefill_chunk=16, share_prefixes=share,
+                          controller=_DraftsFromTheSecondAdmission()) for share in (True, False)]
+    outs = [e.generate([a, x, b], sampling) for e in engines]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    assert engines[0].metrics()["shared_prefix_tokens"] == 45
+    stats = engines[0].stats
+    assert stats.proposed_per_pos.sum() > 0
+    np.testing.assert_array_equal(stats.accepted_per_pos, stats.proposed_per_pos)
+
+
 RNG = np.random.default_rng(7)
 TURN1 = [RNG.integers(2, 64, 36 + 3 * i).tolist() for i in range(4)]
 

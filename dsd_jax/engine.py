@@ -803,10 +803,10 @@ class SpecEngine:
             r.prompt_drafted = draft_now
         whole, rest, donor_of, skip = self._plan_sharing(
             leaders, [[r for r in shard if id(r) not in admitted] for shard in shards], draft_now)
-        lazy = {(r.shard, r.group) for shard in rest for r in shard
-                if self._leaves_draft(r, donor_of[r.request_id], skip, draft_now)}
+        held = {(r.shard, r.group): h for shard in rest for r in shard
+                if (h := self._drafter_held(r, donor_of[r.request_id], skip, draft_now)) is not None}
         for r in new:  # siblings get their shard's leader's drafter state
-            r.prompt_drafted = draft_now and (r.shard, r.group) not in lazy
+            r.prompt_drafted = draft_now and (r.shard, r.group) not in held
         self._seat(new, shards, donor_of)
         self._prefill(whole, {}, new)
         if skip:
@@ -857,7 +857,8 @@ class SpecEngine:
                         frequency_penalty=real("frequency_penalty"),
                         bias_ids=bias_ids, bias_values=bias_values, bad_words=bad, allowed_ids=allowed,
                         seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
-                        drafter_length=field(lambda r: len(r.prompt) if r.prompt_drafted else 1),
+                        drafter_length=field(lambda r: len(r.prompt) if r.prompt_drafted
+                                             else held.get((r.shard, r.group), 1)),
                         drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
 
@@ -870,8 +871,8 @@ class SpecEngine:
         A running request's slot holds its prompt's target KV; its drafter state only if
         its prompt was drafted (`Request.prompt_drafted`), which matters when this
         admission drafts (draft_now): a taker's drafter state below the share is its
-        donor's, so a donor is offered only what that allows (`Retained.offered`), and a
-        taker of more leaves its prompt to the drafter's catch-up (`_leaves_draft`). Sharing takes a second prefill and a
+        donor's, so a taker of more than the donor's drafted prompt leaves the rest to the
+        drafter's catch-up (`_drafter_held`). Sharing takes a second prefill and a
         copy, so it is done only when the two prefills cost less than one over every prompt
         whole (`buckets.prefill_cost`): a 32-token preamble before 480 tokens of each
         prompt's own had cost 1.25x (`benchmarks/results/prefix_sharing/`)."""
@@ -879,12 +880,9 @@ class SpecEngine:
         if not self.share_prefixes:
             return leaders, empty(), {}, {}
         whole, rest, donor_of, skip = empty(), empty(), {}, {}
-        d = self.drafter
         for s, shard in enumerate(leaders):
-            held = [(r, self._held(r, s)) for r in running[s]] + sorted(self._retained[s].items())
-            fixed = [(donor, kept.offered(draft_now, d.keeps_positions, d.catches_up_prompts))
-                     for donor, kept in held]
-            fixed = [(donor, tokens) for donor, tokens in fixed if tokens is not None]
+            fixed = [(r, r.prompt) for r in running[s]]
+            fixed += [(slot, kept.sequence) for slot, kept in sorted(self._retained[s].items())]
             candidates = fixed + [(r, r.prompt) for r in shard]
             may_share = [False] * len(fixed) + [r.params.prompt_logprobs is None for r in shard]
             plan = prefix_sharing.plan([tokens for _, tokens in candidates], may_share)
@@ -912,13 +910,14 @@ class SpecEngine:
             return self._retained[shard][donor]
         return prefix_sharing.retained(donor.prompt, (), donor.prompt_drafted)
 
-    def _leaves_draft(self, r: Request, donor, skip: dict[int, int], draft_now: bool) -> bool:
-        """Whether taker r leaves its prompt to the drafter's catch-up although the
-        admission drafts: its share runs into what its donor's drafter state may lack (a
-        kept completion, a prompt left to the catch-up; `Retained.lazy`). Only a drafter
-        that catches up is offered such a share."""
-        return (draft_now and self.drafter.keeps_positions
-                and self._held(donor, r.shard).lazy(skip[r.request_id]))
+    def _drafter_held(self, r: Request, donor, skip: dict[int, int], draft_now: bool) -> int | None:
+        """None, or the `drafter_length` taker r is admitted with although the admission
+        drafts: its share runs past what its donor's drafter state is known to hold (a kept
+        completion, a prompt left to the catch-up; `Retained.drafter_held`), so its prompt's
+        draft prefill is skipped and its first round with K > 0 catches the rest up."""
+        if not (draft_now and self.drafter.keeps_positions):
+            return None
+        return self._held(donor, r.shard).drafter_held(skip[r.request_id])
 
     @staticmethod
     def _slot_of(donor) -> int:

@@ -114,22 +114,15 @@ class Retained(NamedTuple):
     prompt_length: int
     prompt_drafted: bool  # the drafter's state holds the prompt (`Request.prompt_drafted`)
 
-    def offered(self, draft_now: bool, keeps_positions: bool, catches_up: bool) -> np.ndarray | None:
-        """The tokens whose state this slot can give an admission (None: nothing).
-
-        The target's KV is good for the whole sequence. A drafter's state of the positions
-        after the prompt is unknown to the host (a draft model lags after K = 0 rounds), so
-        when the admission drafts its prompts (draft_now) and the drafter keeps state per
-        position: a drafter that catches up takes the whole sequence and its takers leave
-        their prompt to the catch-up (`lazy`); any other is offered the prompt alone."""
-        if not draft_now or not keeps_positions or catches_up:
-            return self.sequence
-        return self.sequence[:self.prompt_length] if self.prompt_drafted else None
-
-    def lazy(self, shared: int) -> bool:
-        """A taker of `shared` positions that drafts now would find drafter state missing
-        below them (a drafter that catches up then takes its whole prompt that way)."""
-        return not self.prompt_drafted or shared > self.prompt_length - 1
+    def drafter_held(self, shared: int) -> int | None:
+        """None when a taker of `shared` positions finds its donor's drafter state good below
+        them; else the `drafter_length` to admit it with, the donor's drafted prompt (all of
+        it, or nothing when that prompt was left to a catch-up), so that its drafter catches
+        up the rest in its first round with K > 0. A drafter's state past the prompt is
+        unknown to the host: a draft model lags after K = 0 rounds, an EAGLE-3 head's
+        entries too."""
+        held = self.prompt_length if self.prompt_drafted else 1
+        return None if shared <= held - 1 else held
 
 
 def retained(prompt: Sequence[int], tokens: Sequence[int], prompt_drafted: bool) -> Retained:

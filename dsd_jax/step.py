@@ -301,8 +301,8 @@ def prefill(target_graph, drafter: Drafter, opts: StepOptions, target_params, dr
     def run(s):
         return drafter.prefill(params, s, chunk, draft_pos, rows)
 
-    # only a drafter that catches prompts up may be left out of a chunk (the engine passes
-    # draft_end = model_end for the others)
+    # a chunk no row drafts skips a drafter that catches prompts up; any other runs, its rows
+    # with draft_end 0 writing nothing (a taker of a kept completion, `prefix_sharing`)
     skippable = drafter.catches_up_prompts
     drafter_state = (jax.lax.cond(jnp.any(draft_pos >= 0), run, lambda s: s, drafter_state)
                      if skippable else run(drafter_state))

@@ -42,15 +42,11 @@ def test_a_request_taking_a_kept_slots_prefix_is_seated_in_it():
     assert prefix_sharing.seat([a, b], 0, {}) == [a, b]
     kept = prefix_sharing.retained([1, 2, 3], [4, 5], prompt_drafted=True)
     assert kept.sequence.tolist() == [1, 2, 3, 4, 5] and kept.prompt_length == 3
-    # the draft state after the prompt is unknown: drafting admissions get the prompt alone
-    # from a drafter that cannot catch up, the whole sequence from one that can (its takers
-    # then catch up), and from a drafter keeping nothing per position
-    assert kept.offered(True, True, False).tolist() == [1, 2, 3]
-    assert kept.offered(True, True, True).tolist() == [1, 2, 3, 4, 5]
-    assert kept.offered(True, False, False).tolist() == [1, 2, 3, 4, 5]
-    assert kept.offered(False, True, True).tolist() == [1, 2, 3, 4, 5]
-    assert kept._replace(prompt_drafted=False).offered(True, True, False) is None
-    assert not kept.lazy(2) and kept.lazy(3) and kept._replace(prompt_drafted=False).lazy(1)
+    # the drafter's state past the drafted prompt is unknown: a taker of more is admitted
+    # with the prompt's length (its drafter catches the rest up), of a prompt left to the
+    # catch-up with nothing
+    assert kept.drafter_held(2) is None and kept.drafter_held(3) == 3 and kept.drafter_held(4) == 3
+    assert kept._replace(prompt_drafted=False).drafter_held(1) == 1
 
 
 def test_placement_sends_a_prompt_to_the_shard_holding_its_start():
@@ -307,18 +303,40 @@ def test_a_kept_slot_beyond_the_admitted_ones_is_copied_and_groups_follow(tiny_p
     assert engines[0].metrics()["shared_prefix_tokens"] == len(prompts[0]) - 3
 
 
-def test_an_eagle3_head_takes_a_kept_prompt_but_not_its_completion(tmp_path):
-    """A head's entries after the prompt may lag and it cannot catch a prompt up, so a kept
-    slot offers it the prompt alone: the second turn shares each first prompt but its last
-    token, and its tokens are those of whole prefills."""
+def test_an_eagle3_head_takes_a_kept_completion_and_catches_its_entries_up(tmp_path):
+    """A head's entries after the prompt may lag (the first turn runs at K = 0: none past
+    the prompts), so a second turn taking prompt and completion from kept slots is admitted
+    with the entries of the first prompt alone, and its first round catches the rest up from
+    the stored features: everything but the last three positions is shared, the tokens are
+    those of whole prefills, and so is every draft's acceptance."""
     target = scaled(models.init_model(tiny_config(num_layers=4), seed=0), 3.0)
     cfg = head_config(64, 48)
     head = str(write_head(tmp_path / "head", cfg, head_tensors(cfg, seed=1)))
-    engines = _pair_of_engines(target, None, SpecConfig(method="eagle3", num_speculative_tokens=3, model=head), [3])
+    spec = SpecConfig(method="eagle3", num_speculative_tokens=3, model=head)
+    engines = [SpecEngine(target, None, spec, max_batch_size=8, max_seq_len=128, prefill_chunk=16,
+                          controller=FixedK([0])) for _ in range(2)]
+    firsts = [e.generate(TURN1, TURNS) for e in engines]  # at K = 0: no entry past the prompts
+    engines[1].reset_prefix_cache()  # the second prefills whole (and keeps its slots: below)
+    for e in engines:
+        e.controller = FixedK([3])
     second = SamplingParams(temperature=0.0, max_tokens=10)
-    (prompts, got), (_, want) = (_multi_turn(e, second) for e in engines)
+    (prompts, got), (_, want) = (_next_turn(e, first, second) for e, first in zip(engines, firsts))
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert engines[0].metrics()["shared_prefix_tokens"] == sum(len(TURN1[i]) - 1 for i in (3, 1, 0, 2))
+    assert engines[0].metrics()["shared_prefix_tokens"] == sum(len(p) - 3 for p in prompts)
+    assert engines[1].metrics()["shared_prefix_tokens"] == 0
+    shared, whole = (e.stats for e in engines)
+    assert shared.proposed_per_pos.sum() > 0
+    np.testing.assert_array_equal(shared.accepted_per_pos, whole.accepted_per_pos)
+    # the head's entries over each second-turn prompt equal whole prefills' (in the slot
+    # each engine's finished request was kept in)
+    states = [jax.device_get(e.state.drafter) for e in engines]
+    for prompt in prompts:
+        slots = [next(slot for slot, kept in e._retained[0].items() if kept.sequence[:len(prompt)].tolist() == prompt)
+                 for e in engines]
+        for cache in ("k", "v"):
+            entries = [getattr(st.kv, cache)[0][slot, :, :len(prompt) - 2] for st, slot in zip(states, slots)]
+            assert np.abs(entries[1]).sum() > 0
+            np.testing.assert_allclose(*entries, rtol=1e-4, atol=1e-5)
 
 
 def test_a_finished_request_donates_within_a_run(tiny_pair):

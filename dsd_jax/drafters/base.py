@@ -84,8 +84,9 @@ class Drafter:
     # batches) never pays for the drafter
     catches_up_prompts: ClassVar[bool] = False
     # True: its state holds something per token position (a KV cache, the target's
-    # features): a shared prefix must bring the donor's state of those positions along
-    # (`dsd_jax.prefix_sharing`)
+    # features), good below the length `admit` is given, and each round with K > 0 catches
+    # it up from there: a shared prefix brings the donor's state along, and a taker whose
+    # donor's state may lag is admitted with the length known good (`dsd_jax.prefix_sharing`)
     keeps_positions: ClassVar[bool] = False
     # True: the draft model's vocabulary may be another size than the target's (one
     # tokenizer, padded differently: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064)

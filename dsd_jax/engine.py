@@ -803,15 +803,15 @@ class SpecEngine:
             r.prompt_drafted = draft_now
         whole, rest, donor_of, skip = self._plan_sharing(
             leaders, [[r for r in shard if id(r) not in admitted] for shard in shards], draft_now)
-        held = {(r.shard, r.group): h for shard in rest for r in shard
-                if (h := self._drafter_held(r, donor_of[r.request_id], skip, draft_now)) is not None}
+        drafter_lengths = {(r.shard, r.group): h for shard in rest for r in shard
+                           if (h := self._drafter_held(r, donor_of[r.request_id], skip, draft_now)) is not None}
         for r in new:  # siblings get their shard's leader's drafter state
-            r.prompt_drafted = draft_now and (r.shard, r.group) not in held
+            r.prompt_drafted = draft_now and (r.shard, r.group) not in drafter_lengths
         self._seat(new, shards, donor_of)
         self._prefill(whole, {}, new)
         if skip:
-            self._copy_slots([[(self._slot_of(donor_of[r.request_id]), r.slot) for r in shard
-                               if self._slot_of(donor_of[r.request_id]) != r.slot] for shard in rest])
+            pairs = [[(self._slot_of(donor_of[r.request_id]), r.slot) for r in shard] for shard in rest]
+            self._copy_slots([[(a, b) for a, b in shard if a != b] for shard in pairs])  # seated: in place
             self._prefill(rest, skip, new)
             self.stats.shared_prefix_tokens += sum(skip.values())
         copies = [[(leader_of[s][r.group].slot, r.slot) for r in shard
@@ -858,7 +858,7 @@ class SpecEngine:
                         bias_ids=bias_ids, bias_values=bias_values, bad_words=bad, allowed_ids=allowed,
                         seed=field(lambda r: r.seed, dtype=np.uint32), stop_ids=stop,
                         drafter_length=field(lambda r: len(r.prompt) if r.prompt_drafted
-                                             else held.get((r.shard, r.group), 1)),
+                                             else drafter_lengths.get((r.shard, r.group), 1)),
                         drafter=extra)
         self.state = self.programs.admit(n)(self.state, init)
 
@@ -903,13 +903,6 @@ class SpecEngine:
             return leaders, empty(), {}, {}
         return whole, rest, donor_of, skip
 
-    def _held(self, donor, shard: int) -> prefix_sharing.Retained:
-        """What a donor's slot holds: a running or new request's prompt, or what a free
-        slot kept."""
-        if isinstance(donor, int):
-            return self._retained[shard][donor]
-        return prefix_sharing.retained(donor.prompt, (), donor.prompt_drafted)
-
     def _drafter_held(self, r: Request, donor, skip: dict[int, int], draft_now: bool) -> int | None:
         """None, or the `drafter_length` taker r is admitted with although the admission
         drafts: its share runs past what its donor's drafter state is known to hold (a kept
@@ -917,7 +910,9 @@ class SpecEngine:
         draft prefill is skipped and its first round with K > 0 catches the rest up."""
         if not (draft_now and self.drafter.keeps_positions):
             return None
-        return self._held(donor, r.shard).drafter_held(skip[r.request_id])
+        if isinstance(donor, int):  # a free slot's kept request
+            return self._retained[r.shard][donor].drafter_held(skip[r.request_id])
+        return prefix_sharing.drafter_held(len(donor.prompt), donor.prompt_drafted, skip[r.request_id])
 
     @staticmethod
     def _slot_of(donor) -> int:

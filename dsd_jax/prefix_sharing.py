@@ -28,7 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "place", "plan", "retained", "seat"]
+__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "drafter_held", "place", "plan", "retained",
+           "seat"]
 
 # Fewer shared positions than this are prefilled again: so short a share saves little
 # against a whole-slot copy and a second prefill (whether a longer one pays is the engine's
@@ -106,29 +107,32 @@ def place(prompts: Sequence[Sequence[int]], donors: Sequence[Sequence[Sequence[i
     return out
 
 
-class Retained(NamedTuple):
-    """What a slot holds that a new prompt can take: a free slot, what the request that
-    finished in it wrote; a running request's slot, its prompt."""
+def drafter_held(prompt_length: int, prompt_drafted: bool, shared: int) -> int | None:
+    """None when a taker of `shared` positions finds its donor's drafter state good below
+    them (the donor's prompt, of `prompt_length`, was drafted and covers the share); else
+    the `drafter_length` to admit it with, the donor's drafted prompt (all of it, or nothing
+    when that prompt was left to a catch-up), so that its drafter catches up the rest in its
+    first round with K > 0. A drafter's state past the prompt is unknown to the host: a
+    draft model lags after K = 0 rounds, an EAGLE-3 head's entries too."""
+    held = prompt_length if prompt_drafted else 1
+    return None if shared <= held - 1 else held
 
-    sequence: np.ndarray  # prompt (and completion); the target KV holds positions < len - 1
+
+class Retained(NamedTuple):
+    """What a free slot holds: what the request that finished in it wrote."""
+
+    sequence: np.ndarray  # prompt and completion; the target KV holds positions < len - 1
     prompt_length: int
     prompt_drafted: bool  # the drafter's state holds the prompt (`Request.prompt_drafted`)
 
     def drafter_held(self, shared: int) -> int | None:
-        """None when a taker of `shared` positions finds its donor's drafter state good below
-        them; else the `drafter_length` to admit it with, the donor's drafted prompt (all of
-        it, or nothing when that prompt was left to a catch-up), so that its drafter catches
-        up the rest in its first round with K > 0. A drafter's state past the prompt is
-        unknown to the host: a draft model lags after K = 0 rounds, an EAGLE-3 head's
-        entries too."""
-        held = self.prompt_length if self.prompt_drafted else 1
-        return None if shared <= held - 1 else held
+        """`drafter_held` of this slot's prompt."""
+        return drafter_held(self.prompt_length, self.prompt_drafted, shared)
 
 
 def retained(prompt: Sequence[int], tokens: Sequence[int], prompt_drafted: bool) -> Retained:
     """The `Retained` record of a finished request (tokens: what the host returned; the
-    device may have run on past a stop string, but its positions before agree), or of a
-    running one's prompt (no tokens)."""
+    device may have run on past a stop string, but its positions before agree)."""
     return Retained(np.asarray(list(prompt) + list(tokens), np.int64), len(prompt), prompt_drafted)
 
 

@@ -110,7 +110,16 @@ def flatten(tree) -> tuple[dict[str, Any], Any]:
 
 # ---- the plan: checked on shapes alone ------------------------------------------------------
 
-def _after(transform: str, shape: tuple) -> tuple | None:
+def rule_reading(mapping: ParamMapping, theirs: str) -> tuple[str, str] | None:
+    """(our leaf, transform) of the rule reading the trainer's leaf `theirs`, or None."""
+    for rule in mapping.rules:
+        m = _pattern(rule.theirs).match(theirs)
+        if m:
+            return (rule.ours.replace("{i}", m.group(1)) if m.groups() else rule.ours), rule.transform
+    return None
+
+
+def after(transform: str, shape: tuple) -> tuple | None:
     """The shape a transform gives, or None when it does not apply to this rank."""
     if transform == "identity":
         return shape
@@ -150,7 +159,7 @@ def plan(mapping: ParamMapping, theirs: tuple, ours: tuple) -> tuple:
             raise ValueError(f"mapping {mapping.name!r}: trainer leaf {source!r} (for our {name!r}) has "
                              f"dtype {their_dtypes[source]}, expected a floating dtype "
                              f"({', '.join(FLOAT_DTYPES)}): a quantised or non-weight leaf?")
-        got = _after(rule.transform, tuple(their_shapes[source]))
+        got = after(rule.transform, tuple(their_shapes[source]))
         if got != tuple(shape):
             raise ValueError(f"mapping {mapping.name!r}: trainer leaf {source!r} of shape "
                              f"{tuple(their_shapes[source])} gives {got} after {rule.transform!r}, "
@@ -169,7 +178,8 @@ def plan(mapping: ParamMapping, theirs: tuple, ours: tuple) -> tuple:
 
 # ---- the conversion: one program on the trainer's devices, then device to device -----------
 
-def _apply(transform: str, x, shape, dtype):
+def apply(transform: str, x, shape, dtype):
+    """`transform` of a trainer array x, as our leaf of `shape` and `dtype`."""
     if transform == "transpose":
         x = x.T
     elif transform in ("merge_out", "merge_in"):
@@ -179,7 +189,7 @@ def _apply(transform: str, x, shape, dtype):
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _convert(steps_shapes: tuple, leaves: tuple):
-    return tuple(_apply(t, x, shape, dtype) for (t, shape, dtype), x in zip(steps_shapes, leaves))
+    return tuple(apply(t, x, shape, dtype) for (t, shape, dtype), x in zip(steps_shapes, leaves))
 
 
 def map_params(mapping: ParamMapping, state, like):

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import qwix
 from flax import nnx
 from tunix.generate import tokenizer_adapter
 from tunix.models.llama3 import model as llama3
@@ -70,6 +71,19 @@ def tiny_qwen(seed=0):
                             num_heads=4, head_dim=8, num_kv_heads=2, rope_theta=1_000_000,
                             norm_eps=1e-6, use_tied_embedding=True)
     return noisy(qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed)), seed)
+
+
+def lora_llama(seed=0, rank=4, alpha=8.0):
+    """`tiny_llama` with qwix LoRA on every projection (q, k, v, o, gate, up, down), its
+    adapters random (qwix starts lora_b at zero: the adapters would change nothing)."""
+    tokens = jnp.ones((1, 4), jnp.int32)
+    model = qwix.apply_lora_to_model(
+        tiny_llama(seed), qwix.LoraProvider(module_path=".*_proj", rank=rank, alpha=alpha),
+        tokens, jnp.arange(4)[None], None, jnp.ones((1, 4, 4), bool), rngs=nnx.Rngs(seed))
+    adapters = nnx.state(model, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(adapters))))
+    nnx.update(model, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters))
+    return model
 
 
 def config(**kw):
@@ -384,7 +398,7 @@ def test_mapping_errors_name_the_leaf(rollout, policy):
                                                      if r.ours != "lm_head"])
     with pytest.raises(ValueError, match=r"does not cover our leaf 'lm_head'"):
         param_mapping.set_params_from(engine, partial, named)
-    with pytest.raises(ValueError, match="LoRA"):
+    with pytest.raises(ValueError, match="built from a policy without LoRA adapters"):
         rollout.update_params(state, (nnx.LoRAParam,))
     with pytest.raises(ValueError, match="unsupported Tunix model class"):
         SpecRollout(rollout_actor=nnx.Linear(2, 2, rngs=nnx.Rngs(0)), tokenizer=TOKENIZER,
@@ -394,6 +408,71 @@ def test_mapping_errors_name_the_leaf(rollout, policy):
     # the engine still serves its old weights after every refusal
     out = rollout.generate(PROMPTS, config(top_p=None))
     assert_logprobs_match(policy, out, config(top_p=None), temperature=1.0)
+
+
+def test_a_lora_policy_is_served_merged_and_synced_by_its_adapters(policy):
+    """A qwix LoRA policy: the engine serves base + (alpha / rank) a.b (logprobs equal
+    Tunix's forward of the LoRA module, and differ from the base model's); a trainer step
+    moves the adapters only, and syncing just them (Tunix's filter nnx.LoRAParam) under its
+    transfer guards compiles nothing and serves the new policy. Syncing the same adapters
+    again gives bit-identical weights (each merge starts from the kept base)."""
+    trainer = lora_llama(0)
+    r = SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), max_batch_size=4,
+                    prefill_chunk=16, spec=SpecConfig(method="ngram", num_speculative_tokens=2), lora_alpha=8.0)
+    assert len(r._lora.base) == 14  # 7 adapted projections x 2 layers, the rest not copied
+    cfg = config(temperature=0.9)
+    out = r.generate(PROMPTS, cfg)
+    assert_logprobs_match(trainer, out, cfg, temperature=0.9)
+    base = tunix_logps(policy, out, cfg, 0.9)  # policy: tiny_llama(0), the unadapted weights
+    assert max(np.abs(lp - base[i, :len(lp)]).max() for i, lp in enumerate(out.logprobs)) > 0.1
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x * 1.2 + 0.01, s))
+    nnx.update(trainer, step(nnx.state(trainer, nnx.LoRAParam)))
+    adapters = nnx.state(trainer, nnx.LoRAParam)
+    before = compilation_count()
+    with jax.transfer_guard("disallow"), \
+            jax.transfer_guard_host_to_device("disallow_explicit"), \
+            jax.transfer_guard_device_to_host("disallow_explicit"):
+        r.update_params(adapters, (nnx.LoRAParam,))
+    assert compilation_count() == before
+    once = jax.device_get(r.engine._target_params)
+    r.update_params(adapters, (nnx.LoRAParam,))
+    assert all((a == b).all() for a, b in zip(jax.tree.leaves(once), jax.tree.leaves(jax.device_get(r.engine._target_params))))
+    out = r.generate(PROMPTS, cfg)
+    assert_logprobs_match(trainer, out, cfg, temperature=0.9)
+    # the whole state (base weights and adapters) is taken as well
+    r.update_params(nnx.state(trainer, nnx.Param), (nnx.Param,))
+    assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)
+
+
+def test_lora_mistakes_are_named_and_change_nothing():
+    trainer = lora_llama(0)
+    with pytest.raises(ValueError, match="LoRA adapters .*give lora_alpha="):
+        SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config())
+    with pytest.raises(ValueError, match="lora_alpha is not the provider's"):  # the forward check
+        SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=2.0)
+    with pytest.raises(ValueError, match="lora_alpha must be a positive number"):
+        SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=-1.0,
+                    check=False)
+    r = SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), max_batch_size=4,
+                    prefill_chunk=16, spec=SpecConfig(method="ngram", num_speculative_tokens=2), lora_alpha=8.0)
+    named, _ = param_mapping.flatten(nnx.state(trainer, nnx.LoRAParam))
+    cases = [
+        ({k: v for k, v in named.items() if k != "layers.1.mlp.up_proj.kernel_lora_b"},
+         r"'layers\.1\.mlp\.up_proj\.kernel_lora_a' has no 'layers\.1\.mlp\.up_proj\.kernel_lora_b'"),
+        ({k: v for k, v in named.items() if not k.startswith("layers.0.attn.q_proj")},
+         r"missing \['layers\.0\.attn\.q_proj\.w'\]"),
+        (dict(named, **{"layers.0.attn.q_proj.w_lora_b": jnp.zeros((3, 4, 8))}),
+         r"'layers\.0\.attn\.q_proj\.w': lora_a \(32, 4\) and lora_b \(3, 4, 8\) do not share a rank"),
+        (dict(named, **{"layers.0.attn.q_proj.w_lora_b": jnp.zeros((4, 2, 8))}),
+         r"'layers\.0\.attn\.q_proj\.w': its product has shape \(32, 2, 8\).*'layers\.0\.wq' has shape \(32, 32\)"),
+        (dict(named, **{"layers.0.attn.x_proj.w_lora_a": jnp.zeros((32, 4)),
+                        "layers.0.attn.x_proj.w_lora_b": jnp.zeros((4, 32))}), r"unexpected \['layers\.0\.attn\.x_proj\.w'\]"),
+    ]
+    cfg = config(temperature=0.9)
+    for state, why in cases:
+        with pytest.raises(ValueError, match=why):
+            r.update_params(state, (nnx.LoRAParam,))
+    assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)  # still served
 
 
 def test_grpo_learner_end_to_end(tmp_path):

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from tunix.rl.rollout import base_rollout
 
-from dsd_jax import drafters, param_mapping
+from dsd_jax import drafters, lora, param_mapping
 from dsd_jax.config import SpecConfig
 from dsd_jax.distill import DraftDistiller, token_logps
 from dsd_jax.engine import SpecEngine
@@ -75,14 +75,24 @@ def family(module) -> tuple[str, param_mapping.ParamMapping]:
                      "and mapping= yourself)")
 
 
+def _params(module) -> tuple[dict, dict]:
+    """({name: leaf} of the plain leaves, of the LoRA adapters' leaves) of a Tunix module's
+    `nnx.Param`s (qwix's `nnx.LoRAParam`s are Params too)."""
+    named, _ = param_mapping.flatten(nnx.state(module, nnx.Param))
+    lora.split(named)  # every adapter whole
+    adapters = {n: x for n, x in named.items() if lora.is_adapter(n)}
+    return {n: x for n, x in named.items() if n not in adapters}, adapters
+
+
 def config_from_tunix(module) -> ModelConfig:
     """Our `ModelConfig` for a Tunix Llama3 / Qwen3 module (dtype from its parameters)."""
     name, _ = family(module)
     c = module.config
-    dtypes = {np.dtype(x.dtype) for x in jax.tree.leaves(nnx.state(module, nnx.Param))}
+    plain, _ = _params(module)
+    dtypes = {np.dtype(x.dtype) for x in plain.values()}
     if len(dtypes) != 1 or dtypes.pop() not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16)):
         raise ValueError("the Tunix model's parameters must all be float32 or all bfloat16")
-    dtype = str(jax.tree.leaves(nnx.state(module, nnx.Param))[0].dtype)
+    dtype = str(next(iter(plain.values())).dtype)
     tied = c.weight_tying if name == "llama3" else c.use_tied_embedding
     return ModelConfig(
         vocab_size=c.vocab_size, hidden_size=c.embed_dim, intermediate_size=c.hidden_dim,
@@ -92,15 +102,28 @@ def config_from_tunix(module) -> ModelConfig:
         qk_norm=name == "qwen3", dtype=dtype)
 
 
-def from_tunix(module, check: bool = True) -> Transformer:
-    """Our `Transformer` holding a Tunix policy's weights (copied on its devices). `check`:
-    compare both forwards' logits on a short sequence, so a layout or convention we do not
-    reproduce is an error here rather than silently wrong rollouts."""
+def _lora_alpha_needed() -> ValueError:
+    return ValueError("the Tunix policy has LoRA adapters (qwix's LoraProvider): give lora_alpha=, the "
+                      "provider's alpha (each adapter adds x.a.b * alpha / rank, and alpha is not in the "
+                      "weights)")
+
+
+def from_tunix(module, check: bool = True, lora_alpha: float | None = None) -> Transformer:
+    """Our `Transformer` holding a Tunix policy's weights (copied on its devices); a LoRA
+    policy's adapters merged in (`dsd_jax.lora`; `lora_alpha`: its provider's alpha).
+    `check`: compare both forwards' logits on a short sequence, so a layout or convention
+    we do not reproduce is an error here rather than silently wrong rollouts."""
     _, mapping = family(module)
     cfg = config_from_tunix(module)
     graph, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
-    ours = nnx.merge(graph, param_mapping.map_params(mapping, nnx.state(module, nnx.Param), like))
+    plain, adapters = _params(module)
+    params = param_mapping.map_params(mapping, plain, like)
+    if adapters:
+        if lora_alpha is None:
+            raise _lora_alpha_needed()
+        params = lora.LoraWeights(mapping, lora_alpha, adapters, params).merged(adapters, params)
+    ours = nnx.merge(graph, params)
     if check:
         tokens = (np.arange(12, dtype=np.int32) * 7 + 1) % cfg.vocab_size
         prompt, completion = jnp.asarray(tokens[None, :4]), jnp.asarray(tokens[None, 4:])
@@ -113,7 +136,8 @@ def from_tunix(module, check: bool = True) -> Transformer:
         if not err <= tol:
             raise ValueError(f"the converted {cfg.model_type} model's log-probabilities differ from "
                              f"Tunix's by {err:.3g} (> {tol}): this Tunix version's forward is not the "
-                             "one the mapping reproduces")
+                             "one the mapping reproduces" + (" (or lora_alpha is not the provider's)"
+                                                             if adapters else ""))
     return ours
 
 
@@ -174,6 +198,12 @@ class SpecRollout(base_rollout.BaseRollout):
         GRPO loop revisits every epoch draft from last epoch's completions (`memory`
         attribute; sampling stays exact, see `SamplingParams`);
     target: our `Transformer` to serve instead of converting `rollout_actor`;
+    lora_alpha: for a LoRA policy (qwix's `LoraProvider` on the Tunix module), the
+        provider's alpha. The engine serves the merged weights W + (alpha / rank) a.b, so its
+        programs and their cost are the plain ones; it keeps the adapted weights' base
+        copies (device memory of those leaves once more), and each LoRA sync
+        (`update_params(state, (nnx.LoRAParam,))`, Tunix's with a LoRA actor) remerges them
+        from the base and the new adapters on the engine's devices (`dsd_jax.lora`);
     mapping: the `ParamMapping` for `update_params` (default: the policy family's);
     max_batch_size: engine slots (default 64; more requests queue);
     max_seq_len: prompt + completion room (default: `rollout_config.kv_cache_size`, as
@@ -204,15 +234,19 @@ class SpecRollout(base_rollout.BaseRollout):
                  draft=None, spec: SpecConfig | dict | None = None, target: Transformer | None = None,
                  mapping: param_mapping.ParamMapping | None = None, max_batch_size: int = 64,
                  max_seq_len: int | None = None, check: bool = True, distill_steps: int = 0,
-                 distill: dict | None = None, memory: RolloutMemory | bool = False, **engine_kwargs):
+                 distill: dict | None = None, memory: RolloutMemory | bool = False,
+                 lora_alpha: float | None = None, **engine_kwargs):
         if tokenizer is None:
             raise ValueError("SpecRollout needs Tunix's tokenizer (tokenizer=)")
         if rollout_actor is None and (target is None or mapping is None):
             raise ValueError("SpecRollout needs rollout_actor (a Tunix policy), or target= and mapping=")
         if mapping is None:
             _, mapping = family(rollout_actor)
+        plain, adapters = _params(rollout_actor) if rollout_actor is not None else ({}, {})
+        if adapters and lora_alpha is None:
+            raise _lora_alpha_needed()
         if target is None:
-            target = from_tunix(rollout_actor, check=check)
+            target = from_tunix(rollout_actor, check=check, lora_alpha=lora_alpha)
         if draft is not None and not isinstance(draft, (Transformer, Eagle3Head)):
             draft = from_tunix(draft, check=check)  # a Tunix draft policy; our models pass as is
         if spec is None:
@@ -244,6 +278,11 @@ class SpecRollout(base_rollout.BaseRollout):
                                  max_seq_len=max_seq_len, mesh=_mesh_for(mesh), **engine_kwargs)
         self._replicated = (None if self.engine.placement.mesh is None else
                             NamedSharding(self.engine.placement.mesh, PartitionSpec()))
+        self._lora = None
+        if adapters:  # base copies on the engine's layout; merging now compiles what syncs run
+            base = param_mapping.map_params(mapping, plain, self.engine._target_params)
+            self._lora = lora.LoraWeights(mapping, lora_alpha, adapters, base)
+            self._lora.sync(self.engine, adapters)
         self.distill_log: list[dict] = []
         self._distiller = None
         if self.distill_steps > 0:
@@ -365,18 +404,22 @@ class SpecRollout(base_rollout.BaseRollout):
     # ---- weights -----------------------------------------------------------------------
     def update_params(self, params, filter_types=None) -> None:
         """Maps the trainer's state (Tunix's own model classes, or our own tree, e.g. the
-        `model()` Tunix hands back when offloading) onto the engine, device to device."""
-        from flax.nnx import LoRAParam
-        if filter_types is not None and any(
-                isinstance(t, type) and issubclass(t, LoRAParam) for t in filter_types):
-            raise ValueError("SpecRollout cannot take LoRA-only updates: merge the LoRA weights "
-                             "into the base model (or train without LoRA)")
+        `model()` Tunix hands back when offloading) onto the engine, device to device. A
+        LoRA policy's sync brings its adapters only (`filter_types` (nnx.LoRAParam,)): they
+        are merged into the kept base weights (`lora_alpha`)."""
         names, _ = param_mapping.flatten(params)
-        ours, _ = param_mapping.flatten(self.engine._target_params)
-        if set(names) == set(ours):  # already our tree: nothing to convert
-            self.engine.set_params(target=params)
+        if self._lora is not None and lora.has_adapters(names):
+            self._lora.sync(self.engine, params)
+        elif lora.has_adapters(names) or _only_lora(filter_types):
+            raise ValueError("a LoRA sync, but this SpecRollout was built from a policy without LoRA "
+                             "adapters: build it from the LoRA-wrapped policy (qwix.apply_lora_to_model) "
+                             "with lora_alpha=")
         else:
-            param_mapping.set_params_from(self.engine, self._mapping, params)
+            ours, _ = param_mapping.flatten(self.engine._target_params)
+            if set(names) == set(ours):  # already our tree: nothing to convert
+                self.engine.set_params(target=params)
+            else:
+                param_mapping.set_params_from(self.engine, self._mapping, params)
         self._synced = True
 
     # ---- the rest of BaseRollout -------------------------------------------------------
@@ -390,6 +433,12 @@ class SpecRollout(base_rollout.BaseRollout):
         """Our `Transformer` on the current rollout weights (never the trainer's module, so
         Tunix sees separate weights and syncs them every step)."""
         return nnx.merge(self._graph, self.engine._target_params)
+
+
+def _only_lora(filter_types) -> bool:
+    """Whether Tunix's `filter_types` select LoRA adapters only."""
+    return bool(filter_types) and all(isinstance(t, type) and issubclass(t, nnx.LoRAParam)
+                                      for t in filter_types)
 
 
 def _token_logps_split(graph, params, prompt_tokens, completion_tokens, pad_id, temperature):

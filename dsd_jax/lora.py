@@ -127,6 +127,7 @@ class LoraWeights:
         if not adapters:
             raise ValueError("the policy has no LoRA leaves (qwix's '*_lora_a' / '*_lora_b')")
         self.weights = tuple(sorted(adapters))  # the adapted weights every sync must bring
+        self.adapters: dict = {}  # {trainer leaf name: array}: the last synced, on the engine's devices
         self._steps = self._plan(adapters, base)
         ours, _ = param_mapping.flatten(base)
         self.base = {leaf: ours[leaf] for _, leaf, _, _ in self._steps}
@@ -141,16 +142,17 @@ class LoraWeights:
     def sync(self, engine, state) -> None:
         """The engine's target weights set to the merge of `state` (`merged`), device to
         device; compiles nothing after the first. A refused sync changes nothing."""
-        tree, base = self._merged(state, engine._target_params)
+        tree, kept = self._merged(state, engine._target_params)
         engine.set_params(target=tree, copy=False)  # buffers of its own already
-        self.base = base
+        self.base, self.adapters = kept
 
     def merged(self, state, like):
         """`like` (our tree) with every adapted leaf base + scale * a.b from `state`."""
         return self._merged(state, like)[0]
 
     def _merged(self, state, like) -> tuple:
-        """(`like` merged with `state`, the base weights it used). `state`: the trainer's
+        """(`like` merged with `state`, (the base weights it used, the adapters on their
+        devices)). `state`: the trainer's
         adapters (a LoRA-only sync), or its whole tree (the base weights are then taken from
         it too). The adapted weights must be the ones this policy had."""
         named, _ = param_mapping.flatten(state)
@@ -175,4 +177,7 @@ class LoraWeights:
         b = tuple(jax.device_put(adapters[weight][1], s) for (weight, *_), s in zip(self._steps, on))
         for (_, leaf, _, _), x, w in zip(self._steps, _merge(spec, bases, a, b), bases):
             ours[leaf] = jax.device_put(x, w.sharding)
-        return jax.tree_util.tree_unflatten(treedef, list(ours.values())), base
+        placed = {}
+        for (weight, *_), x, y in zip(self._steps, a, b):
+            placed[weight + SUFFIXES[0]], placed[weight + SUFFIXES[1]] = x, y
+        return jax.tree_util.tree_unflatten(treedef, list(ours.values())), (base, placed)

@@ -8,13 +8,18 @@ frozen reference), a word-level toy vocabulary, a reward for saying "jax", and
 is speculative (a one-layer draft of ours, K chosen per step), every GRPO group of
 `num_generations` completions one request with `SamplingParams(n=G)` (one prefill).
 
+With `--lora RANK` the policy is a qwix LoRA model (`LoraProvider` on every projection):
+Tunix trains its adapters only and syncs just those (`update_params(state, (nnx.LoRAParam,))`),
+which the rollout merges into the base weights it keeps (`SpecRollout(lora_alpha=...)`).
+
 The process gets two CPU devices: the trainer on one, the rollout engine on the other,
 so after each training step Tunix syncs weights through `SpecRollout.update_params`
 (device to device, under its transfer guards). With `--distill-steps N` the draft is
 refreshed from the last rollouts against the updated policy before each generation.
 
 The run checks, and prints as JSON (`--json FILE` writes it):
-- after every sync the engine's weights equal the trainer's (leaf by leaf, exactly);
+- after every sync the engine's weights equal the trainer's (leaf by leaf, exactly; with
+  LoRA, base + (alpha / rank) a.b computed here by hand, to float32 rounding);
 - no sync compiles anything, and a rollout compiles only (K, batch bucket) programs it
   runs for the first time (programs compile on first use; `engine.warmup()` compiles them
   all up front): never a program twice, whatever the weights;
@@ -39,6 +44,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+import qwix  # noqa: E402
 from flax import nnx  # noqa: E402
 from grain import python as grain  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
@@ -51,6 +57,7 @@ from tunix.rl.rollout import base_rollout  # noqa: E402
 from dsd_jax import SpecConfig, models  # noqa: E402
 from dsd_jax.compilation import compilation_count  # noqa: E402
 from dsd_jax.integrations.tunix import SpecRollout  # noqa: E402
+from dsd_jax.param_mapping import flatten  # noqa: E402
 
 WORDS = ["<pad>", "<s>", "</s>", "the", "a", "jax", "model", "is", "fast", "slow", "and", "we",
          "train", "decode", "tokens", "with", "draft", "target", "speculative", "step", "good",
@@ -105,10 +112,35 @@ def policy(seed: int) -> llama3.Llama3:
     return model
 
 
+LORA_ALPHA = 8.0
+
+
+def lora_policy(model: llama3.Llama3, rank: int) -> llama3.Llama3:
+    """The policy with qwix LoRA adapters on every projection (lora_b starts at zero)."""
+    provider = qwix.LoraProvider(module_path=".*_proj", rank=rank, alpha=LORA_ALPHA)
+    tokens = jnp.ones((1, 4), jnp.int32)
+    return qwix.apply_lora_to_model(model, provider, tokens, jnp.arange(4)[None], None,
+                                    jnp.ones((1, 4, 4), bool), rngs=nnx.Rngs(0))
+
+
+@jax.jit  # under Tunix's transfer guards: the scale must not be an eager host scalar
+def lora_delta(a, b):
+    """What a qwix adapter adds to its weight: (alpha / rank) a.b."""
+    return LORA_ALPHA / a.shape[-1] * jnp.tensordot(a, b, 1)
+
+
 def expected_leaves(trainer_state) -> dict:
     """Our leaves as they must be after a sync, written out by hand from Tunix's layout
-    (independent of `dsd_jax.param_mapping`)."""
+    (independent of `dsd_jax.param_mapping` and `dsd_jax.lora`): a weight with LoRA
+    adapters is W + (alpha / rank) a.b."""
     s = trainer_state
+
+    def weight(module, name):
+        w = module[name][...]
+        if name + "_lora_a" not in module:
+            return w
+        return w + lora_delta(module[name + "_lora_a"][...], module[name + "_lora_b"][...])
+
     out = {"embed": s["embedder"]["input_embedding"][...], "final_norm": s["final_norm"]["w"][...],
            "lm_head": s["lm_head"]["w"][...]}
     for i, layer in s["layers"].items():
@@ -117,13 +149,13 @@ def expected_leaves(trainer_state) -> dict:
         out.update({
             f"layers.{i}.attn_norm": layer["input_layernorm"]["w"][...],
             f"layers.{i}.mlp_norm": layer["post_attention_layernorm"]["w"][...],
-            f"layers.{i}.wq": a["q_proj"]["w"][...].reshape(d, -1),
-            f"layers.{i}.wk": a["k_proj"]["w"][...].reshape(d, -1),
-            f"layers.{i}.wv": a["v_proj"]["w"][...].reshape(d, -1),
-            f"layers.{i}.wo": a["o_proj"]["w"][...].reshape(-1, d),
-            f"layers.{i}.w_gate": m["gate_proj"]["kernel"][...],
-            f"layers.{i}.w_up": m["up_proj"]["kernel"][...],
-            f"layers.{i}.w_down": m["down_proj"]["kernel"][...]})
+            f"layers.{i}.wq": weight(a["q_proj"], "w").reshape(d, -1),
+            f"layers.{i}.wk": weight(a["k_proj"], "w").reshape(d, -1),
+            f"layers.{i}.wv": weight(a["v_proj"], "w").reshape(d, -1),
+            f"layers.{i}.wo": weight(a["o_proj"], "w").reshape(-1, d),
+            f"layers.{i}.w_gate": weight(m["gate_proj"], "kernel"),
+            f"layers.{i}.w_up": weight(m["up_proj"], "kernel"),
+            f"layers.{i}.w_down": weight(m["down_proj"], "kernel")})
     return out
 
 
@@ -135,7 +167,7 @@ class CheckedSpecRollout(SpecRollout):
         super().__init__(rollout_actor=rollout_actor, **kwargs)
         self.tunix_graph = nnx.graphdef(rollout_actor)
         self.synced = jax.tree.map(jnp.copy, nnx.state(rollout_actor, nnx.Param))
-        self.log = {"generate_compiles": [], "generate_new_programs": [], "sync_compiles": [], "sync_max_abs_diff": [],
+        self.log = {"generate_compiles": [], "generate_new_programs": [], "sync_compiles": [], "sync_max_abs_diff": [], "lora_max_abs_delta": [],
                     "logprob_max_abs_diff": [], "logprob_tokens_compared": 0, "groups": [],
                     "acceptance": []}
 
@@ -143,10 +175,15 @@ class CheckedSpecRollout(SpecRollout):
         before = compilation_count()
         super().update_params(params, filter_types)
         self.log["sync_compiles"].append(compilation_count() - before)
-        # still under Tunix's transfer guards: device-side comparisons and copies only
+        # still under Tunix's transfer guards: device-side comparisons and copies only.
+        # A LoRA sync brings the adapters: the rest of the trainer's state is what it was
+        params = nnx.merge_state(self.synced, params)
         want = expected_leaves(params)
-        ours = {}
-        from dsd_jax.param_mapping import flatten
+        if filter_types == (nnx.LoRAParam,):  # what the adapters add: the check is not vacuous
+            named, _ = flatten(params)
+            self.log["lora_max_abs_delta"].append(functools.reduce(jnp.maximum, [
+                jnp.max(jnp.abs(lora_delta(named[n], named[n[:-1] + "b"])))
+                for n in named if n.endswith("_lora_a")]))
         ours, _ = flatten(self.engine._target_params)
         diffs = [jnp.max(jnp.abs(jax.device_put(want[n], x.sharding) - x)) for n, x in ours.items()]
         self.log["sync_max_abs_diff"].append(functools.reduce(jnp.maximum, diffs))
@@ -206,6 +243,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--k", type=int, default=3, help="max draft tokens per step")
     ap.add_argument("--distill-steps", type=int, default=0,
                     help="draft refresh (optax steps on the last rollouts) before each rollout")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="train qwix LoRA adapters of this rank (0: every weight)")
     ap.add_argument("--json", default=None, help="write the checks here")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -217,6 +256,8 @@ def main(argv=None) -> dict:
     rollout_mesh = Mesh(np.array(devices[1:2]).reshape(1, 1), ("fsdp", "tp"))
 
     actor, reference = policy(0), policy(0)
+    if args.lora:
+        actor = lora_policy(actor, args.lora)
     draft = models.init_model(models.ModelConfig(
         vocab_size=len(WORDS), hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
         num_kv_heads=1, head_dim=8), seed=1)
@@ -227,7 +268,7 @@ def main(argv=None) -> dict:
     engine = functools.partial(
         CheckedSpecRollout, draft=draft, max_batch_size=batch_slots, prefill_chunk=16,
         spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k),
-        distill_steps=args.distill_steps)
+        distill_steps=args.distill_steps, lora_alpha=LORA_ALPHA if args.lora else None)
     cluster = rl_cluster_lib.RLCluster(
         actor=actor, reference=reference, tokenizer=WordTokenizer(),
         cluster_config=rl_cluster_lib.ClusterConfig(
@@ -250,10 +291,11 @@ def main(argv=None) -> dict:
     rollout = cluster.rollout
     log = rollout.log
     result = {
-        "steps": args.steps, "seconds": time.perf_counter() - t0,
+        "steps": args.steps, "lora_rank": args.lora, "seconds": time.perf_counter() - t0,
         "syncs": len(log["sync_compiles"]),
         "sync_max_abs_diff": [float(x) for x in jax.device_get(log["sync_max_abs_diff"])],
         "sync_compiles": log["sync_compiles"],
+        "lora_max_abs_delta": [float(x) for x in jax.device_get(log["lora_max_abs_delta"])],
         "generate_compiles": log["generate_compiles"],
         "generate_new_programs": log["generate_new_programs"],
         "groups": log["groups"],

@@ -17,6 +17,7 @@ from tunix.generate import tokenizer_adapter
 from tunix.models.llama3 import model as llama3
 from tunix.models.qwen3 import model as qwen3
 from tunix.rl import common
+from tunix.rl import utils as rl_utils
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from dsd_jax import SpecConfig, param_mapping
@@ -442,6 +443,11 @@ def test_a_lora_policy_is_served_merged_and_synced_by_its_adapters(policy):
     # the whole state (base weights and adapters) is taken as well
     r.update_params(nnx.state(trainer, nnx.Param), (nnx.Param,))
     assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)
+    # Tunix compares model()'s leaves with the trainer's one by one (a different count
+    # raises), and hands model()'s state back when it offloads
+    assert not rl_utils.is_sharing_weights(trainer, r.model())
+    r.update_params(nnx.state(r.model()))
+    assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)
 
 
 def test_lora_mistakes_are_named_and_change_nothing():
@@ -475,20 +481,26 @@ def test_lora_mistakes_are_named_and_change_nothing():
     assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)  # still served
 
 
-def test_grpo_learner_end_to_end(tmp_path):
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_grpo_learner_end_to_end(tmp_path, lora_rank):
     """Tunix's GRPOLearner, 2 steps, SpecRollout on its own device: weights equal the
     trainer's after every sync, nothing compiles after the first step, rollout logprobs
-    equal Tunix's recomputation, GRPO groups arrive as n=G requests."""
+    equal Tunix's recomputation, GRPO groups arrive as n=G requests. With LoRA (rank 4)
+    Tunix trains and syncs the adapters only, and the engine's weights are the merge."""
     out = tmp_path / "grpo.json"
     env = dict(os.environ, XLA_FLAGS=fast_compile())
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "grpo_tunix.py"),
                            "--steps", "2", "--max-tokens", "8", "--distill-steps", "2",
-                           "--json", str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
+                           "--lora", str(lora_rank), "--json", str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["syncs"] == 2 and r["sync_max_abs_diff"] == [0.0, 0.0]
     assert r["sync_compiles"] == [0, 0]
+    if lora_rank:  # the adapters moved the weights the check compares
+        assert len(r["lora_max_abs_delta"]) == 2 and min(r["lora_max_abs_delta"]) > 1e-3
+    else:
+        assert r["lora_max_abs_delta"] == []
     # every compilation is a (K, bucket) program's first use: nothing compiles twice
     assert r["generate_compiles"] == r["generate_new_programs"] and r["generate_compiles"][0] > 0
     assert r["groups"] == [[4, 4], [4, 4]]

@@ -58,6 +58,7 @@ from dsd_jax.state import MAX_STOP_IDS
 # rope_theta, so the model runs at that function's default whatever the config says.
 # `from_tunix` checks the converted model's logits against Tunix's own forward.
 TUNIX_APPLIED_ROPE_THETA = 1_000_000.0
+ADAPTERS_ATTRIBUTE = "lora_adapters"  # where `SpecRollout.model()` carries a LoRA policy's adapters
 
 
 def family(module) -> tuple[str, param_mapping.ParamMapping]:
@@ -407,6 +408,8 @@ class SpecRollout(base_rollout.BaseRollout):
         `model()` Tunix hands back when offloading) onto the engine, device to device. A
         LoRA policy's sync brings its adapters only (`filter_types` (nnx.LoRAParam,)): they
         are merged into the kept base weights (`lora_alpha`)."""
+        if self._lora is not None and ADAPTERS_ATTRIBUTE in params:  # our model()'s state
+            params = nnx.State({k: v for k, v in params.items() if k != ADAPTERS_ATTRIBUTE})
         names, _ = param_mapping.flatten(params)
         if self._lora is not None and lora.has_adapters(names):
             self._lora.sync(self.engine, params)
@@ -431,8 +434,15 @@ class SpecRollout(base_rollout.BaseRollout):
 
     def model(self) -> Transformer:
         """Our `Transformer` on the current rollout weights (never the trainer's module, so
-        Tunix sees separate weights and syncs them every step)."""
-        return nnx.merge(self._graph, self.engine._target_params)
+        Tunix sees separate weights and syncs them every step). A LoRA policy's carries the
+        adapters merged into it (attribute `lora_adapters`, {trainer leaf name: LoRAParam}):
+        Tunix 0.1.7 compares this state's leaves with the trainer's one by one
+        (`rl_utils.is_sharing_weights`), which fails on a different leaf count."""
+        model = nnx.merge(self._graph, self.engine._target_params)
+        if self._lora is not None:
+            setattr(model, ADAPTERS_ATTRIBUTE,
+                    nnx.Dict({n: nnx.LoRAParam(x) for n, x in self._lora.adapters.items()}))
+        return model
 
 
 def _only_lora(filter_types) -> bool:

@@ -12,14 +12,15 @@ With `--lora RANK` the policy is a qwix LoRA model (`LoraProvider` on every proj
 Tunix trains its adapters only and syncs just those (`update_params(state, (nnx.LoRAParam,))`),
 which the rollout merges into the base weights it keeps (`SpecRollout(lora_alpha=...)`).
 
-The process gets two CPU devices: the trainer on one, the rollout engine on the other,
-so after each training step Tunix syncs weights through `SpecRollout.update_params`
+The process gets three CPU devices: the trainer on one, the rollout engine on the next
+(`--rollout-devices 2`: tensor-parallel over the other two), so after each training step Tunix syncs weights through `SpecRollout.update_params`
 (device to device, under its transfer guards). With `--distill-steps N` the draft is
 refreshed from the last rollouts against the updated policy before each generation.
 
 The run checks, and prints as JSON (`--json FILE` writes it):
 - after every sync the engine's weights equal the trainer's (leaf by leaf, exactly; with
-  LoRA, base + (alpha / rank) a.b computed here by hand, to float32 rounding);
+  LoRA, base + (alpha / rank) a.b computed here by hand: exactly on one rollout device, to a
+  float32 ulp when the merge runs sharded);
 - no sync compiles anything, and a rollout compiles only (K, batch bucket) programs it
   runs for the first time (programs compile on first use; `engine.warmup()` compiles them
   all up front): never a program twice, whatever the weights;
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import os
 
-# two CPU devices (trainer, rollout); must precede the first JAX import
+# three CPU devices (the trainer's, and up to two for the rollout); must precede the first
+# JAX import
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=2").strip()
+                           " --xla_force_host_platform_device_count=3").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
@@ -245,15 +247,18 @@ def main(argv=None) -> dict:
                     help="draft refresh (optax steps on the last rollouts) before each rollout")
     ap.add_argument("--lora", type=int, default=0, metavar="RANK",
                     help="train qwix LoRA adapters of this rank (0: every weight)")
+    ap.add_argument("--rollout-devices", type=int, default=1, choices=(1, 2),
+                    help="devices of the rollout mesh (2: the engine tensor-parallel over them)")
     ap.add_argument("--json", default=None, help="write the checks here")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
 
     devices = jax.devices()
-    if len(devices) < 2:
-        raise SystemExit("needs two devices (XLA_FLAGS --xla_force_host_platform_device_count=2)")
+    if len(devices) < 1 + args.rollout_devices:
+        raise SystemExit(f"needs {1 + args.rollout_devices} devices (XLA_FLAGS "
+                         "--xla_force_host_platform_device_count)")
     actor_mesh = Mesh(np.array(devices[:1]).reshape(1, 1), ("fsdp", "tp"))
-    rollout_mesh = Mesh(np.array(devices[1:2]).reshape(1, 1), ("fsdp", "tp"))
+    rollout_mesh = Mesh(np.array(devices[1:1 + args.rollout_devices]).reshape(1, -1), ("fsdp", "tp"))
 
     actor, reference = policy(0), policy(0)
     if args.lora:
@@ -291,7 +296,7 @@ def main(argv=None) -> dict:
     rollout = cluster.rollout
     log = rollout.log
     result = {
-        "steps": args.steps, "lora_rank": args.lora, "seconds": time.perf_counter() - t0,
+        "steps": args.steps, "lora_rank": args.lora, "rollout_devices": args.rollout_devices, "seconds": time.perf_counter() - t0,
         "syncs": len(log["sync_compiles"]),
         "sync_max_abs_diff": [float(x) for x in jax.device_get(log["sync_max_abs_diff"])],
         "sync_compiles": log["sync_compiles"],

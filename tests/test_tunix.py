@@ -450,12 +450,26 @@ def test_a_lora_policy_is_served_merged_and_synced_by_its_adapters(policy):
     assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)
 
 
+def test_a_bfloat16_lora_policy_passes_the_forward_check_and_serves_its_law():
+    """bfloat16: the merged weight rounds once where qwix's forward rounds x.W and x.a.b
+    apart, within the check's tolerance; the rollout logprobs follow the LoRA module's."""
+    trainer = lora_llama(0)
+    nnx.update(trainer, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(trainer, nnx.Param)))
+    r = SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), max_batch_size=4,
+                    prefill_chunk=16, spec=SpecConfig(method="ngram", num_speculative_tokens=2), lora_alpha=8.0)
+    assert {x.dtype for x in jax.tree.leaves(r.engine._target_params)} == {jnp.dtype(jnp.bfloat16)}
+    cfg = config(temperature=0.9)
+    assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9, atol=0.15)
+
+
 def test_lora_mistakes_are_named_and_change_nothing():
     trainer = lora_llama(0)
     with pytest.raises(ValueError, match="LoRA adapters .*give lora_alpha="):
         SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config())
     with pytest.raises(ValueError, match="lora_alpha is not the provider's"):  # the forward check
         SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=2.0)
+    with pytest.raises(ValueError, match="lora_alpha is given but the policy has no LoRA adapters"):
+        SpecRollout(rollout_actor=tiny_llama(0), tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=8.0)
     with pytest.raises(ValueError, match="lora_alpha must be a positive number"):
         SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=-1.0,
                     check=False)

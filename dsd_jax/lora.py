@@ -144,17 +144,17 @@ class LoraWeights:
         device; compiles nothing after the first. A refused sync changes nothing."""
         tree, kept = self._merged(state, engine._target_params)
         engine.set_params(target=tree, copy=False)  # buffers of its own already
-        self.base, self.adapters = kept
+        self._steps, self.base, self.adapters = kept
 
     def merged(self, state, like):
         """`like` (our tree) with every adapted leaf base + scale * a.b from `state`."""
         return self._merged(state, like)[0]
 
     def _merged(self, state, like) -> tuple:
-        """(`like` merged with `state`, (the base weights it used, the adapters on their
-        devices)). `state`: the trainer's
-        adapters (a LoRA-only sync), or its whole tree (the base weights are then taken from
-        it too). The adapted weights must be the ones this policy had."""
+        """(`like` merged with `state`, what a sync keeps: (the plan, the base weights, the
+        adapters on the engine's devices)). `state`: the trainer's adapters (a LoRA-only
+        sync), or its whole tree (every weight then comes from it, the base ones too). The
+        adapted weights must be the ones this policy had."""
         named, _ = param_mapping.flatten(state)
         plain, adapters = split(named)
         if tuple(sorted(adapters)) != self.weights:
@@ -162,22 +162,22 @@ class LoraWeights:
             extra = sorted(set(adapters) - set(self.weights))
             raise ValueError("a LoRA sync must bring an adapter for every weight the policy adapts, and "
                              f"only those: missing {missing[:4]}, unexpected {extra[:4]}")
-        self._plan(adapters, like)  # the shapes still fit
-        base = self.base
-        if plain:  # a whole tree: its base weights (checked like any mapped sync)
-            mapped, _ = param_mapping.flatten(param_mapping.map_params(self.mapping, plain, like))
-            base = {leaf: mapped[leaf] for _, leaf, _, _ in self._steps}
-        ours, treedef = param_mapping.flatten(like)
-        spec = tuple((transform, tuple(ours[leaf].shape), self.alpha / rank)
-                     for _, leaf, transform, rank in self._steps)
-        bases = tuple(base[leaf] for _, leaf, _, _ in self._steps)
+        steps = self._plan(adapters, like)  # the shapes fit (a new rank gets its own scale)
+        if plain:  # a whole tree, mapped and checked like any sync
+            ours, treedef = param_mapping.flatten(param_mapping.map_params(self.mapping, plain, like))
+            base = {leaf: ours[leaf] for _, leaf, _, _ in steps}
+        else:
+            ours, treedef = param_mapping.flatten(like)
+            base = self.base
+        spec = tuple((transform, tuple(ours[leaf].shape), self.alpha / rank) for _, leaf, transform, rank in steps)
+        bases = tuple(base[leaf] for _, leaf, _, _ in steps)
         # device to device: the adapters join the base on the engine's devices, whole on each
         on = [_replicated(w.sharding) for w in bases]
-        a = tuple(jax.device_put(adapters[weight][0], s) for (weight, *_), s in zip(self._steps, on))
-        b = tuple(jax.device_put(adapters[weight][1], s) for (weight, *_), s in zip(self._steps, on))
-        for (_, leaf, _, _), x, w in zip(self._steps, _merge(spec, bases, a, b), bases):
+        a = tuple(jax.device_put(adapters[weight][0], s) for (weight, *_), s in zip(steps, on))
+        b = tuple(jax.device_put(adapters[weight][1], s) for (weight, *_), s in zip(steps, on))
+        for (_, leaf, _, _), x, w in zip(steps, _merge(spec, bases, a, b), bases):
             ours[leaf] = jax.device_put(x, w.sharding)
         placed = {}
-        for (weight, *_), x, y in zip(self._steps, a, b):
+        for (weight, *_), x, y in zip(steps, a, b):
             placed[weight + SUFFIXES[0]], placed[weight + SUFFIXES[1]] = x, y
-        return jax.tree_util.tree_unflatten(treedef, list(ours.values())), (base, placed)
+        return jax.tree_util.tree_unflatten(treedef, list(ours.values())), (steps, base, placed)

@@ -440,7 +440,9 @@ def test_a_lora_policy_is_served_merged_and_synced_by_its_adapters(policy):
     assert all((a == b).all() for a, b in zip(jax.tree.leaves(once), jax.tree.leaves(jax.device_get(r.engine._target_params))))
     out = r.generate(PROMPTS, cfg)
     assert_logprobs_match(trainer, out, cfg, temperature=0.9)
-    # the whole state (base weights and adapters) is taken as well
+    # the whole state (base weights and adapters) is taken as well, every weight from it
+    shift = jax.jit(lambda s: jax.tree.map(lambda x: x + 0.01, s))
+    nnx.update(trainer, shift(nnx.state(trainer, nnx.Param)))  # norms and embeddings too
     r.update_params(nnx.state(trainer, nnx.Param), (nnx.Param,))
     assert_logprobs_match(trainer, r.generate(PROMPTS, cfg), cfg, temperature=0.9)
     # Tunix compares model()'s leaves with the trainer's one by one (a different count

@@ -11,7 +11,7 @@ the plain ones and a token costs what it costs without LoRA. So it keeps the bas
 adapted leaf (in its own layout, a second copy of those leaves in device memory), and each
 sync recomputes those leaves from the base and the new adapters in one jitted program on
 the engine's devices: merges never accumulate rounding, nothing goes through the host, and
-the program compiles once (`LoraWeights` runs it when it is built).
+the program compiles once (`SpecRollout` runs a first sync when it is built).
 """
 
 from __future__ import annotations

@@ -1163,7 +1163,11 @@ class SpecEngine:
             for r in requests:
                 forget(r.request_id, **kw)
 
-    def _run(self, requests: list[Request]):
+    def _run(self, requests: list[Request], arrivals: Callable[[], list[Request]] | None = None):
+        """Runs `requests` to the end, yielding (request, its new tokens) as dispatches are
+        read back. `arrivals`: called before each admission for requests that joined since
+        (`dsd_jax.threaded`: other threads' calls), queued behind the ones waiting and
+        added to `requests`; the run ends when none is left and none arrived."""
         # Every run packs its requests from slot 0 of the one device state: a second run
         # while a stream is suspended would overwrite the first's slots and lose its tokens.
         if not self._run_lock.acquire(blocking=False):
@@ -1178,9 +1182,17 @@ class SpecEngine:
             self._policy.begin_run()
             self.stats.begin_run()
             use_temperature = getattr(self.controller, "use_temperature", None)
-            if use_temperature is not None and requests:  # the profile's acceptance there, as prior
-                use_temperature(statistics.median_low(r.params.temperature for r in requests))
-            while queue or any(shards) or inflight:
+            tempered = False
+            while True:
+                if arrivals is not None:
+                    joined = arrivals()
+                    queue.extend(joined)
+                    requests.extend(joined)
+                if not (queue or any(shards) or inflight):
+                    break
+                if not tempered and use_temperature is not None:  # the profile's acceptance there, as prior
+                    use_temperature(statistics.median_low(r.params.temperature for r in requests))
+                tempered = True
                 free = self.max_batch_size - sum(map(len, shards))
                 if queue and free:
                     new = [queue.popleft() for _ in range(min(len(queue), free))]

@@ -193,7 +193,7 @@ class CheckedSpecRollout(SpecRollout):
 
     def generate(self, prompts, rollout_config, **kwargs):
         runs, compiles = [], []
-        inner = self.engine.generate
+        inner = self.front.generate  # what every SpecRollout.generate goes through
 
         def spy(ps, sampling, **kw):  # how the prompts were grouped; what the engine compiled
             runs.append([sp.n for sp in sampling])
@@ -202,12 +202,12 @@ class CheckedSpecRollout(SpecRollout):
             compiles.append((compilation_count() - before,
                              len(self.engine.programs._compiled) - programs))
             return out
-        self.engine.generate = spy
+        self.front.generate = spy
         try:
             self.engine.reset_metrics()
             out = super().generate(prompts, rollout_config, **kwargs)
         finally:
-            del self.engine.generate
+            del self.front.generate
         self.log["generate_compiles"].append(compiles[0][0])
         self.log["generate_new_programs"].append(compiles[0][1])
         self.log["groups"].append(runs[0])

@@ -2,6 +2,7 @@
 of its `compute_per_token_logps`, group sampling, weight syncs under its transfer guards,
 mapping errors, and a real GRPO learner end to end (examples/grpo_tunix.py)."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from tunix.rl import common
 from tunix.rl import utils as rl_utils
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
-from dsd_jax import SpecConfig, param_mapping
+from dsd_jax import SamplingParams, SpecConfig, param_mapping
 from dsd_jax.compilation import compilation_count
 from dsd_jax.distill import token_logps
 from dsd_jax.integrations.tunix import SpecRollout, from_tunix
@@ -229,7 +230,7 @@ def test_repeated_prompts_become_groups(rollout):
     member equals a single request with that seed, although with method "suffix" its
     siblings draft for it."""
     calls = []
-    inner = rollout.engine.generate
+    inner = rollout.front.generate
 
     def spy(prompts, sampling, **kw):
         calls.append([(len(p), sp.n, sp.seed) for p, sp in zip(prompts, sampling)])
@@ -237,11 +238,11 @@ def test_repeated_prompts_become_groups(rollout):
 
     a, b = "w3 w4 w5", "w7 w8"
     prompts = [a, a, a, b, b, a]
-    rollout.engine.generate = spy
+    rollout.front.generate = spy
     try:
         out = rollout.generate(prompts, config(seed=100))
     finally:
-        del rollout.engine.generate
+        del rollout.front.generate
     assert calls == [[(4, 3, 100), (3, 2, 103), (4, 1, 105)]]
     ids_a, ids_b = [BOS] + TOKENIZER.encode(a), [BOS] + TOKENIZER.encode(b)
     assert [r.tolist() for r in out.left_padded_prompt_tokens[:3]] == [[PAD] * 4 + ids_a] * 3
@@ -260,6 +261,25 @@ def test_a_temperature_below_the_greedy_threshold_keeps_tunix_logprobs(policy, r
     cfg = config(temperature=GREEDY_BELOW / 10, top_p=1.0)
     out = rollout.generate(PROMPTS, cfg)
     assert_logprobs_match(policy, out, cfg, temperature=cfg.temperature)
+
+
+def test_concurrent_calls_run_together_and_each_gets_its_own(rollout):
+    """Tunix's agentic learner calls the rollout from a thread per episode (asyncio's
+    run_in_executor, up to max_concurrency at once): the calls share the engine's batch
+    (`dsd_jax.threaded`) and each gets what it gets alone."""
+    cfg = config(top_p=None)
+    episodes = [[p] for p in PROMPTS] * 2
+
+    async def all_at_once():
+        loop = asyncio.get_running_loop()
+        return await asyncio.gather(*[loop.run_in_executor(None, rollout.generate, e, cfg) for e in episodes])
+
+    together = asyncio.run(all_at_once())
+    for episode, got in zip(episodes, together):
+        alone = rollout.generate(episode, cfg)
+        assert [t.tolist() for t in got.tokens] == [t.tolist() for t in alone.tokens]
+        np.testing.assert_array_equal(got.left_padded_prompt_tokens, alone.left_padded_prompt_tokens)
+        np.testing.assert_allclose(got.logprobs[0], alone.logprobs[0], atol=1e-5)
 
 
 def test_any_integer_seed_is_taken(rollout):
@@ -315,10 +335,10 @@ def test_an_eagle3_head_is_a_draft_as_is(policy, rollout):
 
 
 def test_distillation_skips_an_empty_rollout_and_never_traps_later_calls(policy):
-    """distill_steps > 0 with a vLLM-style spec dict: a rollout whose completions are all
-    empty (EOS first) has nothing to distil on, so the round after the next sync is skipped
-    and noted, and generation goes on; the next sync distils; a round that raises does so
-    from one call only, the following call generates."""
+    """distill_steps > 0 with a vLLM-style spec dict: rollouts whose completions are all
+    empty (EOS first) leave nothing to distil on, so the round after the next sync is
+    skipped and noted, and generation goes on; the next sync distils on the rollouts since;
+    a round that raises does so from one call only, the following call generates."""
     from dsd_jax import models
     with pytest.raises(ValueError, match="distill_steps needs a draft model"):
         SpecRollout(rollout_actor=policy, tokenizer=TOKENIZER, rollout_config=config(),
@@ -332,7 +352,8 @@ def test_distillation_skips_an_empty_rollout_and_never_traps_later_calls(policy)
                     distill_steps=2, distill={"rows": 2})
     assert r.engine.spec.method == "draft_model"
     prompt, cfg = ["w3 w4 w5"], config(top_p=None)
-    first = int(r.generate(prompt, cfg).tokens[0][0])
+    # the first token, from the engine itself: the rollout's calls are the distillation data
+    first = r.engine.generate([r._tokenize(prompt[0])], SamplingParams(temperature=0.0, max_tokens=1))[0].token_ids[0]
     assert [len(t) for t in r.generate(prompt, config(top_p=None, eos_tokens=[first])).tokens] == [0]
     sync = lambda: r.update_params(nnx.state(policy, nnx.Param))
     sync()

@@ -33,6 +33,7 @@ they do for Tunix's own sampler.
 from __future__ import annotations
 
 import numbers
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,7 @@ from dsd_jax.rollout_memory import RolloutMemory
 from dsd_jax.sampling import GREEDY_BELOW, SamplingParams
 from dsd_jax.sharding import make_mesh
 from dsd_jax.state import MAX_STOP_IDS
+from dsd_jax.threaded import ThreadedEngine
 
 # Tunix 0.1.7's Llama3 and Qwen3 attention call `apply_rope` without the config's
 # rope_theta, so the model runs at that function's default whatever the config says.
@@ -168,6 +170,8 @@ def _greedy(cfg) -> bool:
     """Tunix's sampler is greedy unless top_p is given (temperature 0: greedy as well)."""
     return cfg.top_p is None or float(cfg.temperature) == 0.0
 
+
+DISTILL_OUTPUTS = 4096  # the newest completions a draft refresh learns from, at most
 
 SEED_MODULUS = 2 ** 31  # completion r draws from seed + r: room for 2**31 of them below 2**32
 
@@ -296,7 +300,11 @@ class SpecRollout(base_rollout.BaseRollout):
             temperature = rollout_config.temperature if rollout_config is not None else 1.0
             self._distiller = DraftDistiller(target, draft, **{"temperature": temperature,
                                                                **(distill or {})})
-        self._last_outputs = None  # the previous rollout's RequestOutputs (distillation data)
+        # Tunix's agentic learner calls `generate` from a thread per episode: every call goes
+        # through this thread-safe front, and calls that overlap share one running batch
+        self.front = ThreadedEngine(self.engine)
+        self._lock = threading.Lock()  # the distillation and its data, between calls
+        self._last_outputs: list = []  # RequestOutputs of the calls since the last refresh (distillation data)
         self._synced = False  # weights changed since the draft was last refreshed
         # With a custom engine Tunix passes the trainer's own module as rollout_actor:
         # converting it above compiled the mapping program every later sync reuses.
@@ -353,12 +361,15 @@ class SpecRollout(base_rollout.BaseRollout):
         # completion r of the call draws from seed base + r (siblings: base + start + g)
         sampling = [self._sampling(cfg, n, None if base is None else base + start)
                     for start, n in runs]
-        if self._distiller is not None and self._synced and self._last_outputs:
-            # not in update_params: Tunix runs it under guards against host->device copies
-            self._distill()
-        outs = self.engine.generate([ids[start] for start, _ in runs], sampling,
+        with self._lock:  # the first call after a sync refreshes the draft, the others wait
+            if self._distiller is not None and self._synced and self._last_outputs:
+                # not in update_params: Tunix runs it under guards against host->device copies
+                self._distill()
+        outs = self.front.generate([ids[start] for start, _ in runs], sampling,
                                     return_logprobs=cfg.return_logprobs, memory=self.memory)
-        self._last_outputs = outs
+        if self._distiller is not None:
+            with self._lock:
+                self._last_outputs = (self._last_outputs + outs)[-DISTILL_OUTPUTS:]
         tokens = [np.asarray(o.token_ids, np.int32) for o in outs]
         padded = np.full((len(ids), width), self.pad_id(), np.int32)
         for i, p in enumerate(ids):
@@ -371,7 +382,7 @@ class SpecRollout(base_rollout.BaseRollout):
             tokens=tokens, left_padded_prompt_tokens=padded, logprobs=logprobs)
 
     def _distill(self) -> None:
-        """One distillation round on the previous rollout, once per sync: `_synced` is
+        """One distillation round on the rollouts since the last one, once per sync: `_synced` is
         cleared first, so a round that fails raises from this call only (the engine keeps
         its draft; the next sync tries again) instead of from every later call."""
         self._synced = False
@@ -380,6 +391,7 @@ class SpecRollout(base_rollout.BaseRollout):
             return
         try:
             metrics = self._distiller.refresh(self.engine, self._last_outputs, self.distill_steps)
+            self._last_outputs = []
         except Exception as e:
             self.distill_log.append({"error": f"{type(e).__name__}: {e}"})
             raise

@@ -3,6 +3,7 @@ of its `compute_per_token_logps`, group sampling, weight syncs under its transfe
 mapping errors, and a real GRPO learner end to end (examples/grpo_tunix.py)."""
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -93,6 +94,15 @@ def config(**kw):
                 temperature=0.8, top_p=1.0, return_logprobs=True)
     base.update(kw)
     return base_rollout.RolloutConfig(**base)
+
+
+@contextlib.contextmanager
+def sync_guards():
+    """Tunix's transfer guards around a weight sync (no host copies either way), stricter:
+    implicit transfers too."""
+    with jax.transfer_guard("disallow"), jax.transfer_guard_host_to_device("disallow_explicit"), \
+            jax.transfer_guard_device_to_host("disallow_explicit"):
+        yield
 
 
 def tunix_logps(module, out, cfg, temperature):
@@ -389,9 +399,7 @@ def test_update_params_under_transfer_guards_compiles_nothing(policy):
     nnx.update(trainer, step(nnx.state(trainer, nnx.Param)))
     state = nnx.state(trainer, nnx.Param)
     before = compilation_count()
-    with jax.transfer_guard("disallow"), \
-            jax.transfer_guard_host_to_device("disallow_explicit"), \
-            jax.transfer_guard_device_to_host("disallow_explicit"):
+    with sync_guards():
         r.update_params(state, (nnx.Param,))
     assert compilation_count() == before
     out = r.generate(PROMPTS, cfg)
@@ -451,9 +459,7 @@ def test_a_lora_policy_is_served_merged_and_synced_by_its_adapters(policy):
     nnx.update(trainer, step(nnx.state(trainer, nnx.LoRAParam)))
     adapters = nnx.state(trainer, nnx.LoRAParam)
     before = compilation_count()
-    with jax.transfer_guard("disallow"), \
-            jax.transfer_guard_host_to_device("disallow_explicit"), \
-            jax.transfer_guard_device_to_host("disallow_explicit"):
+    with sync_guards():
         r.update_params(adapters, (nnx.LoRAParam,))
     assert compilation_count() == before
     once = jax.device_get(r.engine._target_params)

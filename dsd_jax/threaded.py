@@ -69,6 +69,8 @@ class ThreadedEngine:
         with self._lock:  # checks read the memory other calls write
             call = _Call(self.engine._make_requests(
                 self.engine._check_call(prompts, sampling, references, memory)))
+            if not call.requests:  # no prompts: nothing would ever finish it
+                return []
             self._inbox.append(call)
             if not self._driving:
                 self._driving = True

@@ -37,7 +37,8 @@ def run_threads(front, calls) -> list:
         except BaseException as e:  # noqa: BLE001 - handed to the test
             results[i] = e
 
-    threads = [threading.Thread(target=one, args=(i, args, kw)) for i, (args, kw) in enumerate(calls)]
+    threads = [threading.Thread(target=one, args=(i, args, kw), daemon=True)  # a hung one fails, not stalls
+               for i, (args, kw) in enumerate(calls)]
     for t in threads:
         t.start()
     return threads, results
@@ -118,6 +119,9 @@ def test_a_bad_call_raises_in_its_own_thread_and_queues_nothing(engine):
     assert isinstance(results[2], ValueError) and "stop_token_ids" in str(results[2])
     assert isinstance(results[3], ValueError) and "empty" in str(results[3])
     assert front.join(120) and not front._inbox and not front._calls_of
+    threads, results = run_threads(front, [(([], SamplingParams()), {})])  # as engine.generate([])
+    threads[0].join(60)
+    assert results == [[]]
 
 
 def test_a_failed_run_reaches_every_waiting_call_and_the_next_calls_run(engine, monkeypatch):

@@ -105,6 +105,18 @@ def sync_guards():
         yield
 
 
+def train_and_sync(rollout, trainer, kind, step):
+    """A jitted "training step" on the trainer's `kind` params (nnx.Param, or the LoRA
+    adapters), then Tunix's sync of them under `sync_guards`: (the compilations the sync
+    made, the state synced)."""
+    nnx.update(trainer, step(nnx.state(trainer, kind)))
+    state = nnx.state(trainer, kind)
+    before = compilation_count()
+    with sync_guards():
+        rollout.update_params(state, (kind,))
+    return compilation_count() - before, state
+
+
 def tunix_logps(module, out, cfg, temperature):
     comp = np.full((len(out.tokens), cfg.max_tokens_to_generate), PAD, np.int32)
     for i, t in enumerate(out.tokens):
@@ -396,12 +408,8 @@ def test_update_params_under_transfer_guards_compiles_nothing(policy):
     cfg = config(temperature=0.9)
     r.generate(PROMPTS, cfg)
     step = jax.jit(lambda s: jax.tree.map(lambda x: x * 1.05 + 0.002, s))
-    nnx.update(trainer, step(nnx.state(trainer, nnx.Param)))
-    state = nnx.state(trainer, nnx.Param)
+    assert train_and_sync(r, trainer, nnx.Param, step)[0] == 0
     before = compilation_count()
-    with sync_guards():
-        r.update_params(state, (nnx.Param,))
-    assert compilation_count() == before
     out = r.generate(PROMPTS, cfg)
     assert compilation_count() == before
     assert_logprobs_match(trainer, out, cfg, temperature=0.9)
@@ -456,12 +464,8 @@ def test_a_lora_policy_is_served_merged_and_synced_by_its_adapters(policy):
     base = tunix_logps(policy, out, cfg, 0.9)  # policy: tiny_llama(0), the unadapted weights
     assert max(np.abs(lp - base[i, :len(lp)]).max() for i, lp in enumerate(out.logprobs)) > 0.1
     step = jax.jit(lambda s: jax.tree.map(lambda x: x * 1.2 + 0.01, s))
-    nnx.update(trainer, step(nnx.state(trainer, nnx.LoRAParam)))
-    adapters = nnx.state(trainer, nnx.LoRAParam)
-    before = compilation_count()
-    with sync_guards():
-        r.update_params(adapters, (nnx.LoRAParam,))
-    assert compilation_count() == before
+    compiles, adapters = train_and_sync(r, trainer, nnx.LoRAParam, step)
+    assert compiles == 0
     once = jax.device_get(r.engine._target_params)
     r.update_params(adapters, (nnx.LoRAParam,))
     assert all((a == b).all() for a, b in zip(jax.tree.leaves(once), jax.tree.leaves(jax.device_get(r.engine._target_params))))

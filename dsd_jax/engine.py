@@ -1182,7 +1182,6 @@ class SpecEngine:
             self._policy.begin_run()
             self.stats.begin_run()
             use_temperature = getattr(self.controller, "use_temperature", None)
-            tempered = False
             while True:
                 if arrivals is not None:
                     joined = arrivals()
@@ -1190,9 +1189,9 @@ class SpecEngine:
                     requests.extend(joined)
                 if not (queue or any(shards) or inflight):
                     break
-                if not tempered and use_temperature is not None:  # the profile's acceptance there, as prior
+                if use_temperature is not None:  # once there is work: the profile's acceptance there, as prior
                     use_temperature(statistics.median_low(r.params.temperature for r in requests))
-                tempered = True
+                    use_temperature = None
                 free = self.max_batch_size - sum(map(len, shards))
                 if queue and free:
                     new = [queue.popleft() for _ in range(min(len(queue), free))]

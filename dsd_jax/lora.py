@@ -45,12 +45,8 @@ def split(named: dict) -> tuple[dict, dict]:
     return plain, {weight: (a, b) for weight, (a, b) in halves.items()}
 
 
-def is_adapter(name: str) -> bool:
-    return name.endswith(SUFFIXES)
-
-
 def has_adapters(named: dict) -> bool:
-    return any(map(is_adapter, named))
+    return any(name.endswith(SUFFIXES) for name in named)
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,12 +124,12 @@ class LoraWeights:
             raise ValueError("the policy has no LoRA leaves (qwix's '*_lora_a' / '*_lora_b')")
         self.weights = tuple(sorted(adapters))  # the adapted weights every sync must bring
         self.adapters: dict = {}  # {trainer leaf name: array}: the last synced, on the engine's devices
-        self._steps = self._plan(adapters, base)
         ours, _ = param_mapping.flatten(base)
+        self._steps = self._plan(adapters, ours)
         self.base = {leaf: ours[leaf] for _, leaf, _, _ in self._steps}
 
-    def _plan(self, adapters: dict, like) -> tuple:
-        ours, _ = param_mapping.flatten(like)
+    def _plan(self, adapters: dict, ours: dict) -> tuple:
+        """`plan` of these adapters ({weight: (a, b)}) onto our flattened tree."""
         return plan(self.mapping,
                     tuple((w, tuple(a.shape), tuple(b.shape), str(a.dtype), str(b.dtype))
                           for w, (a, b) in sorted(adapters.items())),
@@ -162,12 +158,12 @@ class LoraWeights:
             extra = sorted(set(adapters) - set(self.weights))
             raise ValueError("a LoRA sync must bring an adapter for every weight the policy adapts, and "
                              f"only those: missing {missing[:4]}, unexpected {extra[:4]}")
-        steps = self._plan(adapters, like)  # the shapes fit (a new rank gets its own scale)
+        ours, treedef = param_mapping.flatten(like)
+        steps = self._plan(adapters, ours)  # the shapes fit (a new rank gets its own scale)
         if plain:  # a whole tree, mapped and checked like any sync
             ours, treedef = param_mapping.flatten(param_mapping.map_params(self.mapping, plain, like))
             base = {leaf: ours[leaf] for _, leaf, _, _ in steps}
         else:
-            ours, treedef = param_mapping.flatten(like)
             base = self.base
         spec = tuple((transform, tuple(ours[leaf].shape), self.alpha / rank) for _, leaf, transform, rank in steps)
         bases = tuple(base[leaf] for _, leaf, _, _ in steps)

@@ -55,8 +55,7 @@ class ThreadedEngine:
         self._running = False  # inside the engine's run
         self._taken = 0  # calls the runs took so far
         self._inbox: list[_Call] = []
-        self._driving = False
-        self._idle = threading.Event()  # set while no driver runs
+        self._idle = threading.Event()  # set while no driver thread runs
         self._idle.set()
         self._calls_of: dict[int, _Call] = {}  # request id -> its call, while it runs
         self.runs = 0  # engine runs started: calls that overlap share one
@@ -72,8 +71,7 @@ class ThreadedEngine:
             if not call.requests:  # no prompts: nothing would ever finish it
                 return []
             self._inbox.append(call)
-            if not self._driving:
-                self._driving = True
+            if self._idle.is_set():
                 self._idle.clear()
                 threading.Thread(target=self._drive, name="dsd_jax-driver", daemon=True).start()
         call.done.wait()
@@ -110,13 +108,11 @@ class ThreadedEngine:
         while True:
             with self._lock:
                 if not self._inbox:
-                    self._driving = False
                     self._idle.set()
                     return
+                self._running = True
             self.runs += 1
             try:
-                with self._lock:
-                    self._running = True
                 for r, _ in self.engine._run([], arrivals=self._arrivals):
                     if r.finish_reason is not None:
                         with self._lock:

@@ -82,9 +82,8 @@ def _params(module) -> tuple[dict, dict]:
     """({name: leaf} of the plain leaves, of the LoRA adapters' leaves) of a Tunix module's
     `nnx.Param`s (qwix's `nnx.LoRAParam`s are Params too)."""
     named, _ = param_mapping.flatten(nnx.state(module, nnx.Param))
-    lora.split(named)  # every adapter whole
-    adapters = {n: x for n, x in named.items() if lora.is_adapter(n)}
-    return {n: x for n, x in named.items() if n not in adapters}, adapters
+    plain, _ = lora.split(named)  # every adapter whole
+    return plain, {n: x for n, x in named.items() if n not in plain}
 
 
 def config_from_tunix(module) -> ModelConfig:

@@ -808,6 +808,7 @@ class SpecEngine:
         for r in new:  # siblings get their shard's leader's drafter state
             r.prompt_drafted = draft_now and (r.shard, r.group) not in drafter_lengths
         self._seat(new, shards, donor_of)
+        self._preserve_kept(new, shards, donor_of)
         self._prefill(whole, {}, new)
         if skip:
             pairs = [[(self._slot_of(donor_of[r.request_id]), r.slot) for r in shard] for shard in rest]
@@ -931,6 +932,35 @@ class SpecEngine:
             shard[base:] = prefix_sharing.seat(shard[base:], base, donor_slot)
             for slot in range(base, len(shard)):
                 shard[slot].slot = slot
+
+    def _preserve_kept(self, new: list[Request], shards: list[list[Request]], donor_of: dict) -> None:
+        """Moves the kept records in the slots the new requests take out of their way
+        (`prefix_sharing.preserve`) before anything writes those slots, and points the
+        takers of a moved donor and `_retained` at where the contents went."""
+        if not self.share_prefixes:
+            return
+        plans = []
+        for s, shard in enumerate(shards):
+            base = len(shard) - sum(r.shard == s for r in new)
+            takes = {r.slot: donor_of[r.request_id] for r in shard[base:]
+                     if isinstance(donor_of.get(r.request_id), int)}
+            plans.append(prefix_sharing.preserve(base, len(shard), self.slots_per_shard,
+                                                 set(self._retained[s]), takes))
+        move, rows = self.programs.move(), self.programs.slot_rows()
+        for i in range(max(len(plan.swaps) for plan in plans)):  # one swap per shard per call
+            src = np.full(self.data, self.slots_per_shard, np.int32)  # out of range: none
+            dst = src.copy()
+            for s, plan in enumerate(plans):
+                if i < len(plan.swaps):
+                    src[s], dst[s] = plan.swaps[i]
+            self.state = move(self.state, src, dst, rows(self.state, dst))
+        if any(plan.copies for plan in plans):
+            self._copy_slots([plan.copies for plan in plans])
+        for s, plan in enumerate(plans):
+            self._retained[s] = {plan.where.get(slot, slot): kept for slot, kept in self._retained[s].items()}
+        for r in new:
+            if isinstance(donor := donor_of.get(r.request_id), int):
+                donor_of[r.request_id] = plans[r.shard].where.get(donor, donor)
 
     def _rows_bucket(self, per_shard: list[list]) -> int:
         """The smallest prefill rows bucket that holds the fullest shard's list."""

@@ -13,7 +13,10 @@ prompt and completion (`Retained`), until an admission takes the slot, in this r
 later call on the same weights. A multi-turn rollout whose next prompt is the last one
 plus its completion and a new message prefills only the new message. A request taking
 such a share is seated in its donor's slot when that slot is among the ones being filled
-(`seat`): nothing is copied.
+(`seat`): nothing is copied. A kept record in a slot being filled for another request
+moves out of the way first (`preserve`), to the kept slot its taker leaves or to a free
+slot that keeps nothing, so requests arriving a few at a time (one thread per episode)
+do not overwrite each other's records.
 
 It is the analogue of vLLM's automatic prefix caching, narrower: the KV cache is one dense
 row per slot, so what a shard can reuse is what its slots hold, at most one request per
@@ -28,8 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "drafter_held", "place", "plan", "retained",
-           "seat"]
+__all__ = ["MIN_SHARED_PREFIX", "Retained", "common_prefix", "drafter_held", "place", "plan", "preserve",
+           "retained", "seat"]
 
 # Fewer shared positions than this are prefilled again: so short a share saves little
 # against a whole-slot copy and a second prefill (whether a longer one pays is the engine's
@@ -150,3 +153,35 @@ def seat(requests: list, base: int, donor_slot: dict[int, int]) -> list:
             seated.add(id(r))
     rest = iter([r for r in requests if id(r) not in seated])
     return [r if r is not None else next(rest) for r in order]
+
+
+class Preserved(NamedTuple):
+    """How one shard's kept records get out of the way of an admission (`preserve`)."""
+
+    swaps: list[tuple[int, int]]  # (a, b): slots a and b exchange contents, in this order
+    copies: list[tuple[int, int]]  # (source, destination): after the swaps, in one program
+    where: dict[int, int]  # slot -> the slot its content (and record) is in afterwards
+
+
+def preserve(base: int, end: int, slots: int, kept: set[int], takes: dict[int, int]) -> Preserved:
+    """Saves the kept records in slots base..end - 1, which new requests are about to write,
+    when no seated taker uses them (`seat`). `kept`: the slots holding a record; `takes`:
+    new request's slot -> the kept slot it takes a share from.
+
+    A taker sitting on another record whose own donor lies beyond the range swaps slots with
+    it: the share is then in place and the record sits in the donor's slot (two slot copies,
+    `step.move_slot`, where copying the donor over the record lost it). The other records
+    in the range are copied to free slots beyond it that keep nothing, while there are any.
+    A donor's other takers copy from wherever its content went (`where`)."""
+    at_risk = [slot for slot in range(base, end) if slot in kept and takes.get(slot) != slot]
+    swaps, where = [], {}
+    for slot in list(at_risk):
+        donor = takes.get(slot)
+        if donor is not None and donor >= end and donor not in where:
+            swaps.append((donor, slot))
+            where[donor], where[slot] = slot, donor
+            at_risk.remove(slot)
+    empty = [slot for slot in range(end, slots) if slot not in kept]
+    copies = list(zip(at_risk, empty))
+    where.update(copies)
+    return Preserved(swaps, copies, where)

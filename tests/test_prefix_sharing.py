@@ -49,6 +49,21 @@ def test_a_request_taking_a_kept_slots_prefix_is_seated_in_it():
     assert kept._replace(prompt_drafted=False).drafter_held(1) == 1
 
 
+def test_records_in_the_slots_being_filled_move_out_of_the_way():
+    """Slots 4..6 are filled; 4, 5, 7 and 8 keep records. The taker in 4 takes from 8,
+    beyond the range, so the two swap (its share in place, 4's record in 8); the request
+    in 6 takes from 8 too and copies from 4 then; 5's record (a whole prefill sits there)
+    goes to 9, the one free slot keeping nothing. A record in a seated taker's own donor
+    slot stays; with no free slot left, a record is lost."""
+    plan = prefix_sharing.preserve(4, 7, 10, {4, 5, 7, 8}, {4: 8, 6: 8})
+    assert plan.swaps == [(8, 4)] and plan.copies == [(5, 9)]
+    assert plan.where == {8: 4, 4: 8, 5: 9}
+    assert prefix_sharing.preserve(4, 6, 6, {4, 5}, {4: 4}) == ([], [], {})
+    assert prefix_sharing.preserve(0, 2, 4, {0, 1, 2, 3}, {}) == ([], [], {})
+    # a taker whose donor is in the range, not seated (another taker sits there), on a record
+    assert prefix_sharing.preserve(0, 2, 3, {0, 1}, {0: 0, 1: 0}).copies == [(1, 2)]
+
+
 def test_placement_sends_a_prompt_to_the_shard_holding_its_start():
     """Two shards, two new requests each (the balance by load): the longest shares go
     first to their shards; a prompt whose best shard is full takes its next best; one with
@@ -301,6 +316,46 @@ def test_a_kept_slot_beyond_the_admitted_ones_is_copied_and_groups_follow(tiny_p
     assert far > 0 and len(kept) == len(prompts[0]) - 2
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert engines[0].metrics()["shared_prefix_tokens"] == len(prompts[0]) - 3
+
+
+def _kept_slot(engine, prompt):
+    return next(slot for slot, kept in engine._retained[0].items() if kept.sequence.tolist() == prompt)
+
+
+@pytest.mark.parametrize("first_turns", [4, 2])
+def test_turns_arriving_one_at_a_time_keep_each_others_records(tiny_pair, first_turns):
+    """Next turns arrive one call at a time (an agentic rollout, one thread per episode),
+    each filling slot 0. With four slots kept, the first taker's donor is the farthest
+    slot: the two swap, and slot 0's record moves there instead of being overwritten. With
+    two kept, a new prompt sharing nothing goes to slot 0 and its record moves to a free
+    slot. Either way the later turn of slot 0's episode still takes its whole kept
+    sequence, and every output is a whole prefill's."""
+    target, draft = tiny_pair
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=2)
+    engines = [SpecEngine(target, draft, spec, max_batch_size=4, max_seq_len=128, prefill_chunk=16,
+                          share_prefixes=share, controller=FixedK([2, 0])) for share in (True, False)]
+    firsts = [e.generate(TURN1[:first_turns], TURNS[:first_turns]) for e in engines]
+    kept = {slot: r.sequence.tolist() for slot, r in engines[0]._retained[0].items()}
+    assert sorted(kept) == list(range(first_turns))
+    episode = lambda slot: next(i for i in range(first_turns) if kept[slot][:len(TURN1[i])] == TURN1[i])
+    second = SamplingParams(temperature=0.0, max_tokens=6)
+    if first_turns == 4:
+        calls = [(episode(3),), (episode(0),)]
+    else:
+        calls = [None, (episode(0),)]
+    for call in calls:
+        if call is None:  # a new episode: nothing to share
+            for e in engines:
+                e.reset_metrics()
+            outs = [e.generate([[63] * 40], second) for e in engines]
+            assert engines[0].metrics()["shared_prefix_tokens"] == 0
+            assert _kept_slot(engines[0], kept[0]) == 2  # moved to the free slot
+        else:
+            (prompts, got), (_, want) = (_next_turn(e, first, second, order=call)
+                                         for e, first in zip(engines, firsts))
+            outs = [got, want]
+            assert engines[0].metrics()["shared_prefix_tokens"] == len(prompts[0]) - 3
+        assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
 
 
 def test_an_eagle3_head_takes_a_kept_completion_and_catches_its_entries_up(tmp_path):

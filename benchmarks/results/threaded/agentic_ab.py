@@ -7,7 +7,10 @@ sleep of 0-4 ms, random per turn), and the next turn's prompt is the prompt, its
 and 16 new tokens. The built-in pair at K = 2 in an engine of 8 slots. Variants: "whole"
 (`share_prefixes=False`) and "kept" (the default: a turn's prompt takes prompt and
 completion from the slot its episode's last request finished in, when no other admission
-has taken it since). Each round starts cold (`reset_prefix_cache`). Tokens compared
+has taken it since, its record moved out of the way of other admissions:
+`prefix_sharing.preserve`), and "copied", kept slots as they were before `preserve` (a
+taker copied from a kept slot beyond the filled ones over whatever record it sat on; the
+engine's `_preserve_kept` switched off on that instance). Each round starts cold (`reset_prefix_cache`). Tokens compared
 episode by episode. Usage: python agentic_ab.py [repeats]"""
 import random
 import sys
@@ -25,8 +28,9 @@ REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 EPISODES, TURNS, FIRST, REPLY, OUT = 8, 4, 256, 16, 32
 target, draft, _ = builtin()
 engines = {name: dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=2), max_batch_size=EPISODES,
-                                max_seq_len=1024, share_prefixes=name == "kept")
-           for name in ("whole", "kept")}
+                                max_seq_len=1024, share_prefixes=name != "whole")
+           for name in ("whole", "copied", "kept")}
+engines["copied"]._preserve_kept = lambda *args: None  # the behaviour before it
 for eng in engines.values():
     eng.warmup()
 fronts = {name: ThreadedEngine(eng) for name, eng in engines.items()}
@@ -62,22 +66,25 @@ def rollout(name, seed):
     return seconds, tokens, engine.metrics()
 
 
-(_, whole_tokens, whole_m), (_, kept_tokens, kept_m) = rollout("whole", 0), rollout("kept", 0)
+first = {v: rollout(v, 0) for v in engines}
 times = {v: [] for v in engines}
-shared = []
+shared = {v: [] for v in engines}
 order = list(engines)
 for r in range(REPEATS):
     random.Random(r).shuffle(order)
     for v in order:
         seconds, _, m = rollout(v, r + 1)
         times[v].append(seconds)
-        if v == "kept":
-            shared.append(m["shared_prefix_tokens"])
+        shared[v].append(m["shared_prefix_tokens"])
 print(f"{REPEATS} pairs; {EPISODES} episodes in threads x {TURNS} turns: a {FIRST}-token first prompt, then "
       f"prompt + {OUT} generated + {REPLY} new tokens each turn, 0-4 ms between turns, greedy, built-in pair, "
       f"K = 2, {EPISODES} slots; ratio: dsd_jax.stats.paired_ratio (geometric mean, 95% interval)")
-print(f"same tokens: {whole_tokens == kept_tokens}; prefill tokens a rollout: whole {whole_m['prefill_tokens']}, "
-      f"kept {kept_m['prefill_tokens']}; shared positions per kept rollout: median {int(np.median(shared))}, "
-      f"range {min(shared)}-{max(shared)}")
-print(f"whole {1e3 * np.median(times['whole']):.1f} ms, kept {1e3 * np.median(times['kept']):.1f} ms, "
-      f"kept/whole {format_ratio(paired_ratio(times['kept'], times['whole']), digits=3)}")
+same = all(first[v][1] == first["whole"][1] for v in engines)
+print(f"same tokens: {same}; prefill tokens of the first rollout: "
+      + ", ".join(f"{v} {first[v][2]['prefill_tokens']}" for v in engines))
+for v in ("copied", "kept"):
+    print(f"{v}: shared positions a rollout, median {int(np.median(shared[v]))}, "
+          f"range {min(shared[v])}-{max(shared[v])}")
+print(", ".join(f"{v} {1e3 * np.median(times[v]):.1f} ms" for v in engines))
+for a, b in (("kept", "whole"), ("copied", "whole"), ("kept", "copied")):
+    print(f"{a}/{b} {format_ratio(paired_ratio(times[a], times[b]), digits=3)}")

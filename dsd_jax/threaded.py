@@ -14,7 +14,10 @@ is queued), its requests are numbered and put in an inbox, and the call waits. O
 thread runs the engine's loop (`SpecEngine._run` with `arrivals`): before each admission it
 takes what the inbox holds, so requests arriving while others decode join the next
 admission as slots free up (continuous batching across callers), and the step runs them
-together. The driver starts with the first request and stops when nothing is left.
+together. The driver starts a run `gather_s` after the first call reaches an idle front,
+so that calls arriving together (a batch of episodes starting at once) share its first
+admission instead of joining a step later with a prefill of their own; it stops when
+nothing is left.
 
 Each call's outputs are its own, in its prompt order. What a request generates does not
 depend on the other calls' requests where it never does in one `generate`: greedy
@@ -27,10 +30,17 @@ their request ids, numbered in the order calls arrive.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 from dsd_jax.request import remember
 from dsd_jax.sampling import SamplingParams
+
+
+# How long an idle front waits after a first call before starting a run: 8 threads started
+# in a loop all arrive within it on this CPU (`benchmarks/results/threaded/ab.py`), a small
+# latency beside a prefill.
+GATHER_S = 0.002
 
 
 class _Call:
@@ -48,8 +58,11 @@ class ThreadedEngine:
     must not be called directly while calls are running here (its own `generate` would
     raise, as for any second run)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, gather_s: float = GATHER_S):
+        if not 0 <= gather_s <= 1:
+            raise ValueError(f"gather_s must be between 0 and 1 second, got {gather_s!r}")
         self.engine = engine
+        self.gather_s = gather_s
         self._lock = threading.Lock()  # the inbox, the driver's state, the engine's numbering
         self._changed = threading.Condition(self._lock)  # a run ended, or took calls
         self._running = False  # inside the engine's run
@@ -106,6 +119,7 @@ class ThreadedEngine:
     def _drive(self) -> None:
         """Runs the engine while calls are waiting; each run ends when nothing is left."""
         while True:
+            time.sleep(self.gather_s)  # calls arriving together share the first admission
             with self._lock:
                 if not self._inbox:
                     self._idle.set()

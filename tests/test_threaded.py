@@ -149,3 +149,24 @@ def test_a_failed_run_reaches_every_waiting_call_and_the_next_calls_run(engine, 
     assert front.join(120)
     assert [o.token_ids for o in out] == [o.token_ids for o in engine.generate(
         PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))]
+
+
+def test_calls_arriving_within_the_gather_window_share_the_first_admission(engine):
+    """An idle front starts its run `gather_s` after the first call: two calls made 0.3 s
+    after it are in its first step with it (with no window the first call is admitted
+    alone and they join a step later, with a prefill of their own). A window outside
+    [0, 1] s is refused."""
+    engine.controller = FixedK([2])
+    engine.reset_metrics()
+    front = ThreadedEngine(engine, gather_s=1.0)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    threads, results = run_threads(front, [(([PROMPTS[0]], params), {})])
+    time.sleep(0.3)
+    more, rest = run_threads(front, [(([p], params), {}) for p in PROMPTS[1:3]])
+    for t in threads + more:
+        t.join(120)
+    assert all(isinstance(r, list) for r in results + rest), results + rest
+    assert front.runs == 1 and list(engine.stats.trace)[0]["batch_size"] == 3
+    for bad in (-0.1, 2.0):
+        with pytest.raises(ValueError, match="gather_s"):
+            ThreadedEngine(engine, gather_s=bad)

@@ -5,7 +5,10 @@ call. A round: 8 calls of one prompt each (64 random tokens), greedy, max_tokens
 (ignore_eos), on the built-in pair (K = 2) in an engine of 8 slots. Variants, in random
 order within each repeat, paired:
 - "threads": 8 threads call `ThreadedEngine.generate` at once; the round ends when the last
-  returns (their requests join one run: `dsd_jax/threaded.py`);
+  returns (their requests join one run: `dsd_jax/threaded.py`), the run starting
+  `threaded.GATHER_S` after the first call;
+- "ungathered": the same with `gather_s=0`, the run starting with the first call (the
+  others join at its next admission);
 - "serial": the 8 calls one after another, what callers sharing an engine behind a lock get;
 - "batched": one `generate` of the 8 prompts, the floor (everything admitted at once).
 Each variant's tokens are compared with the others'. Usage: python ab.py [repeats]"""
@@ -27,13 +30,13 @@ target, draft, _ = builtin()
 engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=2), max_batch_size=CALLS,
                         max_seq_len=256)
 engine.warmup()
-front = ThreadedEngine(engine)
+fronts = {"threads": ThreadedEngine(engine), "ungathered": ThreadedEngine(engine, gather_s=0.0)}
 rng = np.random.default_rng(0)
 prompts = [rng.integers(10, 4000, PROMPT).tolist() for _ in range(CALLS)]
 params = dsd.SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
 
 
-def threads():
+def threads(front):
     out = [None] * CALLS
 
     def one(i):
@@ -47,7 +50,7 @@ def threads():
     return out
 
 
-variants = {"threads": threads,
+variants = {"threads": lambda: threads(fronts["threads"]), "ungathered": lambda: threads(fronts["ungathered"]),
             "serial": lambda: [engine.generate([p], params)[0] for p in prompts],
             "batched": lambda: engine.generate(prompts, params)}
 
@@ -60,7 +63,7 @@ def timed(name):
 
 
 tokens = {v: timed(v)[1] for v in variants}
-same = tokens["threads"] == tokens["serial"] == tokens["batched"]
+same = all(t == tokens["batched"] for t in tokens.values())
 times = {v: [] for v in variants}
 order = list(variants)
 for r in range(REPEATS):
@@ -73,3 +76,5 @@ for v in variants:
     print(f"{v}: {1e3 * np.median(times[v]):.1f} ms a round")
 print(f"threads/serial {format_ratio(paired_ratio(times['threads'], times['serial']), digits=3)}")
 print(f"threads/batched {format_ratio(paired_ratio(times['threads'], times['batched']), digits=3)}")
+print(f"ungathered/batched {format_ratio(paired_ratio(times['ungathered'], times['batched']), digits=3)}")
+print(f"threads/ungathered {format_ratio(paired_ratio(times['threads'], times['ungathered']), digits=3)}")

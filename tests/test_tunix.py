@@ -288,9 +288,10 @@ def test_a_temperature_below_the_greedy_threshold_keeps_tunix_logprobs(policy, r
 def test_concurrent_calls_run_together_and_each_gets_its_own(rollout):
     """Tunix's agentic learner calls the rollout from a thread per episode (asyncio's
     run_in_executor, up to max_concurrency at once): the calls share the engine's batch
-    (`dsd_jax.threaded`) and each gets what it gets alone."""
+    (`dsd_jax.threaded`) and each gets what it gets alone. The learner passes one string
+    per call (`AgenticRLLearner._model_call`), not a list: one prompt, as a list of it."""
     cfg = config(top_p=None)
-    episodes = [[p] for p in PROMPTS] * 2
+    episodes = list(PROMPTS) + [[p] for p in PROMPTS]
 
     async def all_at_once():
         loop = asyncio.get_running_loop()
@@ -298,7 +299,8 @@ def test_concurrent_calls_run_together_and_each_gets_its_own(rollout):
 
     together = asyncio.run(all_at_once())
     for episode, got in zip(episodes, together):
-        alone = rollout.generate(episode, cfg)
+        alone = rollout.generate([episode] if isinstance(episode, str) else episode, cfg)
+        assert len(got.tokens) == len(alone.tokens) == 1
         assert [t.tolist() for t in got.tokens] == [t.tolist() for t in alone.tokens]
         np.testing.assert_array_equal(got.left_padded_prompt_tokens, alone.left_padded_prompt_tokens)
         np.testing.assert_allclose(got.logprobs[0], alone.logprobs[0], atol=1e-5)

@@ -342,6 +342,8 @@ class SpecRollout(base_rollout.BaseRollout):
 
     def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
                  **kwargs) -> base_rollout.RolloutOutput:
+        if isinstance(prompts, str):  # one prompt: Tunix's agentic learner passes it so, its samplers take it
+            prompts = [prompts]
         if not prompts:
             raise ValueError("no prompts to generate from")
         cfg = rollout_config

@@ -358,6 +358,45 @@ def test_turns_arriving_one_at_a_time_keep_each_others_records(tiny_pair, first_
         assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
 
 
+def test_turns_in_random_order_keep_true_records_and_give_whole_prefills_outputs(tiny_pair, monkeypatch):
+    """Six episodes, six slots, ten calls each continuing one or two of them at random
+    (every third sampled n = 2, greedy), every fourth with a new prompt sharing nothing:
+    the records move
+    by swaps and copies (both happen), every kept record's tokens are what its slot holds on
+    the device after each call, and every output is a whole prefill's."""
+    target, draft = tiny_pair
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=2)
+    engines = [SpecEngine(target, draft, spec, max_batch_size=6, max_seq_len=192, prefill_chunk=16,
+                          share_prefixes=share, controller=FixedK([2, 0])) for share in (True, False)]
+    moves = {"swaps": 0, "copies": 0}
+    preserve = prefix_sharing.preserve
+
+    def counted(*args):
+        plan = preserve(*args)
+        moves["swaps"] += len(plan.swaps)
+        moves["copies"] += len(plan.copies)
+        return plan
+    monkeypatch.setattr(prefix_sharing, "preserve", counted)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(2, 64, int(rng.integers(36, 50))).tolist() for _ in range(6)]
+    shared = 0
+    for call in range(10):
+        chosen = rng.choice(6, size=int(rng.integers(1, 3)), replace=False).tolist()
+        batch = [prompts[i] for i in chosen] + ([rng.integers(2, 64, 40).tolist()] if call % 4 == 3 else [])
+        sampling = SamplingParams(temperature=0.0, max_tokens=int(rng.integers(3, 9)), n=2 if call % 3 == 2 else 1)
+        for e in engines:
+            e.reset_metrics()
+        outs = [e.generate(batch, sampling) for e in engines]
+        assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+        shared += engines[0].metrics()["shared_prefix_tokens"]
+        held = jax.device_get(engines[0].state.tokens)
+        for slot, kept in engines[0]._retained[0].items():
+            assert held[slot, :len(kept.sequence)].tolist() == kept.sequence.tolist(), (call, slot)
+        for i, out in zip(chosen, outs[0][::sampling.n]):
+            prompts[i] = prompts[i] + list(out.token_ids) + rng.integers(2, 64, 2).tolist()
+    assert shared > 0 and moves["swaps"] > 0 and moves["copies"] > 0, (shared, moves)
+
+
 def test_an_eagle3_head_takes_a_kept_completion_and_catches_its_entries_up(tmp_path):
     """A head's entries after the prompt may lag (the first turn runs at K = 0: none past
     the prompts), so a second turn taking prompt and completion from kept slots is admitted

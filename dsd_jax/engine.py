@@ -226,6 +226,7 @@ class SpecEngine:
         # good while the state is written by runs alone (`state`'s setter counts writes)
         self._state_writes, self._retained_at = 0, -1
         self._retained: list[dict[int, prefix_sharing.Retained]] = [{} for _ in range(self.data)]
+        self._finished = 0  # requests finished so far: a kept record's age (`Retained.finished`)
         # each kernel's backend, resolved once; under "auto" on GPU/TPU a Pallas kernel that
         # fails to compile falls back to XLA (`Programs`, `kernels.PallasFallbackWarning`)
         platform = kernels.default_platform(self.placement.device)
@@ -944,20 +945,19 @@ class SpecEngine:
             base = len(shard) - sum(r.shard == s for r in new)
             takes = {r.slot: donor_of[r.request_id] for r in shard[base:]
                      if isinstance(donor_of.get(r.request_id), int)}
-            plans.append(prefix_sharing.preserve(base, len(shard), self.slots_per_shard,
-                                                 set(self._retained[s]), takes))
-        move, rows = self.programs.move(), self.programs.slot_rows()
+            ages = {slot: kept.finished for slot, kept in self._retained[s].items()}
+            plans.append(prefix_sharing.preserve(base, len(shard), self.slots_per_shard, ages, takes))
         for i in range(max(len(plan.swaps) for plan in plans)):  # one swap per shard per call
             src = np.full(self.data, self.slots_per_shard, np.int32)  # out of range: none
             dst = src.copy()
             for s, plan in enumerate(plans):
                 if i < len(plan.swaps):
                     src[s], dst[s] = plan.swaps[i]
-            self.state = move(self.state, src, dst, rows(self.state, dst))
+            self.state = self.programs.move()(self.state, src, dst, self.programs.slot_rows()(self.state, dst))
         if any(plan.copies for plan in plans):
             self._copy_slots([plan.copies for plan in plans])
         for s, plan in enumerate(plans):
-            self._retained[s] = {plan.where.get(slot, slot): kept for slot, kept in self._retained[s].items()}
+            self._retained[s] = plan.moved(self._retained[s])
         for r in new:
             if isinstance(donor := donor_of.get(r.request_id), int):
                 donor_of[r.request_id] = plans[r.shard].where.get(donor, donor)
@@ -1066,7 +1066,9 @@ class SpecEngine:
                 live.pop()
                 r.slot = -1
                 if self.share_prefixes:
-                    self._retained[s][last] = prefix_sharing.retained(r.prompt, r.tokens, r.prompt_drafted)
+                    self._finished += 1
+                    self._retained[s][last] = prefix_sharing.retained(r.prompt, r.tokens, r.prompt_drafted,
+                                                                      self._finished)
             if (src < self.slots_per_shard).any():
                 self.state = move(self.state, src, dst, rows(self.state, dst))
 

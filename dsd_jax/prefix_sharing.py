@@ -127,16 +127,17 @@ class Retained(NamedTuple):
     sequence: np.ndarray  # prompt and completion; the target KV holds positions < len - 1
     prompt_length: int
     prompt_drafted: bool  # the drafter's state holds the prompt (`Request.prompt_drafted`)
+    finished: int = 0  # when it was kept (the engine's count of finished requests): its age
 
     def drafter_held(self, shared: int) -> int | None:
         """`drafter_held` of this slot's prompt."""
         return drafter_held(self.prompt_length, self.prompt_drafted, shared)
 
 
-def retained(prompt: Sequence[int], tokens: Sequence[int], prompt_drafted: bool) -> Retained:
+def retained(prompt: Sequence[int], tokens: Sequence[int], prompt_drafted: bool, finished: int = 0) -> Retained:
     """The `Retained` record of a finished request (tokens: what the host returned; the
     device may have run on past a stop string, but its positions before agree)."""
-    return Retained(np.asarray(list(prompt) + list(tokens), np.int64), len(prompt), prompt_drafted)
+    return Retained(np.asarray(list(prompt) + list(tokens), np.int64), len(prompt), prompt_drafted, finished)
 
 
 def seat(requests: list, base: int, donor_slot: dict[int, int]) -> list:
@@ -161,18 +162,27 @@ class Preserved(NamedTuple):
     swaps: list[tuple[int, int]]  # (a, b): slots a and b exchange contents, in this order
     copies: list[tuple[int, int]]  # (source, destination): after the swaps, in one program
     where: dict[int, int]  # slot -> the slot its content (and record) is in afterwards
+    evicted: list[int]  # slots whose records the copies overwrite
+
+    def moved(self, records: dict) -> dict:
+        """`records` (slot -> record) after the swaps and copies: each where its content
+        went, the evicted ones gone."""
+        return {self.where.get(slot, slot): r for slot, r in records.items() if slot not in self.evicted}
 
 
-def preserve(base: int, end: int, slots: int, kept: set[int], takes: dict[int, int]) -> Preserved:
+def preserve(base: int, end: int, slots: int, kept: dict[int, int], takes: dict[int, int]) -> Preserved:
     """Saves the kept records in slots base..end - 1, which new requests are about to write,
-    when no seated taker uses them (`seat`). `kept`: the slots holding a record; `takes`:
-    new request's slot -> the kept slot it takes a share from.
+    when no seated taker uses them (`seat`). `kept`: the slots holding a record -> its age
+    (`Retained.finished`, larger is newer); `takes`: new request's slot -> the kept slot it
+    takes a share from.
 
     A taker sitting on another record whose own donor lies beyond the range swaps slots with
     it: the share is then in place and the record sits in the donor's slot (two slot copies,
     `step.move_slot`, where copying the donor over the record lost it). The other records
-    in the range are copied to free slots beyond it that keep nothing, while there are any.
-    A donor's other takers copy from wherever its content went (`where`)."""
+    in the range, newest first, are copied to free slots beyond it that keep nothing, and
+    when none is left over the oldest record beyond it that is older and no taker uses (the
+    least recently kept goes first, as vLLM evicts its prefix cache's blocks). A donor's
+    other takers copy from wherever its content went (`where`)."""
     at_risk = [slot for slot in range(base, end) if slot in kept and takes.get(slot) != slot]
     swaps, where = [], {}
     for slot in list(at_risk):
@@ -182,6 +192,14 @@ def preserve(base: int, end: int, slots: int, kept: set[int], takes: dict[int, i
             where[donor], where[slot] = slot, donor
             at_risk.remove(slot)
     empty = [slot for slot in range(end, slots) if slot not in kept]
-    copies = list(zip(at_risk, empty))
+    donors = set(takes.values())
+    oldest = sorted((slot for slot in range(end, slots) if slot in kept and slot not in donors), key=kept.get)
+    copies, evicted = [], []
+    for slot in sorted(at_risk, key=kept.get, reverse=True):
+        if empty:
+            copies.append((slot, empty.pop(0)))
+        elif oldest and kept[oldest[0]] < kept[slot]:
+            evicted.append(oldest.pop(0))
+            copies.append((slot, evicted[-1]))
     where.update(copies)
-    return Preserved(swaps, copies, where)
+    return Preserved(swaps, copies, where, evicted)

@@ -50,10 +50,8 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from flax import nnx  # noqa: E402
 from grain import python as grain  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
-from tunix.models.llama3 import model as llama3  # noqa: E402
 from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
 from tunix.rl.agentic import agentic_grpo_learner  # noqa: E402
 from tunix.rl.agentic.agents import agent_types  # noqa: E402
@@ -147,19 +145,6 @@ class SayJaxEnv(base_environment.BaseTaskEnv):
     def close(self):
         with _EPISODES_LOCK:
             EPISODES.append({"turns": self.step_count, "reward": float(sum(self.rewards))})
-
-
-def chat_policy(seed: int) -> llama3.Llama3:
-    """grpo_tunix's tiny Llama3 over `CHAT_WORDS`, every weight given some noise."""
-    cfg = llama3.ModelConfig(num_layers=2, vocab_size=len(CHAT_WORDS), embed_dim=32, hidden_dim=64,
-                             num_heads=4, head_dim=8, num_kv_heads=2, rope_theta=10000,
-                             norm_eps=1e-5)
-    model = llama3.Llama3(cfg, rngs=nnx.Rngs(seed))
-    state = nnx.state(model, nnx.Param)
-    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state))))
-    nnx.update(model, jax.tree.map(
-        lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape) if x.ndim > 1 else x, state))
-    return model
 
 
 def _unpadded(row: np.ndarray, pad_id: int) -> list[int]:
@@ -317,7 +302,8 @@ def main(argv=None) -> dict:
         AgenticSpecRollout, draft=draft, max_batch_size=concurrency, prefill_chunk=16,
         spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k))
     cluster = rl_cluster_lib.RLCluster(
-        actor=chat_policy(0), reference=chat_policy(0), tokenizer=ChatWordTokenizer(),
+        actor=grpo_tunix.policy(0, len(CHAT_WORDS)), reference=grpo_tunix.policy(0, len(CHAT_WORDS)),
+        tokenizer=ChatWordTokenizer(),
         cluster_config=rl_cluster_lib.ClusterConfig(
             role_to_mesh={rl_cluster_lib.Role.ACTOR: actor_mesh,
                           rl_cluster_lib.Role.REFERENCE: actor_mesh,

@@ -101,9 +101,9 @@ def reward_jax(prompts, completions, **kwargs):
     return rewards
 
 
-def policy(seed: int) -> llama3.Llama3:
+def policy(seed: int, vocab_size: int = len(WORDS)) -> llama3.Llama3:
     """A tiny Tunix Llama3 (its MLP kernels start at zero: give every weight some noise)."""
-    cfg = llama3.ModelConfig(num_layers=2, vocab_size=len(WORDS), embed_dim=32, hidden_dim=64,
+    cfg = llama3.ModelConfig(num_layers=2, vocab_size=vocab_size, embed_dim=32, hidden_dim=64,
                              num_heads=4, head_dim=8, num_kv_heads=2, rope_theta=10000,
                              norm_eps=1e-5)
     model = llama3.Llama3(cfg, rngs=nnx.Rngs(seed))

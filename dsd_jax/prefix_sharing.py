@@ -14,9 +14,9 @@ later call on the same weights. A multi-turn rollout whose next prompt is the la
 plus its completion and a new message prefills only the new message. A request taking
 such a share is seated in its donor's slot when that slot is among the ones being filled
 (`seat`): nothing is copied. A kept record in a slot being filled for another request
-moves out of the way first (`preserve`), to the kept slot its taker leaves or to a free
-slot that keeps nothing, so requests arriving a few at a time (one thread per episode)
-do not overwrite each other's records.
+moves out of the way first (`preserve`): to the kept slot its taker leaves, to a free slot
+that keeps nothing, or over an older record (least recently kept first), so requests
+arriving a few at a time (one thread per episode) do not overwrite each other's records.
 
 It is the analogue of vLLM's automatic prefix caching, narrower: the KV cache is one dense
 row per slot, so what a shard can reuse is what its slots hold, at most one request per

@@ -202,9 +202,25 @@ results["2x2"]["shared_prefixes"] = {
 # placing by load alone would send half of them to the other shard than their first turn's
 turn2 = [alike[i] + list(first_turn[i].token_ids) + [9, 9] for i in (3, 1, 0, 2)]
 dp.reset_metrics()
+second_turn = dp.generate(turn2, short)
 results["2x2"]["next_turn"] = {
-    "same": [o.token_ids for o in dp.generate(turn2, short)] == [o.token_ids for o in ref.generate(turn2, short)],
+    "same": [o.token_ids for o in second_turn] == [o.token_ids for o in ref.generate(turn2, short)],
     "shared_tokens": dp.metrics()["shared_prefix_tokens"], "want": sum(len(p) - 3 for p in turn2)}
+# third turns one call at a time: first the episode kept in shard 0's slot 1, whose taker
+# fills slot 0 and swaps with it (`prefix_sharing.preserve`), then the one slot 0 kept,
+# whose record the swap moved to slot 1
+turn3 = [p + list(o.token_ids) + [9, 9] for p, o in zip(turn2, second_turn)]
+kept = {slot: r.sequence.tolist() for slot, r in dp._retained[0].items()}
+episode = {slot: next(i for i, p in enumerate(turn3) if p[:len(seq)] == seq) for slot, seq in kept.items()}
+tiny = SamplingParams(temperature=0.0, max_tokens=4)
+results["2x2"]["one_at_a_time"] = {"same": [], "shared_tokens": [], "want": []}
+for slot in (1, 0):
+    dp.reset_metrics()
+    got, want = (e.generate([turn3[episode[slot]]], tiny)[0].token_ids for e in (dp, ref))
+    case = results["2x2"]["one_at_a_time"]
+    case["same"].append(got == want)
+    case["shared_tokens"].append(dp.metrics()["shared_prefix_tokens"])
+    case["want"].append(len(turn3[episode[slot]]) - 3)
 # stop strings on 2x2: a row stopped on the host frees its slot on its own shard (by a move
 # to nowhere where it is its shard's last row), and the tokens are one device's
 

@@ -48,6 +48,14 @@ def test_a_next_turn_takes_what_each_data_shard_kept(results):
     assert turn["same"] and turn["shared_tokens"] == turn["want"]
 
 
+def test_third_turns_one_at_a_time_keep_each_others_records_on_a_data_shard(results):
+    """Third turns one call at a time (as from a thread per episode), each filling slot 0
+    of its shard: the first, kept in slot 1, swaps slots with slot 0's record, which the
+    second then still takes whole; tokens equal one device's."""
+    turn = results["2x2"]["one_at_a_time"]
+    assert turn["same"] == [True, True] and turn["shared_tokens"] == turn["want"]
+
+
 @pytest.mark.parametrize("which", ["top_logprobs", "prompt_logprobs"])
 def test_top_logprobs_on_a_mesh(results, which):
     """SamplingParams.logprobs and prompt_logprobs on 2x2 (logits split by vocabulary on

@@ -42,7 +42,6 @@ import grpo_tunix  # noqa: E402  (first: it gives the process three CPU devices 
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -353,11 +352,7 @@ def main(argv=None) -> dict:
         "logprob_max_abs_diff": learner.logprob_max_abs_diff,
         "logprob_tokens_compared": learner.logprob_tokens_compared,
     }
-    print(json.dumps(result, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
+    return grpo_tunix.report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -310,9 +310,14 @@ def main(argv=None) -> dict:
         "mean_reward_per_step": REWARDS,
         "distill": rollout.distill_log,
     }
+    return report(result, args.json)
+
+
+def report(result: dict, path: str | None) -> dict:
+    """Prints the run's checks as JSON, and writes them to `path` when one is given."""
     print(json.dumps(result, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
     return result
 

@@ -17,6 +17,8 @@ the earlier turns from the slot the episode's last request left (`shared_prefix_
 Everything else is `examples/grpo_tunix.py`'s: Tunix's Llama3 as the policy and the
 reference, a one-layer draft of ours, the trainer on one CPU device and the rollout engine
 on another, so Tunix syncs weights through `SpecRollout.update_params` after every step.
+With `--distill-steps N` the draft is refreshed on the last step's completions before the
+first call after each sync, the other episodes' calls waiting for it.
 
 The run checks, and prints as JSON (`--json FILE` writes it):
 - after every sync the engine's weights equal the trainer's, leaf by leaf, exactly
@@ -269,6 +271,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--concurrency", type=int, default=None,
                     help="episodes in flight (Tunix's max_concurrency; default: batch x G, all of a step)")
     ap.add_argument("--k", type=int, default=3, help="max draft tokens per step")
+    ap.add_argument("--distill-steps", type=int, default=0,
+                    help="refresh the draft on the rollouts since the last sync, N optimizer steps, before the "
+                         "first call after each sync (SpecRollout(distill_steps=N))")
     ap.add_argument("--json", default=None, help="write the checks here")
     args = ap.parse_args(argv)
     EPISODES.clear()
@@ -299,7 +304,7 @@ def main(argv=None) -> dict:
     # a slot per episode in flight: each keeps its episode's last turn for the next
     engine = functools.partial(
         AgenticSpecRollout, draft=draft, max_batch_size=concurrency, prefill_chunk=16,
-        spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k))
+        spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k), distill_steps=args.distill_steps)
     cluster = rl_cluster_lib.RLCluster(
         actor=grpo_tunix.policy(0, len(CHAT_WORDS)), reference=grpo_tunix.policy(0, len(CHAT_WORDS)),
         tokenizer=ChatWordTokenizer(),
@@ -351,6 +356,7 @@ def main(argv=None) -> dict:
         "engine_metrics": rollout.engine.metrics(),
         "logprob_max_abs_diff": learner.logprob_max_abs_diff,
         "logprob_tokens_compared": learner.logprob_tokens_compared,
+        "distill": rollout.distill_log,
     }
     return grpo_tunix.report(result, args.json)
 

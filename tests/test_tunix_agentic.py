@@ -19,12 +19,13 @@ def test_agentic_grpo_learner_end_to_end(tmp_path):
     nothing); calls of different episodes join one engine run; every later turn's prompt
     extends its previous turn's prompt and completion, and the engine takes shared tokens
     from kept slots (only later turns can: no first-turn prompt reaches MIN_SHARED_PREFIX
-    tokens); the rollout logprobs equal Tunix's recomputation on the flattened conversation."""
+    tokens); the rollout logprobs equal Tunix's recomputation on the flattened conversation;
+    the draft is refreshed from the rollouts between steps."""
     out = tmp_path / "agentic.json"
     env = dict(os.environ, XLA_FLAGS=fast_compile())
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "agentic_tunix.py"),
                            "--steps", str(STEPS), "--batch", str(BATCH), "--generations", str(GENERATIONS),
-                           "--turns", str(TURNS), "--json", str(out)],
+                           "--turns", str(TURNS), "--distill-steps", "2", "--json", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -48,3 +49,6 @@ def test_agentic_grpo_learner_end_to_end(tmp_path):
     assert m["prefill_tokens"] <= r["prompt_tokens"] - m["shared_prefix_tokens"]
 
     assert max(r["logprob_max_abs_diff"]) < 1e-5 and r["logprob_tokens_compared"] > 50
+    # the draft refreshed once (before the second step's calls, on the first step's
+    # completions) while the calls came from several threads
+    assert len(r["distill"]) == STEPS - 1 and r["distill"][0]["loss_after"] < r["distill"][0]["loss_before"]

@@ -50,7 +50,6 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 from grain import python as grain  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
@@ -305,18 +304,9 @@ def main(argv=None) -> dict:
     engine = functools.partial(
         AgenticSpecRollout, draft=draft, max_batch_size=concurrency, prefill_chunk=16,
         spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k), distill_steps=args.distill_steps)
-    cluster = rl_cluster_lib.RLCluster(
-        actor=grpo_tunix.policy(0, len(CHAT_WORDS)), reference=grpo_tunix.policy(0, len(CHAT_WORDS)),
-        tokenizer=ChatWordTokenizer(),
-        cluster_config=rl_cluster_lib.ClusterConfig(
-            role_to_mesh={rl_cluster_lib.Role.ACTOR: actor_mesh,
-                          rl_cluster_lib.Role.REFERENCE: actor_mesh,
-                          rl_cluster_lib.Role.ROLLOUT: rollout_mesh},
-            rollout_engine=engine, offload_to_cpu=False,
-            training_config=rl_cluster_lib.RLTrainingConfig(
-                actor_optimizer=optax.adamw(3e-3), eval_every_n_steps=1000,
-                max_steps=args.steps),
-            rollout_config=rollout_config))
+    cluster = grpo_tunix.rl_cluster(
+        grpo_tunix.policy(0, len(CHAT_WORDS)), grpo_tunix.policy(0, len(CHAT_WORDS)), ChatWordTokenizer(),
+        engine, (actor_mesh, rollout_mesh), rollout_config, args.steps)
     learner = CheckedAgenticLearner(
         rl_cluster=cluster, chat_parser=WordChatParser(cluster.tokenizer),
         algo_config=agentic_grpo_learner.GRPOConfig(

@@ -274,17 +274,8 @@ def main(argv=None) -> dict:
         CheckedSpecRollout, draft=draft, max_batch_size=batch_slots, prefill_chunk=16,
         spec=SpecConfig(method="draft_model", num_speculative_tokens=args.k),
         distill_steps=args.distill_steps, lora_alpha=LORA_ALPHA if args.lora else None)
-    cluster = rl_cluster_lib.RLCluster(
-        actor=actor, reference=reference, tokenizer=WordTokenizer(),
-        cluster_config=rl_cluster_lib.ClusterConfig(
-            role_to_mesh={rl_cluster_lib.Role.ACTOR: actor_mesh,
-                          rl_cluster_lib.Role.REFERENCE: actor_mesh,
-                          rl_cluster_lib.Role.ROLLOUT: rollout_mesh},
-            rollout_engine=engine, offload_to_cpu=False,
-            training_config=rl_cluster_lib.RLTrainingConfig(
-                actor_optimizer=optax.adamw(3e-3), eval_every_n_steps=1000,
-                max_steps=args.steps),
-            rollout_config=rollout_config))
+    cluster = rl_cluster(actor, reference, WordTokenizer(), engine, (actor_mesh, rollout_mesh), rollout_config,
+                         args.steps)
     learner = grpo_learner.GRPOLearner(
         rl_cluster=cluster, reward_fns=reward_jax,
         algo_config=grpo_learner.GRPOConfig(num_generations=args.generations, num_iterations=1,
@@ -311,6 +302,22 @@ def main(argv=None) -> dict:
         "distill": rollout.distill_log,
     }
     return report(result, args.json)
+
+
+def rl_cluster(actor, reference, tokenizer, engine, meshes, rollout_config, steps: int):
+    """Tunix's RLCluster for these examples: trainer and reference on meshes[0], the rollout
+    engine (a SpecRollout factory) on meshes[1], AdamW at 3e-3 for `steps` steps."""
+    actor_mesh, rollout_mesh = meshes
+    return rl_cluster_lib.RLCluster(
+        actor=actor, reference=reference, tokenizer=tokenizer,
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={rl_cluster_lib.Role.ACTOR: actor_mesh,
+                          rl_cluster_lib.Role.REFERENCE: actor_mesh,
+                          rl_cluster_lib.Role.ROLLOUT: rollout_mesh},
+            rollout_engine=engine, offload_to_cpu=False,
+            training_config=rl_cluster_lib.RLTrainingConfig(
+                actor_optimizer=optax.adamw(3e-3), eval_every_n_steps=1000, max_steps=steps),
+            rollout_config=rollout_config))
 
 
 def report(result: dict, path: str | None) -> dict:

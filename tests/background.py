@@ -13,11 +13,11 @@ once the others have finished, and runs alone: three times in full-suite runs on
 three of its four fake devices' threads waited at an XLA:CPU all-reduce for a fourth that
 never came (the same op each time; synchronous dispatch did not help), never when it ran
 alone. Nor does giving it the CPU first: beside test processes at nice 19 it hung within
-minutes (traced in docs/design.md, section 11). To run it alone, its claimant posts a request and waits for the other test
-processes to leave their current test; each of them checks for a request before every
-test and waits for the job's end. The job also runs once more if XLA:CPU aborts it at a
-collective rendezvous. Output goes to files, not pipes, so a chatty child never blocks on
-a full pipe. Every wait is bounded.
+minutes (traced in docs/design.md, section 11). To run it alone, its claimant posts a
+request and waits for the other test processes to leave their current test; each of them
+checks for a request before every test and waits for the job's end. The job also runs
+once more if XLA:CPU aborts it at a collective rendezvous. Output goes to files, not
+pipes, so a chatty child never blocks on a full pipe. Every wait is bounded.
 """
 
 from __future__ import annotations

@@ -23,6 +23,21 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
+# The most bytes of rows a slot-move call holds: about a last-level cache, since the rows
+# program writes them and the move reads them straight back. On this repo's CPU (32 MiB L3)
+# 8 swaps a call against one a call took 0.46x at 5.6 MiB of rows, 0.85x at 21, 0.91x at
+# 41, but 1.31x at 81 and up to 1.39x at 161 (`benchmarks/results/prefix_sharing/batched_swaps.py`).
+MOVE_ROWS_BYTES = 32 << 20
+
+
+def move_buckets(slots: int, slot_bytes: int) -> tuple[int, ...]:
+    """Swaps per slot-move program call (`step.move_slots`) for a shard of `slots` slots of
+    `slot_bytes` each: 1, and as many as hold at most an eighth of the slots and
+    `MOVE_ROWS_BYTES` (the call holds their rows). Two sizes keep the compiles few; a call
+    padded to the larger one reads a row per padding pair and moves nothing for it."""
+    return tuple(sorted({1, max(1, min(slots // 8, MOVE_ROWS_BYTES // max(slot_bytes, 1)))}))
+
+
 def chunk_buckets(largest: int) -> tuple[int, ...]:
     """Prompt-chunk sizes compiled for prefill: 16, 32, 64, ... up to `largest` (included).
     Doubling steps let any prompt up to `largest` run as one piece padded by < 2x (and

@@ -44,7 +44,7 @@ from dsd_jax.sampling import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, SamplingPar
                               bias_arrays, distinct_token_ids)
 from dsd_jax.sharding import DATA, Placement, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
-from dsd_jax.step import SlotInit, StepOptions, unpack_prompt_logprobs, unpack_rounds
+from dsd_jax.step import SlotInit, StepOptions, swap_batches, unpack_prompt_logprobs, unpack_rounds
 
 
 class _Dispatch(NamedTuple):
@@ -947,13 +947,7 @@ class SpecEngine:
                      if isinstance(donor_of.get(r.request_id), int)}
             ages = {slot: kept.finished for slot, kept in self._retained[s].items()}
             plans.append(prefix_sharing.preserve(base, len(shard), self.slots_per_shard, ages, takes))
-        for i in range(max(len(plan.swaps) for plan in plans)):  # one swap per shard per call
-            src = np.full(self.data, self.slots_per_shard, np.int32)  # out of range: none
-            dst = src.copy()
-            for s, plan in enumerate(plans):
-                if i < len(plan.swaps):
-                    src[s], dst[s] = plan.swaps[i]
-            self.state = self.programs.move()(self.state, src, dst, self.programs.slot_rows()(self.state, dst))
+        self._move_slots([plan.swaps for plan in plans])
         if any(plan.copies for plan in plans):
             self._copy_slots([plan.copies for plan in plans])
         for s, plan in enumerate(plans):
@@ -962,9 +956,9 @@ class SpecEngine:
             if isinstance(donor := donor_of.get(r.request_id), int):
                 donor_of[r.request_id] = plans[r.shard].where.get(donor, donor)
 
-    def _rows_bucket(self, per_shard: list[list]) -> int:
-        """The smallest prefill rows bucket that holds the fullest shard's list."""
-        return bucket_for(max(len(x) for x in per_shard), self.programs.prefill_rows)
+    def _rows_bucket(self, per_shard: list[list], buckets=None) -> int:
+        """The smallest of `buckets` (the prefill rows) that holds the fullest shard's list."""
+        return bucket_for(max(len(x) for x in per_shard), buckets or self.programs.prefill_rows)
 
     def _prefill(self, leaders: list[list[Request]], skip: dict[int, int], new: list[Request]) -> None:
         """Prefills the prompts of `leaders` (per shard) in chunks, each from position
@@ -1044,33 +1038,38 @@ class SpecEngine:
 
     def _remove(self, shards: list[list[Request]], finished: list[Request]) -> None:
         """Keeps each shard's live requests packed: its last live slot swaps with each freed
-        slot (`step.move_slot`, one per shard per program call), and the free slot it leaves
-        keeps what the finished request wrote, which later prompts beginning with it take
-        (`_retained`, `dsd_jax.prefix_sharing`)."""
-        pending = [[r for r in finished if r.shard == s] for s in range(self.data)]
-        move, rows = self.programs.move(), self.programs.slot_rows()
-        while any(pending):
-            src = np.full(self.data, self.slots_per_shard, np.int32)  # out of range: no move
-            dst = src.copy()
-            for s, todo in enumerate(pending):
-                if not todo:
-                    continue
-                r, live = todo.pop(), shards[s]
-                i, last = r.slot, len(live) - 1
-                if i != last:
-                    src[s], dst[s] = last, i
-                    live[i] = live[last]
-                    live[i].slot = i
-                elif r.stopped_on_host:  # still active on the device: a move with no
-                    src[s] = i           # destination frees it
-                live.pop()
-                r.slot = -1
-                if self.share_prefixes:
-                    self._finished += 1
-                    self._retained[s][last] = prefix_sharing.retained(r.prompt, r.tokens, r.prompt_drafted,
-                                                                      self._finished)
-            if (src < self.slots_per_shard).any():
-                self.state = move(self.state, src, dst, rows(self.state, dst))
+        slot, highest first (`_move_slots`), and the free slot it leaves keeps what the
+        finished request wrote, which later prompts beginning with it take (`_retained`,
+        `dsd_jax.prefix_sharing`)."""
+        swaps: list[list[tuple[int, int]]] = [[] for _ in range(self.data)]
+        for r in sorted(finished, key=lambda r: r.slot, reverse=True):
+            s, live = r.shard, shards[r.shard]
+            i, last = r.slot, len(live) - 1
+            if i != last:
+                swaps[s].append((last, i))
+                live[i] = live[last]
+                live[i].slot = i
+            elif r.stopped_on_host:  # still active on the device: a move with no
+                swaps[s].append((i, self.slots_per_shard))  # destination frees it
+            live.pop()
+            r.slot = -1
+            if self.share_prefixes:
+                self._finished += 1
+                self._retained[s][last] = prefix_sharing.retained(r.prompt, r.tokens, r.prompt_drafted,
+                                                                  self._finished)
+        self._move_slots(swaps)
+
+    def _move_slots(self, swaps: list[list[tuple[int, int]]]) -> None:
+        """Does each shard's (src, dst) swaps in order (`step.move_slots`), as many per
+        program call as `step.swap_batches` allows: two programs a call, not two a swap."""
+        runs = [swap_batches(pairs, self.programs.move_rows[-1], self.slots_per_shard)
+                for pairs in swaps]
+        for i in range(max(map(len, runs))):
+            run = [shard[i] if i < len(shard) else [] for shard in runs]
+            m = self._rows_bucket(run, self.programs.move_rows)
+            src = self._per_shard(lambda s: [a for a, _ in run[s]], m, self.slots_per_shard)  # padding
+            dst = self._per_shard(lambda s: [b for _, b in run[s]], m, self.slots_per_shard)
+            self.state = self.programs.move(m)(self.state, src, dst, self.programs.slot_rows(m)(self.state, dst))
 
     def _process(self, d: _Dispatch) -> tuple:
         """Reads one dispatch's outputs back (the only device->host copy in the loop) and

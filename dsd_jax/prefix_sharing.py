@@ -8,7 +8,7 @@ in its slot, the engine copies the donor's slot into the request's (`step.copy_s
 target KV, drafter state, tokens) and prefills only the positions after the shared ones.
 
 A finished request donates too: the move that keeps live requests packed swaps its slot
-with the last live one (`step.move_slot`), so a free slot keeps what the request left, its
+with the last live one (`step.move_slots`), so a free slot keeps what the request left, its
 prompt and completion (`Retained`), until an admission takes the slot, in this run or a
 later call on the same weights. A multi-turn rollout whose next prompt is the last one
 plus its completion and a new message prefills only the new message. A request taking
@@ -178,7 +178,7 @@ def preserve(base: int, end: int, slots: int, kept: dict[int, int], takes: dict[
 
     A taker sitting on another record whose own donor lies beyond the range swaps slots with
     it: the share is then in place and the record sits in the donor's slot (two slot copies,
-    `step.move_slot`, where copying the donor over the record lost it). The other records
+    `step.move_slots`, where copying the donor over the record lost it). The other records
     in the range, newest first, are copied to free slots beyond it that keep nothing, and
     when none is left over the oldest record beyond it that is older and no taker uses (the
     least recently kept goes first, as vLLM evicts its prefix cache's blocks). A donor's

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import warnings
 
 import jax
@@ -22,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from dsd_jax import kernels
 from dsd_jax import step as step_lib
 from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+from dsd_jax.buckets import move_buckets
 from dsd_jax.data_parallel import HOST, PARAMS, STATE, any_active, per_shard, summed_counters
 from dsd_jax.sharding import DATA, Placement
 from dsd_jax.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
@@ -46,6 +48,8 @@ class Programs:
         place = self.placement = placement or Placement(None, 0, None)
         self.data = data = place.sizes[DATA]
         state_sh = place.state_shardings(state)
+        slot_bytes = sum(math.prod(x.shape[1:]) * x.dtype.itemsize for x in jax.tree.leaves(step_lib.per_slot(state)))
+        self.move_rows = move_buckets(state.length.shape[0] // data, slot_bytes)
         # explicit shardings on a mesh: every argument's layout is fixed at compile time, and
         # the state comes back in the layout it went in (it is donated and fed back)
         self._args = (place.abstract(target_params, place.param_shardings(target_params, "target")),
@@ -80,11 +84,11 @@ class Programs:
                                        donate_argnums=2, **self._step_outs)
         self._admit = jax.jit(shards(functools.partial(step_lib.admit, drafter), (STATE, HOST)),
                               donate_argnums=0, **outs)
-        # a swap of two slots: a program reads the destination's rows, then one moves (`move_slot`)
+        # swaps of slots: a program reads the destinations' rows, then one moves (`move_slots`)
         rows_specs = None if local is None else step_lib.per_slot(local)
         rows_outs = {} if self._state_sh is None else {"out_shardings": step_lib.per_slot(self._state_sh)}
         self._rows = jax.jit(shards(step_lib.slot_rows, (STATE, HOST), out_specs=rows_specs), **rows_outs)
-        self._move = jax.jit(shards(step_lib.move_slot, (STATE, HOST, HOST, rows_specs)), donate_argnums=0, **outs)
+        self._move = jax.jit(shards(step_lib.move_slots, (STATE, HOST, HOST, rows_specs)), donate_argnums=0, **outs)
         self._copy = jax.jit(shards(step_lib.copy_slots, (STATE, HOST, HOST)), donate_argnums=0, **outs)
         self._compiled: dict = {}
 
@@ -235,17 +239,17 @@ class Programs:
             stop_ids=self._per_shard(n, MAX_STOP_IDS), drafter_length=i32, drafter=extra)
         return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 
-    def slot_rows(self):
-        """`(state, slot [data])`: each shard's rows of that slot (`step.slot_rows`)."""
-        return self._get(("rows",), lambda: self._rows.lower(self._args[2], self._per_shard()))
+    def slot_rows(self, m: int):
+        """`(state, slots [data, m])`: each shard's rows of those slots (`step.slot_rows`)."""
+        return self._get(("slot_rows", m), lambda: self._rows.lower(self._args[2], self._per_shard(m)))
 
-    def move(self):
-        """`(state, src [data], dst [data], slot_rows(state, dst))`: one swap per shard, src
-        freed (`step.move_slot`; dst out of range: none)."""
-        rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data,) + x.shape[1:], x.dtype, sharding=x.sharding),
+    def move(self, m: int):
+        """`(state, src [data, m], dst [data, m], slot_rows(m)(state, dst))`: m swaps per
+        shard in turn, each src freed (`step.move_slots`; dst out of range: none)."""
+        rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data * m,) + x.shape[1:], x.dtype, sharding=x.sharding),
                             step_lib.per_slot(self._args[2]))
-        return self._get(("move",), lambda: self._move.lower(
-            self._args[2], self._per_shard(), self._per_shard(), rows))
+        ints = self._per_shard(m)
+        return self._get(("move", m), lambda: self._move.lower(self._args[2], ints, ints, rows))
 
     def copy(self, n: int):
         """`(state, src [data, n], dst [data, n])`: each shard copies n of its slots (a
@@ -263,7 +267,8 @@ class Programs:
         if self.opts.top_logprobs:
             jobs += [functools.partial(self.prefill_scored, n, c) for n in self.prefill_rows
                      for c in self.prefill_chunks]
-        jobs += [functools.partial(self.admit, n) for n in self.prefill_rows] + [self.slot_rows, self.move]
+        jobs += [functools.partial(self.admit, n) for n in self.prefill_rows]
+        jobs += [functools.partial(f, m) for m in self.move_rows for f in (self.slot_rows, self.move)]
         jobs += [functools.partial(self.copy, n) for n in self.prefill_rows]
         while True:
             backends = self.opts.backend

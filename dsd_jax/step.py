@@ -420,9 +420,10 @@ _PER_SLOT = ("tokens", "length", "limit", "min_length", "prompt_length", "active
              "bias_ids", "bias_values", "bad_words", "allowed_ids", "seed", "stop_ids")
 
 
-def copy_slots(state: DecodeState, src, dst) -> DecodeState:
+def copy_slots(state: DecodeState, src, dst, count=None) -> DecodeState:
     """Copies slots src into slots dst (one row of every per-slot array, KV included);
-    src, dst: scalars or [n] (a dst out of range is padding: nothing is written).
+    src, dst: scalars or [n] (a dst out of range is padding: nothing is written). Only the
+    first `count` pairs are visited when it is given (padding after them costs nothing).
 
     One pair after another, in place: gathering every src row first held n rows of every
     layer's cache at once, at n = the slot count a second whole cache (20 GiB for 8B + 1B
@@ -441,7 +442,7 @@ def copy_slots(state: DecodeState, src, dst) -> DecodeState:
         return st._replace(**{f: cp(getattr(st, f)) for f in _PER_SLOT},
                            target_kv=jax.tree.map(cp, st.target_kv), drafter=jax.tree.map(cp, st.drafter))
 
-    return jax.lax.fori_loop(0, src.shape[0], one, state)
+    return jax.lax.fori_loop(0, src.shape[0] if count is None else count, one, state)
 
 
 def per_slot(state) -> tuple:
@@ -450,33 +451,62 @@ def per_slot(state) -> tuple:
     return tuple(getattr(state, f) for f in _PER_SLOT), state.target_kv, state.drafter
 
 
-def slot_rows(state: DecodeState, slot) -> tuple:
-    """Slot `slot`'s rows of every per-slot array (`per_slot`, the slot axis kept at 1);
-    an out-of-range slot reads the last one."""
-    slot = jnp.clip(slot, 0, state.length.shape[0] - 1)
-    return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, slot, 0), per_slot(state))
+def slot_rows(state: DecodeState, slots) -> tuple:
+    """Rows `slots` ([m], or a scalar: m = 1) of every per-slot array (`per_slot`, the
+    slot axis of length m); an out-of-range slot reads the last one."""
+    slots = jnp.clip(jnp.atleast_1d(slots), 0, state.length.shape[0] - 1)
+    return jax.tree.map(lambda x: x[slots], per_slot(state))
 
 
-def move_slot(state: DecodeState, src, dst, dst_rows) -> DecodeState:
-    """Swaps slots src and dst and frees src: copies src into dst and writes `dst_rows`
-    (`slot_rows(state, dst)`, read by a program of its own before this one) into src. Keeps
-    live requests packed in slots 0..n-1 while the finished request's slot, prompt and
+def move_slots(state: DecodeState, src, dst, dst_rows) -> DecodeState:
+    """Swaps slots src[i] and dst[i] and frees src[i], for i in order, as one swap after
+    another would: copies each src into its dst, then writes `dst_rows`
+    (`slot_rows(state, dst)`, read by a program of its own before this one) into the srcs.
+    Keeps live requests packed in slots 0..n-1 while a finished request's slot, prompt and
     completion, stays in a free slot for a later prompt that begins with them
-    (`dsd_jax.prefix_sharing`). A dst out of range (a data shard with nothing to move, or a
-    freed slot that stays where it is) writes nothing.
+    (`dsd_jax.prefix_sharing`). src, dst: [m] (or scalars). A dst out of range frees src
+    and moves nothing (a freed slot that stays where it is); a src out of range is padding,
+    which comes after the pairs and costs nothing.
+
+    Reading the dsts first and writing the srcs last equals the swaps in turn only for
+    pairs `swap_batches` lets share a call: no slot is a dst twice or a src twice, and no
+    src is a later pair's dst (a src may be an earlier pair's dst: a chain).
 
     Two programs, because one swapping both rows made XLA copy every per-slot array whole
     (72 ms against 3.0 ms for a one-slot copy on the built-in pair's state; 6.0 ms so, twice
     a copy's bytes at its bandwidth: `benchmarks/results/prefix_sharing/swap_cost.py`)."""
     slots = state.length.shape[0]
-    swap = (src >= 0) & (src < slots) & (dst >= 0) & (dst < slots)
-    at = jnp.clip(src, 0, slots - 1)
-    moved = copy_slots(state, src, dst)
+    src, dst = jnp.atleast_1d(src), jnp.atleast_1d(dst)
+    count = jnp.sum((src >= 0) & (src < slots))
+    moved = copy_slots(state, src, dst, count)
 
-    def put(x, row):  # no swap: src's own row onto itself
-        return jax.lax.dynamic_update_index_in_dim(
-            x, jnp.where(swap, row, jax.lax.dynamic_index_in_dim(x, at, 0)), at, 0)
+    def put(i, st):  # dst's old rows into src; a pair without a swap writes src's own row back
+        at = jnp.clip(src[i], 0, slots - 1)
+        swap = (dst[i] >= 0) & (dst[i] < slots)
 
-    fields, kv, drafter = jax.tree.map(put, per_slot(moved), dst_rows)
-    moved = moved._replace(**dict(zip(_PER_SLOT, fields)), target_kv=kv, drafter=drafter)
+        def one(x, rows):
+            row = jnp.where(swap, jax.lax.dynamic_index_in_dim(rows, i, 0), jax.lax.dynamic_index_in_dim(x, at, 0))
+            return jax.lax.dynamic_update_index_in_dim(x, row, at, 0)
+
+        fields, kv, drafter = jax.tree.map(one, per_slot(st), dst_rows)
+        return st._replace(**dict(zip(_PER_SLOT, fields)), target_kv=kv, drafter=drafter)
+
+    moved = jax.lax.fori_loop(0, count, put, moved)
     return moved._replace(active=moved.active.at[src].set(False, mode="drop"))
+
+
+def swap_batches(pairs, per_call: int, slots: int) -> list[list[tuple[int, int]]]:
+    """`pairs` ((src, dst) swaps, in order) cut into consecutive runs of at most `per_call`
+    that `move_slots` may do in one call: a run ends before a pair whose src is a src of
+    the run, or whose dst is a src or dst of it (a dst out of range, no swap, is never a
+    dst). In turn, the runs equal the swaps one by one."""
+    runs, srcs, dsts = [], set(), set()
+    for src, dst in pairs:
+        if not runs or len(runs[-1]) == per_call or src in srcs or dst in srcs or dst in dsts:
+            runs.append([])
+            srcs, dsts = set(), set()
+        runs[-1].append((src, dst))
+        srcs.add(src)
+        if 0 <= dst < slots:
+            dsts.add(dst)
+    return runs

@@ -188,6 +188,18 @@ dp = data_parallel[2, 2]
 dp.reset_metrics()  # the trace below is this call's
 results["2x2"]["uneven"] = [o.token_ids for o in dp.generate(PROMPTS, uneven)] == ref_uneven
 results["2x2"]["shard_rows"] = [t["shard_rows"] for t in dp.stats.trace]
+# many requests finishing together on 2x2 with 16 slots a shard: each shard moves its
+# finished slots two swaps a call (`buckets.move_buckets`), and the tokens are one device's
+wide = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=2,
+                                            acceptance="drafter_invariant"),
+                  max_batch_size=32, max_seq_len=64, prefill_chunk=16, batch_buckets=[16],
+                  controller=FixedK([2]), mesh=mesh(2, 2))
+many = [PROMPTS[i % len(PROMPTS)] for i in range(24)]
+lengths = [SamplingParams(temperature=0.0, max_tokens=1 + i % 7) for i in range(24)]
+results["2x2"]["batched_moves"] = {
+    "same": [o.token_ids for o in wide.generate(many, lengths)] == [o.token_ids for o in ref.generate(many, lengths)],
+    "move_rows": list(wide.programs.move_rows), "two_a_call": wide.programs.is_compiled("move", 2)}
+del wide
 # prompts beginning alike on 2x2: each shard prefills its first one whole and copies it
 # into the other (`share_prefixes`); tokens as one device's, which shares differently
 preamble = [(5 * i + 3) % 60 + 2 for i in range(34)]

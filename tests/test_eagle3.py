@@ -468,7 +468,7 @@ def test_builtin_head_fits_the_builtin_target(builtin_head):
 
 
 @pytest.mark.parametrize("program", [("step", 0, 4), ("step", 2, 2), ("step", 4, 4),
-                                     ("prefill", 2, 16), ("move",), ("slot_rows",)])
+                                     ("prefill", 2, 16), ("move", 1), ("slot_rows", 1)])
 def test_no_whole_cache_work(engine, program):
     """As tests/test_hlo_structure.py for the draft model: the head's cache and the feature
     buffer are only ever updated in place (K = 0 included, where features are stored)."""

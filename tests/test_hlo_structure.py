@@ -89,7 +89,7 @@ def _cache_shapes(engine) -> set[str]:
 
 @pytest.mark.parametrize("program", [
     ("step", 0, 1), ("step", 2, 1), ("step", 2, 2), ("step", 1, 4),
-    ("prefill", 1, 16), ("prefill", 2, 16), ("move",), ("slot_rows",), ("copy", 2), ("copy", 4)])
+    ("prefill", 1, 16), ("prefill", 2, 16), ("move", 1), ("slot_rows", 1), ("copy", 2), ("copy", 4)])
 def test_no_whole_cache_work(engine, program):
     exe = getattr(engine.programs, program[0])(*program[1:])
     hlo = exe.as_text()
@@ -125,6 +125,25 @@ def test_group_copy_needs_no_second_cache(engine):
     kv = sum(x.nbytes for x in jax.tree.leaves((engine.state.target_kv, engine.state.drafter)))
     temp = engine.programs.copy(slots).memory_analysis().temp_size_in_bytes
     assert temp < 2 * kv / slots, (temp, kv)
+
+
+def test_batched_slot_moves_work_in_place_and_hold_only_their_rows():
+    """16 slots move up to 2 swaps a call: the move does no whole-cache work, and the rows
+    program, which holds the destinations' rows, holds no more than those."""
+    import jax
+    from dsd_jax import step
+    target = models.init_model(tiny_config(), seed=0)
+    draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate_size=32,
+                                          num_heads=2, num_kv_heads=1), seed=1)
+    engine = make_engine(target, draft, FixedK([2]), max_batch_size=16, max_seq_len=96,
+                         method="draft_model", num_speculative_tokens=2)
+    assert engine.programs.move_rows == (1, 2)
+    slot_bytes = sum(x.nbytes // 16 for x in jax.tree.leaves(step.per_slot(engine.state)))
+    for program in ("move", "slot_rows"):
+        bad = whole_cache_ops(getattr(engine.programs, program)(2).as_text(), _cache_shapes(engine))
+        assert not bad, f"{program}(2): whole-cache ops in the compiled HLO:\n" + "\n".join(bad)
+    rows = engine.programs.slot_rows(2).memory_analysis()
+    assert rows.output_size_in_bytes + rows.temp_size_in_bytes < 3 * slot_bytes, slot_bytes  # 2 rows, aligned
 
 
 def test_memory_report_counts_the_programs_scratch(engine):

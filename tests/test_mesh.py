@@ -157,6 +157,14 @@ def test_data_parallel_uneven_lengths(results):
     assert all(len(r) == 2 and max(r) <= 2 for r in rows)
 
 
+def test_data_parallel_moves_finished_slots_two_a_call(results):
+    """2x2 with 16 slots a shard, 24 requests of 1..7 tokens: each shard's swaps of
+    finished slots go two to a call (the rows over "data", its own shard's on each), and
+    the tokens are one device's."""
+    r = results["2x2"]["batched_moves"]
+    assert r["same"] and r["move_rows"] == [1, 2] and r["two_a_call"], r
+
+
 def test_data_parallel_stop_strings(results):
     """2x2, six requests through four slots, stop strings taken from each one's own text:
     the tokens are one device's, and no slot stays active on the device after the call."""

@@ -32,7 +32,8 @@ def _compiled_engine(label: str, target, draft, spec, prompts, s: Settings, max_
     b = len(prompts)
     chunks = {c for _, c in prefill_pieces(max(map(len, prompts)), engine.programs.prefill_chunks)}
     precompiled = precompile(engine, [("step", engine.max_k, b)] + [("prefill", b, c) for c in sorted(chunks)]
-                             + [("admit", b), ("move",)], s.compile_threads)
+                             + [("admit", b)] + [(f, m) for m in engine.programs.move_rows for f in ("slot_rows", "move")],
+                             s.compile_threads)
     progress(f"e2e {label}: engine built, {precompiled}: {time.perf_counter() - t0:.1f} s")
     return engine, precompiled
 

@@ -1,11 +1,11 @@
-"""What keeping a finished request's slot costs: `step.move_slot` swaps two slots where the
+"""What keeping a finished request's slot costs: `step.move_slots` swaps two slots where the
 move it replaced copied one (`copy_slots` of the last live slot into the freed one).
 
 Variants on the built-in pair's decode state (8 slots, max_seq_len 2048, K <= 4), jitted
 with the state donated as the engine runs them, called in random order within each repeat;
 per call: the median of 5 calls, 40 repeats paired. "copy": the old move. "swap": the
 engine's, `step.slot_rows` (the destination's rows, a program of its own) then
-`step.move_slot`. "swap_in_one": the first version, both rows swapped inside one program,
+`step.move_slots`. "swap_in_one": the first version, both rows swapped inside one program,
 which XLA compiled to copies of every per-slot array whole. The bytes a slot holds (every
 per-slot array, target and draft KV included) give the floor: a copy reads and writes one
 slot, a swap two. Usage: python swap_cost.py [repeats]"""
@@ -40,7 +40,7 @@ def swap_in_one(state, src, dst):  # both rows read and written in one program
     return state._replace(**dict(zip(step._PER_SLOT, fields)), target_kv=kv, drafter=drafter)
 
 
-rows, move = jax.jit(step.slot_rows), jax.jit(step.move_slot, donate_argnums=0)
+rows, move = jax.jit(step.slot_rows), jax.jit(step.move_slots, donate_argnums=0)
 programs = {"copy": jax.jit(copy_move, donate_argnums=0), "swap": lambda st, s, d: move(st, s, d, rows(st, d)),
             "swap_in_one": jax.jit(swap_in_one, donate_argnums=0)}
 state = engine.new_state()

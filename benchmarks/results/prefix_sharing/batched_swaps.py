@@ -80,7 +80,6 @@ def measure(max_seq_len: int) -> None:
               f"{3 * SWAPS * slot_bytes / t / 1e9:.2f} GB/s of 3 slots a swap")
     print(f"  {SWAPS} a call / one a call: {format_ratio(paired_ratio(times[f'{SWAPS} a call'], times['one a call']), digits=3)}")
     print(f"  {SWAPS} a call / floor: {format_ratio(paired_ratio(times[f'{SWAPS} a call'], times[FLOOR]), digits=3)}")
-    del engine
 
 
 for length in LENGTHS:

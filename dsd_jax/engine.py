@@ -1061,7 +1061,10 @@ class SpecEngine:
 
     def _move_slots(self, swaps: list[list[tuple[int, int]]]) -> None:
         """Does each shard's (src, dst) swaps in order (`step.move_slots`), as many per
-        program call as `step.swap_batches` allows: two programs a call, not two a swap."""
+        program call as `step.swap_batches` allows: two programs a call, not two a swap. Every
+        size compiles at the first call, swaps or none: a later rollout whose first swap
+        needs another size must compile nothing."""
+        programs = {m: (self.programs.slot_rows(m), self.programs.move(m)) for m in self.programs.move_rows}
         runs = [swap_batches(pairs, self.programs.move_rows[-1], self.slots_per_shard)
                 for pairs in swaps]
         for i in range(max(map(len, runs))):
@@ -1069,7 +1072,8 @@ class SpecEngine:
             m = self._rows_bucket(run, self.programs.move_rows)
             src = self._per_shard(lambda s: [a for a, _ in run[s]], m, self.slots_per_shard)  # padding
             dst = self._per_shard(lambda s: [b for _, b in run[s]], m, self.slots_per_shard)
-            self.state = self.programs.move(m)(self.state, src, dst, self.programs.slot_rows(m)(self.state, dst))
+            rows, move = programs[m]
+            self.state = move(self.state, src, dst, rows(self.state, dst))
 
     def _process(self, d: _Dispatch) -> tuple:
         """Reads one dispatch's outputs back (the only device->host copy in the loop) and

@@ -95,6 +95,17 @@ def test_an_unchecked_batch_would_differ(tiny_pair):
                    zip(jax.tree.leaves(step.per_slot(got)), jax.tree.leaves(expected)))
 
 
+def _count_moves(engine) -> list[int]:
+    """The size of each move program call the engine makes from now on."""
+    calls, move = [], engine.programs.move
+
+    def counted(m):
+        program = move(m)  # compiled when the engine asks, as before
+        return lambda *args: (calls.append(m), program(*args))[1]
+    engine.programs.move = counted
+    return calls
+
+
 def test_requests_finishing_together_move_in_batches_and_keep_their_records(tiny_pair):
     """32 slots (moves of up to 4 swaps a call), requests of many lengths: the engine's
     outputs, its device state and its kept records are those of one swap a call, with a
@@ -109,9 +120,7 @@ def test_requests_finishing_together_move_in_batches_and_keep_their_records(tiny
                              method="draft_model", num_speculative_tokens=2)
         assert engine.programs.move_rows == (1, 4)
         engine.programs.move_rows = (1,) if per_call == 1 else engine.programs.move_rows
-        calls = []
-        move = engine.programs.move
-        engine.programs.move = lambda m: (calls.append(m), move(m))[1]
+        calls = _count_moves(engine)
         outs = engine.generate(prompts, params)
         records = {slot: kept.sequence.tolist() for slot, kept in engine._retained[0].items()}
         held = jax.device_get(engine.state.tokens)
@@ -125,3 +134,20 @@ def test_requests_finishing_together_move_in_batches_and_keep_their_records(tiny
         np.testing.assert_array_equal(a, b)
     assert 4 in calls4 and set(calls1) == {1}
     assert len(calls4) < len(calls1) / 2, (len(calls4), len(calls1))
+
+
+def test_a_rollout_needing_a_larger_move_compiles_nothing_after_the_first(tiny_pair):
+    """The first rollout moves nothing (32 requests finishing together, each in the last
+    live slot); the second moves 4 a call: every move size compiled at the first, so the
+    second compiles nothing (an RL loop's rollouts)."""
+    from dsd_jax.compilation import compilation_count
+    target, draft = tiny_pair
+    engine = make_engine(target, draft, FixedK([2]), max_batch_size=32, max_seq_len=32, batch_buckets=(32,),
+                         method="draft_model", num_speculative_tokens=2)
+    prompts = [[3 + i % 7, 4, 5] for i in range(32)]
+    calls = _count_moves(engine)
+    engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4))
+    assert calls == []
+    before = compilation_count()
+    engine.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=1 + i % 5) for i in range(32)])
+    assert compilation_count() == before and 4 in calls

@@ -30,6 +30,24 @@ from dsd_jax.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 from dsd_jax.state import MAX_STOP_IDS, DecodeState
 
 
+class _Waited:
+    """A compiled program whose every call waits for its outputs. On XLA:CPU with more than
+    one device, collective programs dispatched one after another without waiting can leave
+    the devices' threads stuck at a rendezvous for good: a plain jitted all-reduce over 4
+    fake CPU devices hangs after one unwaited call on 2 cores, and 3000 waited ones run
+    (`benchmarks/results/mesh_hang/`, docs/design.md section 11). Everything else of the
+    compiled program (`as_text`, `memory_analysis`, ...) is its own."""
+
+    def __init__(self, exe):
+        self._exe = exe
+
+    def __call__(self, *args):
+        return jax.block_until_ready(self._exe(*args))
+
+    def __getattr__(self, name):
+        return getattr(self._exe, name)
+
+
 class Programs:
     def __init__(self, target_graph, drafter, opts: step_lib.StepOptions, target_params,
                  draft_params, state: DecodeState, batch_buckets, max_k: int, prefill_rows,
@@ -47,6 +65,8 @@ class Programs:
         self.prefill_chunks = tuple(prefill_chunks)
         place = self.placement = placement or Placement(None, 0, None)
         self.data = data = place.sizes[DATA]
+        # XLA:CPU meshes: every program call waits for its outputs (`_Waited`)
+        self.waits_each_call = place.mesh is not None and place.mesh.size > 1 and place.device.platform == "cpu"
         state_sh = place.state_shardings(state)
         slot_bytes = sum(math.prod(x.shape[1:]) * x.dtype.itemsize for x in jax.tree.leaves(step_lib.per_slot(state)))
         self.move_rows = move_buckets(state.length.shape[0] // data, slot_bytes)
@@ -136,7 +156,7 @@ class Programs:
                     raise
                 self._fall_back(key, err)
                 return self._compiled[key]
-            self._compiled[key] = exe
+            exe = self._compiled[key] = _Waited(exe) if self.waits_each_call else exe
         return exe
 
     def _fall_back(self, key, err: Exception) -> None:

@@ -7,16 +7,22 @@ workers (`-n auto`, by file), so these jobs are shared by every test process of 
 the first process to claim a job (a folder in the run's folder) starts it, its output goes
 to files there, and `done.json` marks its end for whichever process reads the results.
 
-The multi-process and notebook jobs start as soon as collection has picked their test
-modules, and run while the in-process tests do. The mesh job starts when its fixture asks,
-once the others have finished, and runs alone: three times in full-suite runs on 2 cores,
-three of its four fake devices' threads waited at an XLA:CPU all-reduce for a fourth that
-never came (the same op each time; synchronous dispatch did not help), never when it ran
-alone. Nor does giving it the CPU first: beside test processes at nice 19 it hung within
-minutes (traced in docs/design.md, section 11). To run it alone, its claimant posts a
-request and waits for the other test processes to leave their current test; each of them
-checks for a request before every test and waits for the job's end. The job also runs
-once more if XLA:CPU aborts it at a collective rendezvous. Output goes to files, not
+All three start when collection ends, in a thread of the claiming process, and run while
+the in-process tests do. The mesh job first waits for the other two to finish, and then
+runs with the CPU to itself whenever it wants it: while it runs, the test processes run at
+the lowest priority (nice 19; on Linux nice is per thread, and every thread but the job's
+launcher is lowered), so a fake device's thread that wakes takes a core from them at once,
+and they use what the job leaves idle (it keeps about one core of two busy). It starts
+once every test process has left the test it was in at normal priority.
+
+It runs beside them because its engines wait for every program's outputs on an XLA:CPU
+mesh (`programs._Waited`). Unwaited, collective programs dispatched one after another left
+three of the four fake devices' threads at an all-reduce for a fourth that never came:
+three times in full-suite runs, twice in two tries beside nice-19 test processes, and in
+plain JAX with nothing else running (docs/design.md, section 11); waiting, the job ran
+beside two test files twice without it. Where a process cannot lower its threads'
+priority, and while the job runs a second time (XLA:CPU aborted it at a collective
+rendezvous), the test processes wait for its end instead. Output goes to files, not
 pipes, so a chatty child never blocks on a full pipe. Every wait is bounded.
 """
 
@@ -66,7 +72,8 @@ def _notebook_argvs() -> list[list[str]]:
 JOBS = {"test_mesh.py": _mesh_argvs, "test_multihost.py": _multihost_argvs,
         "test_notebook.py": _notebook_argvs}
 EAGER = ("test_multihost.py", "test_notebook.py")  # started at collection, beside the in-process tests
-ALONE = "test_mesh.py"
+ALONE = "test_mesh.py"  # started once the eager jobs end, the test processes lowered beneath it
+NICE = 19  # the test processes' priority while the mesh job runs
 RENDEZVOUS_ABORT = "Termination timeout for `all reduce"  # XLA:CPU gave up on a collective
 
 
@@ -92,11 +99,13 @@ def _me() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
-def _busy_mark() -> str:
-    return _path(f"busy.{_me()}")
+def _mark() -> str:
+    """This process's mark while in a test: `low.` once it has lowered its priority."""
+    return _path(("low." if _lowered_from else "busy.") + _me())
 
 
-def _wait_for(ready, what: str, timeout: float = WAIT_S) -> None:
+def _wait_for(ready, what: str, timeout: float | None = None) -> None:
+    timeout = WAIT_S if timeout is None else timeout
     end = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > end:
@@ -118,8 +127,8 @@ class Job:
     XLA:CPU aborted a retried job at a collective rendezvous, and writes `done.json`
     (each process's exit status) beside their output."""
 
-    def __init__(self, name: str, retry_rendezvous_abort: bool = False):
-        self.name, self._retry = name, retry_rendezvous_abort
+    def __init__(self, name: str, retry_rendezvous_abort: bool = False, before_retry=None):
+        self.name, self._retry, self._before_retry = name, retry_rendezvous_abort, before_retry
         self._argvs = JOBS[name]()
         self._launch()
 
@@ -152,6 +161,8 @@ class Job:
             if self._retry and self._aborted_at_rendezvous():
                 print(f"{self.name}: XLA:CPU aborted at a collective rendezvous; running it again",
                       file=sys.stderr)
+                if self._before_retry:
+                    self._before_retry()
                 self._launch()
                 self._wait()
         finally:  # even if a relaunch failed: readers get an exit status now, not a timeout
@@ -186,23 +197,36 @@ def _done(name: str) -> bool:
 
 
 def start(test_files) -> None:
-    """Starts the eager jobs of these test modules, unless another process of the run has;
-    a thread of this process waits for them."""
-    for name in EAGER:
+    """Starts the jobs of these test modules, unless another process of the run has; a
+    thread of this process waits for each (the mesh job's first waits for the others)."""
+    for name in EAGER + (ALONE,):  # the eager ones first: the mesh job waits for those claimed
         if name in test_files and _claim(name):
-            job = _mine[name] = Job(name)
-            _finishers.append(threading.Thread(target=job.finish, daemon=True))
-            _finishers[-1].start()
+            if name == ALONE:
+                thread = threading.Thread(target=_run_first, args=(name,), daemon=True)
+            else:
+                job = _mine[name] = Job(name)
+                thread = threading.Thread(target=job.finish, daemon=True)
+            _finishers.append(thread)
+            thread.start()
 
 
-def _run_alone(name: str) -> None:
-    with idle():
-        _wait_for(lambda: all(_done(e) for e in EAGER if os.path.isdir(_path(e))), "the eager jobs")
-        open(_path("alone.request"), "w").close()
-        _wait_for(lambda: not [f for f in os.listdir(_path()) if f.startswith("busy.")],
-                  "the other test processes to leave their tests", timeout=JOB_TIMEOUT_S)
-    job = _mine[name] = Job(name, retry_rendezvous_abort=True)
+def _run_first(name: str) -> None:
+    """The mesh job, once the eager jobs have ended and no test process is in a test at
+    normal priority (their next tests run lowered, or wait where they cannot be)."""
+    _launchers.add(threading.get_native_id())  # its children take this thread's priority
+    _wait_for(lambda: all(_done(e) for e in EAGER if os.path.isdir(_path(e))), "the eager jobs")
+    _request("first", marks=("busy.",))
+    job = _mine[name] = Job(name, retry_rendezvous_abort=True,
+                            before_retry=lambda: _request("alone", marks=("busy.", "low.")))
     job.finish()
+
+
+def _request(kind: str, marks) -> None:
+    """Posts `kind.request` and waits for the test processes to leave the tests they were in
+    under these marks."""
+    open(_path(f"{kind}.request"), "w").close()
+    _wait_for(lambda: not [f for f in os.listdir(_path()) if f.startswith(marks)],
+              "the other test processes to leave their tests", timeout=JOB_TIMEOUT_S)
 
 
 def results(test_file: str) -> list[dict]:
@@ -210,7 +234,8 @@ def results(test_file: str) -> list[dict]:
     it now if no process of the run has."""
     if _claim(test_file):
         if test_file == ALONE:
-            _run_alone(test_file)
+            with idle():
+                _run_first(test_file)
         else:
             _mine[test_file] = Job(test_file)
             _mine[test_file].finish()
@@ -230,28 +255,81 @@ def _parse(prefix: str, argv: list[str], returncode: int) -> dict:
     return json.loads(line[len("RESULTS "):])
 
 
-# -- taking turns with a job that runs alone ------------------------------------------------
+# -- making way for the mesh job ------------------------------------------------------------
+
+_launchers: set[int] = set()  # native ids of this process's threads that start the mesh job
+_lowered_from: list[int] = []  # this process's priority before it lowered its threads
+
+
+def _threads() -> list[int] | None:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: nice is the whole process's, the job's launcher included
+        return None
+
+
+def _lower_priority() -> bool:
+    """Every thread of this process but the mesh job's launcher to nice `NICE` (threads made
+    later take their maker's); False where that cannot be done."""
+    if _lowered_from:
+        return True
+    threads = _threads()
+    if threads is None:
+        return False
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        for tid in threads:
+            if tid not in _launchers:
+                os.setpriority(os.PRIO_PROCESS, tid, max(before, NICE))
+    except OSError:
+        return False
+    _lowered_from.append(before)
+    return True
+
+
+def _restore_priority() -> None:
+    """Back to the priority before, where the system lets a process raise its own."""
+    try:
+        for tid in _threads() or ():
+            os.setpriority(os.PRIO_PROCESS, tid, _lowered_from[0])
+    except OSError:
+        return  # stays low: nothing runs beside the tests any more
+    _lowered_from.clear()
+
+
+def _requested(kind: str) -> bool:
+    return os.path.exists(_path(f"{kind}.request")) and not _done(ALONE)
+
 
 @contextlib.contextmanager
 def busy():
-    """Around each test: marks this process busy, after waiting out a job that runs alone."""
-    mark = _busy_mark()
+    """Around each test: marks this process in a test. While the mesh job runs the test
+    runs at the lowest priority (marked `low.`), or, where this process cannot lower its
+    priority and while the job runs a second time, waits for the job's end."""
     while True:
-        open(mark, "w").close()  # marked first, then checked: the claimant checks the other way
-        if not os.path.exists(_path("alone.request")) or _done(ALONE):
+        mark = _mark()
+        open(mark, "w").close()  # marked first, then checked: the job's launcher checks the other way
+        if not _requested("first"):
             break
+        if not _requested("alone") and _lower_priority():
+            if mark.startswith(_path("low.")):
+                break
+            os.remove(mark)  # and marked again, as low
+            continue
         os.remove(mark)
         _wait_for(lambda: _done(ALONE), f"{ALONE}'s job, which runs alone")
     try:
         yield
     finally:
         os.remove(mark)
+        if _lowered_from and _done(ALONE):
+            _restore_priority()
 
 
 @contextlib.contextmanager
 def idle():
-    """Waiting for a job is not work: a job that runs alone need not wait for this process."""
-    mark = _busy_mark()
+    """Waiting for a job is not work: the mesh job need not wait for this process."""
+    mark = _mark()
     was_busy = os.path.exists(mark)
     if was_busy:
         os.remove(mark)

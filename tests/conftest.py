@@ -63,8 +63,8 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(items):
     """The longest modules first, the subprocess suites' last and the mesh's at the very end
-    (their jobs have run beside the rest by then, and the mesh job, which runs alone, pauses
-    the fewest tests). xdist hands whole files out in this order (`--no-loadscope-reorder`
+    (their jobs run beside the rest, and the mesh job's tests only read its results). xdist
+    hands whole files out in this order (`--no-loadscope-reorder`
     in pyproject.toml; by default it sorts them by their number of tests), so no long file
     comes last to one worker while the others idle."""
     def rank(item):
@@ -76,8 +76,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    """The multi-process and notebook jobs start now and run alongside the rest; the mesh
-    job starts when its fixture asks, alone (`background.py`)."""
+    """The subprocess jobs start now and run alongside the rest, the mesh job once the other
+    two end, with the test processes lowered beneath it (`background.py`)."""
     import background
     if not session.config.option.collectonly:
         background.start({os.path.basename(str(item.path)) for item in session.items})
@@ -86,7 +86,7 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     import background
-    with background.busy():  # waits out a job that runs alone first
+    with background.busy():  # lowered beneath the mesh job while it runs
         return (yield)
 
 

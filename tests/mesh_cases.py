@@ -199,6 +199,10 @@ lengths = [SamplingParams(temperature=0.0, max_tokens=1 + i % 7) for i in range(
 results["2x2"]["batched_moves"] = {
     "same": [o.token_ids for o in wide.generate(many, lengths)] == [o.token_ids for o in ref.generate(many, lengths)],
     "move_rows": list(wide.programs.move_rows), "two_a_call": wide.programs.is_compiled("move", 2)}
+# on an XLA:CPU mesh every program call waits for its outputs (`programs._Waited`), on one
+# device none does
+results["waits_each_call"] = {"2x2": wide.programs.waits_each_call, "single": ref.programs.waits_each_call,
+                              "move_waits": type(wide.programs.move(2)).__name__}
 del wide
 # prompts beginning alike on 2x2: each shard prefills its first one whole and copies it
 # into the other (`share_prefixes`); tokens as one device's, which shares differently

@@ -1,8 +1,11 @@
-"""The subprocess jobs' turn-taking (`background.py`), on a folder of its own: a job that
-runs alone waits for the other test processes to leave their tests, and they wait for
-its end before their next one."""
+"""The subprocess jobs' turn-taking (`background.py`), on a folder of its own: the mesh job
+waits for the other test processes to leave the tests they are in at normal priority, and
+their next ones run lowered beneath it, or wait for its end where they cannot be lowered
+and while it runs a second time."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +18,25 @@ import background
 def run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(background.RUN_DIR, str(tmp_path))  # not the real run's: nothing pauses
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    monkeypatch.setattr(background, "_lowered_from", [])  # nor is this process lowered
+    monkeypatch.setattr(background, "WAIT_S", 20.0)  # a wrong wait fails, not hangs
     return tmp_path
+
+
+@pytest.fixture
+def lowering(monkeypatch):
+    """Lowering this process's priority, faked: (calls, restores)."""
+    calls = []
+
+    def lower():
+        if not background._lowered_from:
+            calls.append("lower")
+            background._lowered_from.append(0)
+        return True
+    monkeypatch.setattr(background, "_lower_priority", lower)
+    monkeypatch.setattr(background, "_restore_priority", lambda: (calls.append("restore"),
+                                                                  background._lowered_from.clear()))
+    return calls
 
 
 def _finish(path, after_s):
@@ -30,16 +51,70 @@ def test_a_job_is_claimed_once(run_dir):
     assert background._claim("test_x.py") and not background._claim("test_x.py")
 
 
-def test_a_test_waits_out_a_job_that_runs_alone(run_dir):
-    (run_dir / "alone.request").touch()
+def test_a_test_runs_lowered_while_the_mesh_job_runs_and_restored_after(run_dir, lowering):
+    with background.busy():  # nothing requested: normal priority
+        assert (run_dir / "busy.gw7").exists() and lowering == []
+    (run_dir / "first.request").touch()
+    start = time.monotonic()
+    with background.busy():
+        assert (run_dir / "low.gw7").exists() and not (run_dir / "busy.gw7").exists()
+        assert lowering == ["lower"] and time.monotonic() - start < 0.5  # no wait
+    _finish(run_dir / background.ALONE, after_s=0.0)
+    time.sleep(0.2)
+    with background.busy():  # lowered still; restored once this test is over
+        assert (run_dir / "low.gw7").exists()
+    assert lowering == ["lower", "restore"]
+    with background.busy():
+        assert (run_dir / "busy.gw7").exists()
+
+
+@pytest.mark.parametrize("why", ["cannot_lower", "second_run"])
+def test_a_test_waits_out_the_mesh_job_where_it_cannot_run_lowered(run_dir, lowering, monkeypatch, why):
+    (run_dir / "first.request").touch()
+    if why == "cannot_lower":
+        monkeypatch.setattr(background, "_lower_priority", lambda: False)
+    else:
+        (run_dir / "alone.request").touch()
     _finish(run_dir / background.ALONE, after_s=1.0)
     start = time.monotonic()
     with background.busy():
-        assert (run_dir / "busy.gw7").exists()
         waited = time.monotonic() - start
-    assert waited >= 0.9 and not (run_dir / "busy.gw7").exists()
+    assert waited >= 0.9 and not os.path.exists(run_dir / "busy.gw7")
     with background.busy():  # the job has ended: no wait
         pass
+
+
+def test_lowering_leaves_the_launchers_thread_and_its_children_at_normal_priority(tmp_path):
+    """On Linux, for real, in a process of its own: every thread but the launcher goes to
+    nice 19, a thread made later by a lowered one starts there, and the launcher's child
+    process runs at the priority it had."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("per-thread priorities are Linux's")
+    script = f"""
+import os, subprocess, sys, threading
+sys.path.insert(0, {os.path.dirname(background.__file__)!r})
+import background
+os.environ[background.RUN_DIR] = {str(tmp_path)!r}
+started, go, out = threading.Event(), threading.Event(), {{}}
+def launcher():
+    background._launchers.add(threading.get_native_id())
+    started.set(); go.wait()
+    out["child"] = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"],
+                                  capture_output=True, text=True).stdout.strip()
+def made_later():
+    out["later"] = os.getpriority(os.PRIO_PROCESS, 0)
+t = threading.Thread(target=launcher); t.start(); started.wait()
+open(os.path.join({str(tmp_path)!r}, "first.request"), "w").close()
+with background.busy():
+    out["main"] = os.getpriority(os.PRIO_PROCESS, 0)
+    u = threading.Thread(target=made_later); u.start(); u.join()
+go.set(); t.join()
+print(out["main"], out["later"], out["child"])
+"""
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    main, later, child = map(int, got.stdout.split())
+    assert (main, later) == (19, 19) and child == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_waiting_for_a_job_is_not_work(run_dir):
@@ -49,20 +124,30 @@ def test_waiting_for_a_job_is_not_work(run_dir):
         assert (run_dir / "busy.gw7").exists()
 
 
-def test_the_alone_job_waits_for_the_other_processes_to_leave_their_tests(run_dir, monkeypatch):
+def test_the_mesh_job_waits_for_the_tests_at_normal_priority_and_its_rerun_for_all(run_dir, monkeypatch):
     launched = []
     monkeypatch.setattr(background, "_mine", {})  # the fake job is not this session's to stop
-    monkeypatch.setattr(background, "Job", lambda name, retry_rendezvous_abort: launched.append(
-        (time.monotonic(), name, retry_rendezvous_abort)) or _NoProcesses())
-    (run_dir / "busy.gw3").touch()  # another worker is in a test
+    monkeypatch.setattr(background, "_launchers", set())
+    monkeypatch.setattr(background, "Job", lambda name, retry_rendezvous_abort, before_retry: launched.append(
+        (time.monotonic(), name, retry_rendezvous_abort, before_retry)) or _NoProcesses())
+    (run_dir / "busy.gw3").touch()  # another worker is in a test at normal priority
+    (run_dir / "low.gw4").touch()  # and another, lowered
     (run_dir / "test_notebook.py").mkdir()  # an eager job that is still running
     _finish(run_dir / "test_notebook.py", after_s=0.5)
-    threading.Thread(target=lambda: (time.sleep(1.0), os.remove(run_dir / "busy.gw3")), daemon=True).start()
+
+    def leave(mark, after_s):
+        threading.Thread(target=lambda: (time.sleep(after_s), os.remove(run_dir / mark)), daemon=True).start()
+    leave("busy.gw3", 1.0)
     start = time.monotonic()
-    background._run_alone(background.ALONE)
-    assert (run_dir / "alone.request").exists()
-    (at, name, retried), = launched
-    assert name == background.ALONE and retried and at - start >= 0.9
+    background._run_first(background.ALONE)
+    (at, name, retried, before_retry), = launched
+    assert name == background.ALONE and retried and 0.9 <= at - start < 5  # not for low.gw4
+    assert (run_dir / "first.request").exists() and not (run_dir / "alone.request").exists()
+    assert threading.get_native_id() in background._launchers
+    leave("low.gw4", 1.0)
+    start = time.monotonic()
+    before_retry()  # a second run waits for every test process
+    assert (run_dir / "alone.request").exists() and time.monotonic() - start >= 0.9
 
 
 class _NoProcesses:

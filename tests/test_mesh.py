@@ -165,6 +165,12 @@ def test_data_parallel_moves_finished_slots_two_a_call(results):
     assert r["same"] and r["move_rows"] == [1, 2] and r["two_a_call"], r
 
 
+def test_programs_wait_for_each_call_on_a_cpu_mesh_only(results):
+    """Unwaited collective programs one after another hang XLA:CPU's fake devices
+    (docs/design.md section 11): on a CPU mesh each call waits, on one device none does."""
+    assert results["waits_each_call"] == {"2x2": True, "single": False, "move_waits": "_Waited"}
+
+
 def test_data_parallel_stop_strings(results):
     """2x2, six requests through four slots, stop strings taken from each one's own text:
     the tokens are one device's, and no slot stays active on the device after the call."""

@@ -72,7 +72,7 @@ def _notebook_argvs() -> list[list[str]]:
 JOBS = {"test_mesh.py": _mesh_argvs, "test_multihost.py": _multihost_argvs,
         "test_notebook.py": _notebook_argvs}
 EAGER = ("test_multihost.py", "test_notebook.py")  # started at collection, beside the in-process tests
-ALONE = "test_mesh.py"  # started once the eager jobs end, the test processes lowered beneath it
+MESH_JOB = "test_mesh.py"  # started once the eager jobs end, the test processes lowered beneath it
 NICE = 19  # the test processes' priority while the mesh job runs
 RENDEZVOUS_ABORT = "Termination timeout for `all reduce"  # XLA:CPU gave up on a collective
 
@@ -199,9 +199,9 @@ def _done(name: str) -> bool:
 def start(test_files) -> None:
     """Starts the jobs of these test modules, unless another process of the run has; a
     thread of this process waits for each (the mesh job's first waits for the others)."""
-    for name in EAGER + (ALONE,):  # the eager ones first: the mesh job waits for those claimed
+    for name in EAGER + (MESH_JOB,):  # the eager ones first: the mesh job waits for those claimed
         if name in test_files and _claim(name):
-            if name == ALONE:
+            if name == MESH_JOB:
                 thread = threading.Thread(target=_run_first, args=(name,), daemon=True)
             else:
                 job = _mine[name] = Job(name)
@@ -233,7 +233,7 @@ def results(test_file: str) -> list[dict]:
     """The job's results (one dict per process, from its `RESULTS {json}` line), starting
     it now if no process of the run has."""
     if _claim(test_file):
-        if test_file == ALONE:
+        if test_file == MESH_JOB:
             with idle():
                 _run_first(test_file)
         else:
@@ -298,7 +298,7 @@ def _restore_priority() -> None:
 
 
 def _requested(kind: str) -> bool:
-    return os.path.exists(_path(f"{kind}.request")) and not _done(ALONE)
+    return os.path.exists(_path(f"{kind}.request")) and not _done(MESH_JOB)
 
 
 @contextlib.contextmanager
@@ -317,12 +317,12 @@ def busy():
             os.remove(mark)  # and marked again, as low
             continue
         os.remove(mark)
-        _wait_for(lambda: _done(ALONE), f"{ALONE}'s job, which runs alone")
+        _wait_for(lambda: _done(MESH_JOB), f"{MESH_JOB}'s job, which runs alone")
     try:
         yield
     finally:
         os.remove(mark)
-        if _lowered_from and _done(ALONE):
+        if _lowered_from and _done(MESH_JOB):
             _restore_priority()
 
 

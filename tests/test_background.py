@@ -59,7 +59,7 @@ def test_a_test_runs_lowered_while_the_mesh_job_runs_and_restored_after(run_dir,
     with background.busy():
         assert (run_dir / "low.gw7").exists() and not (run_dir / "busy.gw7").exists()
         assert lowering == ["lower"] and time.monotonic() - start < 0.5  # no wait
-    _finish(run_dir / background.ALONE, after_s=0.0)
+    _finish(run_dir / background.MESH_JOB, after_s=0.0)
     time.sleep(0.2)
     with background.busy():  # lowered still; restored once this test is over
         assert (run_dir / "low.gw7").exists()
@@ -75,7 +75,7 @@ def test_a_test_waits_out_the_mesh_job_where_it_cannot_run_lowered(run_dir, lowe
         monkeypatch.setattr(background, "_lower_priority", lambda: False)
     else:
         (run_dir / "alone.request").touch()
-    _finish(run_dir / background.ALONE, after_s=1.0)
+    _finish(run_dir / background.MESH_JOB, after_s=1.0)
     start = time.monotonic()
     with background.busy():
         waited = time.monotonic() - start
@@ -139,9 +139,9 @@ def test_the_mesh_job_waits_for_the_tests_at_normal_priority_and_its_rerun_for_a
         threading.Thread(target=lambda: (time.sleep(after_s), os.remove(run_dir / mark)), daemon=True).start()
     leave("busy.gw3", 1.0)
     start = time.monotonic()
-    background._run_first(background.ALONE)
+    background._run_first(background.MESH_JOB)
     (at, name, retried, before_retry), = launched
-    assert name == background.ALONE and retried and 0.9 <= at - start < 5  # not for low.gw4
+    assert name == background.MESH_JOB and retried and 0.9 <= at - start < 5  # not for low.gw4
     assert (run_dir / "first.request").exists() and not (run_dir / "alone.request").exists()
     assert threading.get_native_id() in background._launchers
     leave("low.gw4", 1.0)

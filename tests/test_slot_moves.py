@@ -78,8 +78,8 @@ def test_batched_swaps_equal_the_swaps_in_turn(tiny_pair, per_call):
             src[:len(run)], dst[:len(run)] = zip(*run)
             state = move(state, src, dst, rows(state, dst))
         got = step.per_slot(state)
-        for name, a, b in zip(range(10**6), jax.tree.leaves(got), jax.tree.leaves(expected)):
-            np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"trial {trial}, leaf {name}, pairs {pairs}")
+        for leaf, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(expected))):
+            np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"trial {trial}, leaf {leaf}, pairs {pairs}")
 
 
 def test_an_unchecked_batch_would_differ(tiny_pair):
@@ -119,7 +119,8 @@ def test_requests_finishing_together_move_in_batches_and_keep_their_records(tiny
         engine = make_engine(target, draft, FixedK([2]), max_batch_size=32, max_seq_len=32,
                              method="draft_model", num_speculative_tokens=2)
         assert engine.programs.move_rows == (1, 4)
-        engine.programs.move_rows = (1,) if per_call == 1 else engine.programs.move_rows
+        if per_call == 1:
+            engine.programs.move_rows = (1,)
         calls = _count_moves(engine)
         outs = engine.generate(prompts, params)
         records = {slot: kept.sequence.tolist() for slot, kept in engine._retained[0].items()}

@@ -266,8 +266,8 @@ def _allowed_token_ids(value) -> tuple[int, ...] | None:
 
 
 def allowed_array(allowed_token_ids) -> np.ndarray:
-    """A request's allowed_token_ids as the device's row [MAX_ALLOWED_TOKEN_IDS] int32 (-1:
-    unused; all -1: every id allowed)."""
+    """A request's allowed_token_ids as the device's row [MAX_ALLOWED_TOKEN_IDS] int32,
+    packed from column 0 (`lists_any`; -1: unused; all -1: every id allowed)."""
     out = np.full(MAX_ALLOWED_TOKEN_IDS, -1, np.int32)
     out[:len(allowed_token_ids or ())] = allowed_token_ids or ()
     return out
@@ -283,15 +283,15 @@ def allowed_logits(logits, allowed_ids, active):
         B, V = x.shape[0], x.shape[-1]
         ids = jnp.where(allowed_ids >= 0, allowed_ids, V)  # V: out of range, dropped
         keep = jnp.zeros((B, V), bool).at[jnp.arange(B)[:, None], ids].set(True, mode="drop")
-        keep |= ~jnp.any(allowed_ids >= 0, axis=-1, keepdims=True)
+        keep |= ~lists_any(allowed_ids)[:, None]
         return jnp.where(keep.reshape((B,) + (1,) * (x.ndim - 2) + (V,)), x, -jnp.inf)
 
     return jax.lax.cond(any_listed(allowed_ids, active), mask, lambda x: x, logits)
 
 
 def bias_arrays(logit_bias: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """A request's logit_bias as the device's rows: ids [MAX_LOGIT_BIAS] int32 (-1: unused)
-    and biases [MAX_LOGIT_BIAS] float32."""
+    """A request's logit_bias as the device's rows: ids [MAX_LOGIT_BIAS] int32, packed from
+    column 0 (`lists_any`; -1: unused), and biases [MAX_LOGIT_BIAS] float32."""
     ids = np.full(MAX_LOGIT_BIAS, -1, np.int32)
     biases = np.zeros(MAX_LOGIT_BIAS, np.float32)
     if logit_bias:
@@ -314,10 +314,17 @@ def biased_logits(logits, bias_ids, bias_values, active):
     return jax.lax.cond(any_listed(bias_ids, active), add, lambda x: x, logits)
 
 
+def lists_any(ids):
+    """Whether each row lists an id (ids [B, M]: logit_bias or allowed_token_ids rows,
+    packed from column 0, -1: unused) -> [B]. Column 0 alone, because these checks run
+    every round: scanning all 4096 allowed ids of every row made a 64-row round of a
+    small model 1.3x as long on CPU (ngram drafts; 1.1x with suffix drafts)."""
+    return ids[:, 0] >= 0
+
+
 def any_listed(ids, active):
-    """Whether a live row lists an id (ids [B, M], -1: unused; a logit_bias or an
-    allowed_token_ids row): a scalar."""
-    return jnp.any(active & jnp.any(ids >= 0, axis=-1))
+    """Whether a live row lists an id (`lists_any`): a scalar."""
+    return jnp.any(active & lists_any(ids))
 
 
 def _expand(param, logits):

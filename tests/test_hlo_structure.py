@@ -98,6 +98,52 @@ def test_no_whole_cache_work(engine, program):
     assert not bad, f"{program}: whole-cache ops in the compiled HLO:\n" + "\n".join(bad)
 
 
+REFERENCES = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
+
+
+def unconditional_ops(hlo: str, width: int) -> list[str]:
+    """Instructions computing a value [..., width] wide that run whatever the data: those
+    reachable from the entry without entering a conditional's branch (plumbing aside)."""
+    comps = _computations(hlo)
+    entry = re.search(r"^ENTRY %(\S+) ", hlo, re.M).group(1)
+    seen, todo, found = set(), [entry], []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in comps[name]:
+            m = INSTR.match(line)
+            if not m:
+                continue
+            if m.group(3) != "conditional":  # a branch runs only when its case holds
+                todo += REFERENCES.findall(line)
+            if re.search(rf",{width}\]", m.group(2)) and m.group(3) not in PLUMBING | {"slice"}:
+                found.append(f"{name}: {line.strip()[:160]}")
+    return found
+
+
+@pytest.mark.parametrize("program", [("step", 2, 4), ("step", 1, 2)])
+def test_rounds_read_the_id_lists_only_when_a_live_row_has_one(engine, program):
+    """allowed_token_ids and logit_bias are [slots, 4096] and [slots, 300] on the device.
+    Whether a live row lists any reads column 0 (`sampling.lists_any`); the whole lists are
+    read only in the branch that applies them (scanning every column each round made a
+    small model's round up to 1.3x as long on CPU: `lists_any`)."""
+    from dsd_jax.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
+    hlo = getattr(engine.programs, program[0])(*program[1:]).as_text()
+    for width in (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS):
+        assert not unconditional_ops(hlo, width), (width, unconditional_ops(hlo, width)[:5])
+
+
+def test_the_list_check_catches_a_scan_of_every_column(engine, monkeypatch):
+    """Not vacuous: scanning every column, as before `lists_any`, is caught."""
+    import jax.numpy as jnp
+    from dsd_jax import sampling
+    monkeypatch.setattr(sampling, "lists_any", lambda ids: jnp.any(ids >= 0, axis=-1))
+    hlo = engine.programs.step_with_drafter(engine.programs.drafter, 2, 4).as_text()
+    assert unconditional_ops(hlo, sampling.MAX_ALLOWED_TOKEN_IDS)
+
+
 def test_checker_catches_a_whole_cache_copy(engine):
     """The check is not vacuous: the pre-fix pattern (scatter into the cache, then read
     the updated buffer outside any loop) compiles to whole-cache copies, and is caught."""

@@ -1,0 +1,356 @@
+"""Differential fuzzing of the engine: random engines and random request mixes, checked
+against plain decoding and against what every completion must satisfy.
+
+A case draws an engine under test (method, max K, a K schedule that changes every
+dispatch, slots, buckets, max_seq_len, prefill chunk, prefix sharing, acceptance, eos
+ids) and one or two `generate` calls of requests mixing every per-request feature
+(greedy and seeded sampling with filters, penalties, logit_bias, allowed_token_ids,
+bad_words, stop ids and strings, min_tokens, ignore_eos, groups, logprobs, prompts
+sharing prefixes, references). Checks:
+
+- **Plain equality.** Under "drafter_invariant" acceptance every completion, and under
+  "rejection" every greedy one, is token for token what a plain engine (method "none",
+  one slot, no prefix sharing) gives the same request alone, with group member g drawn
+  as a single request with seed `seed + g`: the same tokens, finish and stop reasons,
+  and (when asked for) logprobs within float tolerance.
+- **Invariants** of every completion of both engines: at most max_tokens and what the
+  slot leaves, finish "length" exactly at that cap, only allowed ids, no bad word, no
+  stop id before min_tokens nor before its last token, a stop string only at its end.
+
+`python tests/engine_fuzz.py --cases N --seed S` runs cases S..S+N-1 and prints each
+failing case's seed (rerun one with `--cases 1 --seed <it>`); `test_engine_fuzz.py`
+runs a few in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
+from dsd_jax.bad_words import token_sequences
+
+VOCAB = 64
+LETTERS = "abcdefgh"
+
+
+class Pieces:
+    """A tokenizer whose token i is two letters (all 64 pairs of "abcdefgh"): a stop
+    string can start inside one token and end inside another. Encoding ignores spaces,
+    so a bad word's spaced form equals its plain one."""
+
+    def decode(self, ids) -> str:
+        return "".join(LETTERS[int(i) % 8] + LETTERS[int(i) // 8] for i in ids)
+
+    def encode(self, text, add_special_tokens=False):
+        text = text.replace(" ", "")
+        return [LETTERS.index(text[i]) + 8 * LETTERS.index(text[i + 1]) for i in range(0, len(text) - 1, 2)]
+
+
+@functools.lru_cache(maxsize=None)
+def fuzz_models():
+    """A 2-layer target and a 1-layer draft (the suite's tiny shapes), logits sharpened so
+    greedy paths vary and drafts are accepted often enough to matter."""
+    import jax
+    from flax import nnx
+
+    def sharp(model, factor):
+        graph, params = nnx.split(model)
+        return nnx.merge(graph, jax.tree.map(lambda x: x * factor if x.ndim == 2 else x, params))
+
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2,
+                  head_dim=8, rope_theta=10000.0)
+    target = sharp(models.init_model(models.ModelConfig(num_layers=2, **common), seed=11), 4.0)
+    draft = sharp(models.init_model(models.ModelConfig(num_layers=1, **common), seed=12), 4.0)
+    return target, draft
+
+
+@functools.lru_cache(maxsize=None)
+def typical_text() -> tuple[tuple[int, ...], ...]:
+    """Completions the target draws (plain decoding, greedy and sampled): stop ids, stop
+    strings and bad words are drawn from them, so they occur often enough to matter (random
+    ones of 64**2 bigrams would almost never be hit)."""
+    target, _ = fuzz_models()
+    plain = SpecEngine(target, None, SpecConfig(method="none"), max_batch_size=8, max_seq_len=64,
+                       prefill_chunk=16, backend="xla")
+    rng = np.random.default_rng(7)
+    prompts = [list(map(int, rng.integers(0, VOCAB, int(rng.integers(1, 8))))) for _ in range(16)]
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=48) for i, t in enumerate([0.0, 1.0] * 8)]
+    return tuple(tuple(o.token_ids) for o in plain.generate(prompts, params))
+
+
+def _piece(rng, tokens: int) -> list[int]:
+    """`tokens` consecutive tokens of a typical completion."""
+    text = typical_text()
+    row = text[int(rng.integers(0, len(text)))]
+    at = int(rng.integers(0, len(row) - tokens + 1))
+    return list(row[at:at + tokens])
+
+
+class Schedule:
+    """A controller playing a random K (0..max_k) at every dispatch."""
+
+    def __init__(self, rng: np.random.Generator, max_k: int):
+        self.rng, self.max_k = rng, max_k
+
+    def choose_k(self, batch_size, context_len=None, request_ids=None, remaining=None):
+        return int(self.rng.integers(0, self.max_k + 1))
+
+    def observe(self, *args, **kwargs):
+        pass
+
+
+@dataclasses.dataclass
+class Case:
+    seed: int
+    method: str
+    acceptance: str
+    max_k: int
+    max_batch_size: int
+    batch_buckets: tuple[int, ...]
+    max_seq_len: int
+    prefill_chunk: int
+    share_prefixes: bool
+    eos_token_ids: tuple[int, ...]
+    max_logprobs: int
+    calls: list  # [(prompts, params, references)]
+
+    def engine_spec(self) -> str:
+        return (f"method={self.method} acceptance={self.acceptance} max_k={self.max_k} "
+                f"slots={self.max_batch_size} buckets={self.batch_buckets} max_seq_len={self.max_seq_len} "
+                f"chunk={self.prefill_chunk} share={self.share_prefixes} eos={self.eos_token_ids} "
+                f"max_logprobs={self.max_logprobs}")
+
+
+def _word(rng, tokens: int) -> str:
+    return Pieces().decode(_piece(rng, tokens))
+
+
+def _text_piece(rng) -> str:
+    """2 to 4 letters of a typical completion's text: may start or end inside a token."""
+    text = _word(rng, 3)
+    at = int(rng.integers(0, 3))
+    return text[at:at + int(rng.integers(2, 5))]
+
+
+def random_params(rng, max_tokens_cap: int, max_logprobs: int) -> SamplingParams:
+    kw: dict = {"max_tokens": int(rng.integers(1, max_tokens_cap + 1))}
+    if rng.random() < 0.35:
+        kw["temperature"] = 0.0
+    else:
+        kw["temperature"] = float(rng.choice([0.5, 1.0, 1.5]))
+        kw["seed"] = int(rng.integers(0, 2**31))
+        if rng.random() < 0.3:
+            kw["top_k"] = int(rng.integers(1, 20))
+        if rng.random() < 0.3:
+            kw["top_p"] = float(rng.choice([0.5, 0.9]))
+        if rng.random() < 0.2:
+            kw["min_p"] = float(rng.choice([0.05, 0.2]))
+    if rng.random() < 0.3:
+        kw["stop_token_ids"] = sorted({t for _ in range(int(rng.integers(1, 4))) for t in _piece(rng, 1)})
+        kw["include_stop_token"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.25:
+        kw["min_tokens"] = int(rng.integers(0, kw["max_tokens"] + 1))
+    if rng.random() < 0.2:
+        kw["ignore_eos"] = True
+    if rng.random() < 0.2:
+        kw["stop"] = [_text_piece(rng) for _ in range(int(rng.integers(1, 3)))]
+        kw["include_stop_str_in_output"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.2:
+        kw["repetition_penalty"] = float(rng.choice([0.8, 1.3]))
+    if rng.random() < 0.2:
+        kw["presence_penalty"] = float(rng.choice([-0.5, 0.7]))
+    if rng.random() < 0.2:
+        kw["frequency_penalty"] = float(rng.choice([-0.3, 0.5]))
+    if rng.random() < 0.2:
+        ids = {t for _ in range(int(rng.integers(1, 6))) for t in _piece(rng, 1)}
+        kw["logit_bias"] = {int(t): float(rng.choice([-100.0, -3.0, 2.0, 5.0])) for t in ids}
+    if rng.random() < 0.15:
+        kw["allowed_token_ids"] = sorted({t for _ in range(int(rng.integers(2, 24))) for t in _piece(rng, 1)})
+    if rng.random() < 0.35:
+        kw["bad_words"] = [_word(rng, int(rng.integers(1, 3))) for _ in range(int(rng.integers(1, 4)))]
+    if rng.random() < 0.25:
+        kw["n"] = int(rng.integers(2, 4))
+    if max_logprobs and rng.random() < 0.4:
+        kw["logprobs"] = int(rng.integers(0, max_logprobs + 1))
+    return SamplingParams(**kw)
+
+
+def random_case(seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    method = str(rng.choice(["ngram", "suffix", "draft_model", "ngram", "suffix", "draft_model", "none"]))
+    max_seq_len = int(rng.choice([32, 48, 64, 96]))
+    slots = int(rng.choice([1, 2, 4, 8]))
+    buckets = tuple(sorted({slots} | ({int(rng.integers(1, slots))} if slots > 1 and rng.random() < 0.5 else set())))
+    max_logprobs = int(rng.choice([0, 0, 3]))
+    # stems from typical completions: the target continues along paths where the stop ids,
+    # stop strings and bad words (drawn from the same text) occur
+    # (some longer than prefix_sharing.MIN_SHARED_PREFIX, so prompts share them)
+    stems = [_piece(rng, int(rng.integers(1, 12) if rng.random() < 0.6 else rng.integers(33, 47)))
+             for _ in range(3)]
+    calls = []
+    for _ in range(int(rng.choice([1, 1, 2]))):
+        n = int(rng.integers(1, 3 * slots + 3))
+        prompts = []
+        for _ in range(n):  # prompts extending shared stems (prefix sharing), or fresh ones
+            stem = stems[int(rng.integers(0, 3))] if rng.random() < 0.6 else []
+            tail = (_piece(rng, int(rng.integers(1, 10))) if rng.random() < 0.5 else
+                    list(map(int, rng.integers(0, VOCAB, int(rng.integers(0 if stem else 1, 10))))))
+            prompts.append((stem + tail)[:max_seq_len - 2])
+        params = [random_params(rng, max_seq_len, max_logprobs) for _ in prompts]
+        references = None
+        if rng.random() < 0.5:
+            references = [[_piece(rng, int(rng.integers(1, 20))) for _ in range(int(rng.integers(0, 3)))]
+                           for _ in prompts]
+        calls.append((prompts, params, references))
+    return Case(seed=seed, method=method, acceptance=str(rng.choice(["drafter_invariant", "rejection"])),
+                max_k=0 if method == "none" else int(rng.integers(1, 6)), max_batch_size=slots,
+                batch_buckets=buckets, max_seq_len=max_seq_len, prefill_chunk=int(rng.choice([4, 7, 16])),
+                share_prefixes=bool(rng.random() < 0.7),
+                eos_token_ids=tuple(sorted({t for _ in range(int(rng.integers(0, 3))) for t in _piece(rng, 1)})),
+                max_logprobs=max_logprobs, calls=calls)
+
+
+def _engine(case: Case, plain: bool, rng=None) -> SpecEngine:
+    target, draft = fuzz_models()
+    spec = (SpecConfig(method="none") if plain else
+            SpecConfig(method=case.method, num_speculative_tokens=max(case.max_k, 1) if case.method != "none" else 0,
+                       acceptance=case.acceptance))
+    return SpecEngine(target, draft if spec.method == "draft_model" else None, spec,
+                      max_batch_size=1 if plain else case.max_batch_size,
+                      batch_buckets=None if plain else case.batch_buckets, max_seq_len=case.max_seq_len,
+                      prefill_chunk=16 if plain else case.prefill_chunk, tokenizer=Pieces(),
+                      eos_token_ids=list(case.eos_token_ids), max_logprobs=case.max_logprobs,
+                      share_prefixes=not plain and case.share_prefixes, backend="xla",
+                      controller=None if plain or case.method == "none" else Schedule(rng, case.max_k))
+
+
+def completion_problems(out, prompt, sp: SamplingParams, case: Case) -> list[str]:
+    """What any completion of `prompt` under `sp` must satisfy, as a list of violations."""
+    toks, problems = list(out.token_ids), []
+    cap = min(sp.max_tokens, case.max_seq_len - len(prompt))
+    if len(toks) > cap:
+        problems.append(f"{len(toks)} tokens, more than the cap {cap}")
+    if out.finish_reason == "length" and len(toks) != cap:
+        problems.append(f"finish 'length' at {len(toks)} tokens, cap {cap}")
+    if sp.allowed_token_ids is not None and not set(toks) <= set(sp.allowed_token_ids):
+        problems.append(f"ids outside allowed_token_ids: {sorted(set(toks) - set(sp.allowed_token_ids))}")
+    for seq in token_sequences(sp.bad_words, Pieces(), VOCAB):
+        n = len(seq)
+        if any(tuple(toks[i:i + n]) == seq for i in range(len(toks) - n + 1)):
+            problems.append(f"bad word {seq} in the completion")
+    stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(case.eos_token_ids))
+    for i, t in enumerate(toks):
+        if t in stops and (i < sp.min_tokens or i != len(toks) - 1):
+            problems.append(f"stop id {t} at {i} (min_tokens {sp.min_tokens}, {len(toks)} tokens)")
+    if sp.stop:  # a stop string ends the completion in the token completing it, if past min_tokens
+        text = Pieces().decode(toks)
+        for stop in sp.stop:
+            ends = [at + len(stop) for at in range(len(text)) if text.startswith(stop, at)]
+            early = [e for e in ends if sp.min_tokens <= (e - 1) // 2 < len(toks) - 1]
+            if early:
+                problems.append(f"stop string {stop!r} completed at token {(early[0] - 1) // 2} of {text!r}")
+    return problems
+
+
+def _singles(prompts, params, references):
+    """Each request of a call as single requests: group member g with seed + g."""
+    out = []
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        for g in range(sp.n):
+            seed = None if sp.seed is None else sp.seed + g
+            out.append((prompt, dataclasses.replace(sp, n=1, seed=seed), None if references is None else references[i]))
+    return out
+
+
+def _same(a, b, with_logprobs: bool) -> str | None:
+    for name in ("token_ids", "finish_reason", "stop_reason"):
+        if getattr(a, name) != getattr(b, name):
+            return f"{name}: {getattr(a, name)} vs plain {getattr(b, name)}"
+    if with_logprobs and a.top_logprobs is not None:
+        for pa, pb in zip(a.top_logprobs, b.top_logprobs):
+            if pa.keys() != pb.keys() or not np.allclose(list(pa.values()), list(pb.values()), atol=2e-4):
+                return f"top_logprobs {pa} vs plain {pb}"
+    return None
+
+
+def aim(case: Case, plain: SpecEngine, rng) -> None:
+    """Redraws the stop ids, stop strings and bad words of the requests that have them
+    from what each would generate without them (plain decoding): drawn from typical text
+    alone, 1 in 45 requests' bad words would ever have occurred."""
+    for c, (prompts, params, references) in enumerate(case.calls):
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            if not (sp.stop_token_ids or sp.stop or sp.bad_words):
+                continue
+            free = dataclasses.replace(sp, n=1, stop_token_ids=(), stop=(), bad_words=())
+            toks = plain.generate([prompt], [free])[0].token_ids
+
+            def piece(n):
+                at = int(rng.integers(0, max(len(toks) - n, 0) + 1))
+                return list(toks[at:at + n]) or _piece(rng, n)
+
+            kw = {}
+            if sp.stop_token_ids:
+                kw["stop_token_ids"] = sorted(set(piece(1) + list(sp.stop_token_ids)[1:]))
+            if sp.stop:
+                text = Pieces().decode(piece(3))  # 2 to 6 letters
+                at = int(rng.integers(0, len(text) - 1))
+                kw["stop"] = [text[at:at + int(rng.integers(2, 5))]] + list(sp.stop[1:])
+            if sp.bad_words:
+                kw["bad_words"] = [Pieces().decode(piece(int(rng.integers(1, 3)))) for _ in sp.bad_words]
+            params[i] = dataclasses.replace(sp, **kw)
+
+
+def run_case(case: Case) -> list[str]:
+    """Runs `case` (after `aim`); returns what went wrong (empty: nothing)."""
+    rng = np.random.default_rng(case.seed + 10**6)
+    engine, plain = _engine(case, False, rng), _engine(case, True)
+    aim(case, plain, rng)
+    failures = []
+    for c, (prompts, params, references) in enumerate(case.calls):
+        outs = engine.generate(prompts, params, references=references)
+        singles = _singles(prompts, params, references)
+        expected = [plain.generate([p], [sp])[0] for p, sp, _ in singles]
+        assert len(outs) == len(singles)
+        for j, (out, want, (prompt, sp, _)) in enumerate(zip(outs, expected, singles)):
+            where = f"call {c} output {j} (prompt {prompt}, {sp})"
+            failures += [f"{where}: {p}" for p in completion_problems(out, prompt, sp, case)]
+            failures += [f"{where}: plain engine: {p}" for p in completion_problems(want, prompt, sp, case)]
+            if case.acceptance == "drafter_invariant" or sp.temperature == 0:
+                diff = _same(out, want, sp.logprobs is not None)
+                if diff:
+                    failures.append(f"{where}: {diff}")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    bad = []
+    for seed in range(args.seed, args.seed + args.cases):
+        case, start = random_case(seed), time.perf_counter()
+        try:
+            failures = run_case(case)
+        except Exception:  # a crash is a finding too
+            failures = [traceback.format_exc()]
+        status = "ok" if not failures else f"{len(failures)} FAILURES"
+        print(f"case {seed}: {status} in {time.perf_counter() - start:.1f} s ({case.engine_spec()}, "
+              f"{sum(len(c[0]) for c in case.calls)} prompts)", flush=True)
+        for f in failures[:5]:
+            print("   ", f, flush=True)
+        if failures:
+            bad.append(seed)
+    print(f"{args.cases - len(bad)} of {args.cases} cases passed; failing seeds: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,16 +3,20 @@ against plain decoding and against what every completion must satisfy.
 
 A case draws an engine under test (method, max K, a K schedule that changes every
 dispatch, slots, buckets, max_seq_len, prefill chunk, prefix sharing, acceptance, eos
-ids) and one or two `generate` calls of requests mixing every per-request feature
-(greedy and seeded sampling with filters, penalties, logit_bias, allowed_token_ids,
-bad_words, stop ids and strings, min_tokens, ignore_eos, groups, logprobs, prompts
-sharing prefixes, references). Checks:
+ids) and one or two calls (`generate`, or `stream` with `on_output`; logprobs returned or
+not; for method "suffix" references or a `RolloutMemory`) of requests mixing every
+per-request feature (greedy and seeded sampling with filters, penalties, logit_bias,
+allowed_token_ids, bad_words, stop ids and strings, min_tokens, ignore_eos, groups,
+top and prompt logprobs, prompts sharing prefixes). Stop ids, stop strings and bad
+words are drawn from what the request would generate without them (`aim`), so they
+matter. Checks:
 
 - **Plain equality.** Under "drafter_invariant" acceptance every completion, and under
   "rejection" every greedy one, is token for token what a plain engine (method "none",
   one slot, no prefix sharing) gives the same request alone, with group member g drawn
   as a single request with seed `seed + g`: the same tokens, finish and stop reasons,
-  and (when asked for) logprobs within float tolerance.
+  and (when asked for) logprobs within float tolerance. A stream's joined tokens are its
+  outputs' tokens.
 - **Invariants** of every completion of both engines: at most max_tokens and what the
   slot leaves, finish "length" exactly at that cap, only allowed ids, no bad word, no
   stop id before min_tokens nor before its last token, a stop string only at its end.
@@ -35,6 +39,7 @@ import numpy as np
 
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
 from dsd_jax.bad_words import token_sequences
+from dsd_jax.rollout_memory import RolloutMemory
 
 VOCAB = 64
 LETTERS = "abcdefgh"
@@ -120,6 +125,11 @@ class Case:
     eos_token_ids: tuple[int, ...]
     max_logprobs: int
     calls: list  # [(prompts, params, references)]
+    # how each call is made: "generate" or "stream" (tokens joined, outputs from on_output),
+    # return_logprobs, and (method "suffix") a RolloutMemory across the calls in place of
+    # references
+    modes: list = dataclasses.field(default_factory=list)  # [(mode, return_logprobs)]
+    memory: bool = False
 
     def engine_spec(self) -> str:
         return (f"method={self.method} acceptance={self.acceptance} max_k={self.max_k} "
@@ -209,7 +219,16 @@ def random_case(seed: int) -> Case:
             references = [[_piece(rng, int(rng.integers(1, 20))) for _ in range(int(rng.integers(0, 3)))]
                            for _ in prompts]
         calls.append((prompts, params, references))
-    return Case(seed=seed, method=method, acceptance=str(rng.choice(["drafter_invariant", "rejection"])),
+    # drawn apart, so adding these kept the earlier cases as they were
+    extra = np.random.default_rng(seed + 2 * 10**6)
+    modes = [(str(extra.choice(["generate", "stream"])), bool(extra.random() < 0.3)) for _ in calls]
+    for _, params, _ in calls:
+        for i, sp in enumerate(params):
+            if extra.random() < 0.15:
+                params[i] = dataclasses.replace(sp, prompt_logprobs=int(extra.integers(0, max_logprobs + 1)))
+    memory = method == "suffix" and bool(extra.random() < 0.5)
+    return Case(modes=modes, memory=memory,
+                seed=seed, method=method, acceptance=str(rng.choice(["drafter_invariant", "rejection"])),
                 max_k=0 if method == "none" else int(rng.integers(1, 6)), max_batch_size=slots,
                 batch_buckets=buckets, max_seq_len=max_seq_len, prefill_chunk=int(rng.choice([4, 7, 16])),
                 share_prefixes=bool(rng.random() < 0.7),
@@ -269,15 +288,42 @@ def _singles(prompts, params, references):
     return out
 
 
-def _same(a, b, with_logprobs: bool) -> str | None:
+def _close(a, b) -> bool:
+    """Logprob entries alike: the same ids (a dict's keys), values within float tolerance."""
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and np.allclose(list(a.values()), list(b.values()), atol=2e-4)
+    return len(a) == len(b) and all(_close(x, y) if isinstance(x, dict) or x is None else
+                                    np.isclose(x, y, atol=2e-4) for x, y in zip(a, b))
+
+
+def _same(a, b) -> str | None:
     for name in ("token_ids", "finish_reason", "stop_reason"):
         if getattr(a, name) != getattr(b, name):
             return f"{name}: {getattr(a, name)} vs plain {getattr(b, name)}"
-    if with_logprobs and a.top_logprobs is not None:
-        for pa, pb in zip(a.top_logprobs, b.top_logprobs):
-            if pa.keys() != pb.keys() or not np.allclose(list(pa.values()), list(pb.values()), atol=2e-4):
-                return f"top_logprobs {pa} vs plain {pb}"
+    for name in ("top_logprobs", "prompt_logprobs", "logprobs", "raw_logprobs"):
+        if not _close(getattr(a, name), getattr(b, name)):
+            return f"{name}: {getattr(a, name)} vs plain {getattr(b, name)}"
     return None
+
+
+def _call(engine, mode, prompts, params, references, memory, return_logprobs) -> tuple[list, list[str]]:
+    """One call of `engine` as `mode` says: its outputs, and what a stream got wrong (its
+    joined tokens not its outputs' tokens, an output missing)."""
+    if mode == "generate":
+        return engine.generate(prompts, params, references=references, memory=memory,
+                               return_logprobs=return_logprobs), []
+    outs, joined = {}, {}
+    for i, tokens in engine.stream(prompts, params, references=references, memory=memory,
+                                   return_logprobs=return_logprobs,
+                                   on_output=lambda i, out: outs.__setitem__(i, out)):
+        joined.setdefault(i, []).extend(tokens)
+    total = sum(sp.n for sp in params)
+    problems = [f"stream: no output for {sorted(set(range(total)) - outs.keys())}"] if len(outs) != total else []
+    problems += [f"stream output {i}: joined tokens {joined.get(i, [])} vs its output's {o.token_ids}"
+                 for i, o in outs.items() if joined.get(i, []) != o.token_ids]
+    return [outs.get(i) for i in range(total)], problems
 
 
 def aim(case: Case, plain: SpecEngine, rng) -> None:
@@ -312,18 +358,23 @@ def run_case(case: Case) -> list[str]:
     rng = np.random.default_rng(case.seed + 10**6)
     engine, plain = _engine(case, False, rng), _engine(case, True)
     aim(case, plain, rng)
+    memory = RolloutMemory() if case.memory else None
     failures = []
-    for c, (prompts, params, references) in enumerate(case.calls):
-        outs = engine.generate(prompts, params, references=references)
+    for c, ((prompts, params, references), (mode, return_logprobs)) in enumerate(zip(case.calls, case.modes)):
+        outs, problems = _call(engine, mode, prompts, params, None if memory else references, memory,
+                               return_logprobs)
+        failures += [f"call {c}: {p}" for p in problems]
         singles = _singles(prompts, params, references)
-        expected = [plain.generate([p], [sp])[0] for p, sp, _ in singles]
+        expected = [plain.generate([p], [sp], return_logprobs=return_logprobs)[0] for p, sp, _ in singles]
         assert len(outs) == len(singles)
         for j, (out, want, (prompt, sp, _)) in enumerate(zip(outs, expected, singles)):
-            where = f"call {c} output {j} (prompt {prompt}, {sp})"
+            where = f"call {c} ({mode}) output {j} (prompt {prompt}, {sp})"
+            if out is None:
+                continue  # (named by the stream's problems)
             failures += [f"{where}: {p}" for p in completion_problems(out, prompt, sp, case)]
             failures += [f"{where}: plain engine: {p}" for p in completion_problems(want, prompt, sp, case)]
             if case.acceptance == "drafter_invariant" or sp.temperature == 0:
-                diff = _same(out, want, sp.logprobs is not None)
+                diff = _same(out, want)
                 if diff:
                     failures.append(f"{where}: {diff}")
     return failures
@@ -343,7 +394,7 @@ def main(argv=None) -> int:
             failures = [traceback.format_exc()]
         status = "ok" if not failures else f"{len(failures)} FAILURES"
         print(f"case {seed}: {status} in {time.perf_counter() - start:.1f} s ({case.engine_spec()}, "
-              f"{sum(len(c[0]) for c in case.calls)} prompts)", flush=True)
+              f"{sum(len(c[0]) for c in case.calls)} prompts, calls {case.modes}, memory {case.memory})", flush=True)
         for f in failures[:5]:
             print("   ", f, flush=True)
         if failures:

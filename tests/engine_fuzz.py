@@ -1,7 +1,7 @@
 """Differential fuzzing of the engine: random engines and random request mixes, checked
 against plain decoding and against what every completion must satisfy.
 
-A case draws an engine under test (method, max K, a K schedule that changes every
+A case draws an engine under test (method: ngram, suffix, draft_model, eagle3 or none; max K, a K schedule that changes every
 dispatch, slots, buckets, max_seq_len, prefill chunk, prefix sharing, acceptance, eos
 ids) and one or two calls (`generate`, or `stream` with `on_output`; logprobs returned or
 not; for method "suffix" references or a `RolloutMemory`) of requests mixing every
@@ -74,6 +74,16 @@ def fuzz_models():
     target = sharp(models.init_model(models.ModelConfig(num_layers=2, **common), seed=11), 4.0)
     draft = sharp(models.init_model(models.ModelConfig(num_layers=1, **common), seed=12), 4.0)
     return target, draft
+
+
+@functools.lru_cache(maxsize=None)
+def fuzz_head():
+    """An EAGLE-3 head for `fuzz_models`' target, reading both its layers, with a reduced
+    draft vocabulary (the first 48 ids): drafts of the other ids never come from it."""
+    from dsd_jax.models.eagle3 import Eagle3Config, init_eagle3
+    target, _ = fuzz_models()
+    cfg = Eagle3Config(**{**target.config.__dict__, "num_layers": 1}, draft_vocab_size=48, aux_layers=(0, 1))
+    return init_eagle3(cfg, seed=13)
 
 
 @functools.lru_cache(maxsize=None)
@@ -227,6 +237,8 @@ def random_case(seed: int) -> Case:
             if extra.random() < 0.15:
                 params[i] = dataclasses.replace(sp, prompt_logprobs=int(extra.integers(0, max_logprobs + 1)))
     memory = method == "suffix" and bool(extra.random() < 0.5)
+    if method == "draft_model" and extra.random() < 0.4:  # (a later addition: the same rng's cases kept)
+        method = "eagle3"
     return Case(modes=modes, memory=memory,
                 seed=seed, method=method, acceptance=str(rng.choice(["drafter_invariant", "rejection"])),
                 max_k=0 if method == "none" else int(rng.integers(1, 6)), max_batch_size=slots,
@@ -238,10 +250,11 @@ def random_case(seed: int) -> Case:
 
 def _engine(case: Case, plain: bool, rng=None) -> SpecEngine:
     target, draft = fuzz_models()
+    draft = fuzz_head() if case.method == "eagle3" and not plain else draft
     spec = (SpecConfig(method="none") if plain else
             SpecConfig(method=case.method, num_speculative_tokens=max(case.max_k, 1) if case.method != "none" else 0,
                        acceptance=case.acceptance))
-    return SpecEngine(target, draft if spec.method == "draft_model" else None, spec,
+    return SpecEngine(target, draft if spec.method in ("draft_model", "eagle3") else None, spec,
                       max_batch_size=1 if plain else case.max_batch_size,
                       batch_buckets=None if plain else case.batch_buckets, max_seq_len=case.max_seq_len,
                       prefill_chunk=16 if plain else case.prefill_chunk, tokenizer=Pieces(),

@@ -22,8 +22,9 @@ matter. Checks:
   stop id before min_tokens nor before its last token, a stop string only at its end.
 
 `python tests/engine_fuzz.py --cases N --seed S` runs cases S..S+N-1 and prints each
-failing case's seed (rerun one with `--cases 1 --seed <it>`); `test_engine_fuzz.py`
-runs a few in the suite.
+failing case's seed (rerun one with `--cases 1 --seed <it>`); `--mesh 2,1` runs the engine
+under test on a 2-device data mesh (fake CPU devices). `test_engine_fuzz.py` runs a few
+in the suite.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
 from dsd_jax.bad_words import token_sequences
 from dsd_jax.rollout_memory import RolloutMemory
+from dsd_jax.sharding import make_mesh
 
 VOCAB = 64
 LETTERS = "abcdefgh"
@@ -140,9 +142,10 @@ class Case:
     # references
     modes: list = dataclasses.field(default_factory=list)  # [(mode, return_logprobs)]
     memory: bool = False
+    mesh: tuple[int, int] = (1, 1)  # (data, model) devices of the engine under test
 
     def engine_spec(self) -> str:
-        return (f"method={self.method} acceptance={self.acceptance} max_k={self.max_k} "
+        return (f"mesh={self.mesh} method={self.method} acceptance={self.acceptance} max_k={self.max_k} "
                 f"slots={self.max_batch_size} buckets={self.batch_buckets} max_seq_len={self.max_seq_len} "
                 f"chunk={self.prefill_chunk} share={self.share_prefixes} eos={self.eos_token_ids} "
                 f"max_logprobs={self.max_logprobs}")
@@ -254,9 +257,13 @@ def _engine(case: Case, plain: bool, rng=None) -> SpecEngine:
     spec = (SpecConfig(method="none") if plain else
             SpecConfig(method=case.method, num_speculative_tokens=max(case.max_k, 1) if case.method != "none" else 0,
                        acceptance=case.acceptance))
+    data, model = (1, 1) if plain else case.mesh
+    slots, buckets = case.max_batch_size, case.batch_buckets
+    if data * model > 1:  # the slots split evenly over the data shards; buckets per shard
+        slots, buckets = -(-slots // data) * data, None
     return SpecEngine(target, draft if spec.method in ("draft_model", "eagle3") else None, spec,
-                      max_batch_size=1 if plain else case.max_batch_size,
-                      batch_buckets=None if plain else case.batch_buckets, max_seq_len=case.max_seq_len,
+                      max_batch_size=1 if plain else slots, mesh=make_mesh(data, model) if data * model > 1 else None,
+                      batch_buckets=None if plain else buckets, max_seq_len=case.max_seq_len,
                       prefill_chunk=16 if plain else case.prefill_chunk, tokenizer=Pieces(),
                       eos_token_ids=list(case.eos_token_ids), max_logprobs=case.max_logprobs,
                       share_prefixes=not plain and case.share_prefixes, backend="xla",
@@ -397,10 +404,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mesh", default="1,1", help="DATA,MODEL: the engine under test on a mesh of that "
+                    "many fake CPU devices (the plain one stays on one)")
     args = ap.parse_args(argv)
+    mesh = tuple(int(x) for x in args.mesh.split(","))
+    if mesh != (1, 1):
+        import jax
+        jax.config.update("jax_num_cpu_devices", mesh[0] * mesh[1])  # before the backend starts
     bad = []
     for seed in range(args.seed, args.seed + args.cases):
-        case, start = random_case(seed), time.perf_counter()
+        case, start = dataclasses.replace(random_case(seed), mesh=mesh), time.perf_counter()
         try:
             failures = run_case(case)
         except Exception:  # a crash is a finding too

@@ -19,11 +19,12 @@ def test_random_engines_and_request_mixes_decode_as_plain(seed):
 def test_the_invariants_name_each_kind_of_violation():
     """`completion_problems` is not vacuous: each rule flags a completion breaking it, and
     passes one that keeps them all."""
+    import dataclasses
     from types import SimpleNamespace
 
     from dsd_jax import SamplingParams
     from engine_fuzz import Pieces, completion_problems
-    case = random_case(1)
+    case = dataclasses.replace(random_case(1), max_seq_len=64, eos_token_ids=())
     word = Pieces().decode([5, 6])  # the two-token bad word (5, 6)
     sp = SamplingParams(max_tokens=6, min_tokens=2, stop_token_ids=[9], allowed_token_ids=[1, 2, 5, 6, 9],
                         bad_words=[word], stop=[Pieces().decode([2])])

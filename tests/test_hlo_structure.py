@@ -8,6 +8,9 @@ instruction whose result has a KV buffer's shape must be the in-place update its
 (a scatter or dynamic-update-slice, alone or as a fusion's root) or plumbing (a
 parameter, a loop, a tuple element). A copy, or a fusion computing a new cache-sized
 value, fails. Not a timing test.
+
+Likewise a round must not read the per-slot allowed-id and logit-bias lists unless a live
+row has one: only a conditional's branch may compute on values that wide.
 """
 
 from __future__ import annotations

@@ -381,8 +381,17 @@ def run_case(case: Case) -> list[str]:
     memory = RolloutMemory() if case.memory else None
     failures = []
     for c, ((prompts, params, references), (mode, return_logprobs)) in enumerate(zip(case.calls, case.modes)):
-        outs, problems = _call(engine, mode, prompts, params, None if memory else references, memory,
-                               return_logprobs)
+        try:
+            outs, problems = _call(engine, mode, prompts, params, None if memory else references, memory,
+                                   return_logprobs)
+        except ValueError as refused:  # a request the engine refuses (checked before anything runs)
+            try:
+                plain.generate(prompts, params)
+                failures.append(f"call {c}: refused ({refused}), but the plain engine ran it")
+            except ValueError as also:
+                if str(also) != str(refused):
+                    failures.append(f"call {c}: refused ({refused}); the plain engine: {also}")
+            continue  # (the engine must still serve the next call)
         failures += [f"call {c}: {p}" for p in problems]
         singles = _singles(prompts, params, references)
         expected = [plain.generate([p], [sp], return_logprobs=return_logprobs)[0] for p, sp, _ in singles]

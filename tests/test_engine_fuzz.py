@@ -8,7 +8,7 @@ import pytest
 from engine_fuzz import random_case, run_case
 
 
-@pytest.mark.parametrize("seed", [1, 9, 19, 96])  # ngram, eagle3, suffix (a memory), draft_model
+@pytest.mark.parametrize("seed", [1, 9, 19])  # ngram, eagle3, suffix (a memory); draft_model: 96
 def test_random_engines_and_request_mixes_decode_as_plain(seed):
     case = random_case(seed)
     assert case.acceptance == "drafter_invariant" and case.max_k > 0

@@ -64,17 +64,9 @@ class Pieces:
 def fuzz_models():
     """A 2-layer target and a 1-layer draft (the suite's tiny shapes), logits sharpened so
     greedy paths vary and drafts are accepted often enough to matter."""
-    import jax
-    from flax import nnx
-
-    def sharp(model, factor):
-        graph, params = nnx.split(model)
-        return nnx.merge(graph, jax.tree.map(lambda x: x * factor if x.ndim == 2 else x, params))
-
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2,
-                  head_dim=8, rope_theta=10000.0)
-    target = sharp(models.init_model(models.ModelConfig(num_layers=2, **common), seed=11), 4.0)
-    draft = sharp(models.init_model(models.ModelConfig(num_layers=1, **common), seed=12), 4.0)
+    from conftest import scaled, tiny_config  # (the suite's helpers; tests/ is on the path)
+    target = scaled(models.init_model(tiny_config(num_layers=2), seed=11), 4.0)
+    draft = scaled(models.init_model(tiny_config(num_layers=1), seed=12), 4.0)
     return target, draft
 
 

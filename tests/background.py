@@ -91,7 +91,8 @@ def remove_run_dir() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _path(*parts: str) -> str:
+def run_path(*parts: str) -> str:
+    """A path in the run's folder, shared by every process of the run."""
     return os.path.join(os.environ[RUN_DIR], *parts)
 
 
@@ -101,7 +102,7 @@ def _me() -> str:
 
 def _mark() -> str:
     """This process's mark while in a test: `low.` once it has lowered its priority."""
-    return _path(("low." if _lowered_from else "busy.") + _me())
+    return run_path(("low." if _lowered_from else "busy.") + _me())
 
 
 def _wait_for(ready, what: str, timeout: float | None = None) -> None:
@@ -134,7 +135,7 @@ class Job:
 
     def _launch(self) -> None:
         def log(i, stream):
-            return open(_path(self.name, f"{i}.{stream}"), "w+")
+            return open(run_path(self.name, f"{i}.{stream}"), "w+")
         self._logs = [(log(i, "out"), log(i, "err")) for i in range(len(self._argvs))]
         self.procs = [subprocess.Popen(argv, env=_child_env(), stdout=out, stderr=err, text=True)
                       for argv, (out, err) in zip(self._argvs, self._logs)]
@@ -169,7 +170,7 @@ class Job:
             for out, err in self._logs:
                 out.close()
                 err.close()
-            _write_json(_path(self.name, "done.json"),
+            _write_json(run_path(self.name, "done.json"),
                         {"returncodes": [p.returncode for p in self.procs], "argvs": self._argvs})
 
     def kill(self) -> None:
@@ -186,14 +187,14 @@ _finishers: list[threading.Thread] = []
 def _claim(name: str) -> bool:
     """True for the one process of the run that gets to start this job."""
     try:
-        os.mkdir(_path(name))
+        os.mkdir(run_path(name))
         return True
     except FileExistsError:
         return False
 
 
 def _done(name: str) -> bool:
-    return os.path.exists(_path(name, "done.json"))
+    return os.path.exists(run_path(name, "done.json"))
 
 
 def start(test_files) -> None:
@@ -214,7 +215,7 @@ def _run_first(name: str) -> None:
     """The mesh job, once the eager jobs have ended and no test process is in a test at
     normal priority (their next tests run lowered, or wait where they cannot be)."""
     _launchers.add(threading.get_native_id())  # its children take this thread's priority
-    _wait_for(lambda: all(_done(e) for e in EAGER if os.path.isdir(_path(e))), "the eager jobs")
+    _wait_for(lambda: all(_done(e) for e in EAGER if os.path.isdir(run_path(e))), "the eager jobs")
     _request("first", marks=("busy.",))
     job = _mine[name] = Job(name, retry_rendezvous_abort=True,
                             before_retry=lambda: _request("alone", marks=("busy.", "low.")))
@@ -224,8 +225,8 @@ def _run_first(name: str) -> None:
 def _request(kind: str, marks) -> None:
     """Posts `kind.request` and waits for the test processes to leave the tests they were in
     under these marks."""
-    open(_path(f"{kind}.request"), "w").close()
-    _wait_for(lambda: not [f for f in os.listdir(_path()) if f.startswith(marks)],
+    open(run_path(f"{kind}.request"), "w").close()
+    _wait_for(lambda: not [f for f in os.listdir(run_path()) if f.startswith(marks)],
               "the other test processes to leave their tests", timeout=JOB_TIMEOUT_S)
 
 
@@ -241,9 +242,9 @@ def results(test_file: str) -> list[dict]:
             _mine[test_file].finish()
     with idle():
         _wait_for(lambda: _done(test_file), f"{test_file}'s job")
-    with open(_path(test_file, "done.json")) as f:
+    with open(run_path(test_file, "done.json")) as f:
         done = json.load(f)
-    return [_parse(_path(test_file, str(i)), argv, rc)
+    return [_parse(run_path(test_file, str(i)), argv, rc)
             for i, (argv, rc) in enumerate(zip(done["argvs"], done["returncodes"]))]
 
 
@@ -298,7 +299,7 @@ def _restore_priority() -> None:
 
 
 def _requested(kind: str) -> bool:
-    return os.path.exists(_path(f"{kind}.request")) and not _done(MESH_JOB)
+    return os.path.exists(run_path(f"{kind}.request")) and not _done(MESH_JOB)
 
 
 @contextlib.contextmanager
@@ -312,7 +313,7 @@ def busy():
         if not _requested("first"):
             break
         if not _requested("alone") and _lower_priority():
-            if mark.startswith(_path("low.")):
+            if mark.startswith(run_path("low.")):
                 break
             os.remove(mark)  # and marked again, as low
             continue

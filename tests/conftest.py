@@ -97,11 +97,17 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Engines built from the same models in different tests compile identical programs:
-    a session-wide persistent cache builds each once."""
+def compilation_cache():
+    """Engines built from the same models in different tests, files and xdist workers
+    compile identical programs: one persistent cache for the whole run builds each once.
+    It lives in the run's folder because JAX's cache key includes the cache's path (one
+    folder per worker shared no entry). JAX writes an entry in place: a worker reading one
+    mid-write warns and compiles the program itself."""
+    import background
     from dsd_jax.compilation import enable_persistent_cache
-    enable_persistent_cache(str(tmp_path_factory.mktemp("xla_cache")))
+    path = background.run_path("xla_cache")
+    enable_persistent_cache(path)
+    return path
 
 
 @pytest.fixture(scope="session")

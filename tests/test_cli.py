@@ -21,21 +21,6 @@ PROMPT_IDS = [[1, 2, 3], [5, 6, 7, 8, 9], [3, 3, 3, 9]]
 ENGINE_FLAGS = ["--max-batch-size", "2", "--max-seq-len", "48", "--prefill-chunk", "16", "--no-progress"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    """A persistent compilation cache for this module's engines (same programs, new
-    engines); the global JAX settings are restored afterwards."""
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
-    old = {k: getattr(jax.config, k) for k in keys}
-    path = tmp_path_factory.getbasetemp() / "dsd_compile_cache"
-    from dsd_jax.compilation import enable_persistent_cache
-    enable_persistent_cache(str(path))
-    yield str(path)
-    for k, v in old.items():
-        jax.config.update(k, v)
-
-
 @pytest.fixture(scope="module")
 def files(tiny_pair, tmp_path_factory):
     """Saved tiny checkpoints, a word-level tokenizer and prompt files."""
@@ -58,13 +43,13 @@ def files(tiny_pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def profile_path(files, compile_cache):
+def profile_path(files, compilation_cache):
     out = files.root / "profile.json"
     rc = cli.main(["profile", "--target", files.target, "--draft", files.draft,
                    "--speculative-config", '{"num_speculative_tokens": 1}', *ENGINE_FLAGS,
                    "--context-lengths", "24,8", "--repeats", "2", "--warmup-reps", "1",
                    "--prompts", files.jsonl, "--acceptance-max-tokens", "8", "--temperatures", "0.5,0",
-                   "--compilation-cache-dir", compile_cache, "--out", str(out)])
+                   "--compilation-cache-dir", compilation_cache, "--out", str(out)])
     assert rc == 0
     return out
 
@@ -88,7 +73,7 @@ def test_profile_round_trips(profile_path, files):
         Profile.load(profile_path, expect_fingerprints={"target": model_fingerprint(draft)})
 
 
-def test_goodput_engine_with_profile_is_lossless(profile_path, files, compile_cache, tmp_path, capsys):
+def test_goodput_engine_with_profile_is_lossless(profile_path, files, compilation_cache, tmp_path, capsys):
     """An engine configured with the profile (acceptance made optimistic so the goodput
     controller speculates, then learns the real, low acceptance and switches K) gives
     the same greedy tokens as `dsd-jax generate` with method "none"."""
@@ -102,7 +87,7 @@ def test_goodput_engine_with_profile_is_lossless(profile_path, files, compile_ca
     target, draft = models.restore(files.target), models.restore(files.draft)
     spec = SpecConfig(num_speculative_tokens=1, dynamic=DynamicConfig(profile=str(optimistic), warmup_steps=2))
     engine = SpecEngine(target, draft, spec, max_batch_size=2, max_seq_len=48, prefill_chunk=16,
-                        compilation_cache_dir=compile_cache)
+                        compilation_cache_dir=compilation_cache)
     outs = engine.generate(PROMPT_IDS, SamplingParams(temperature=0.0, max_tokens=12))
     k_hist = engine.stats.k_hist
     assert k_hist[1] > 0 and k_hist[0] > 0, k_hist  # speculated, then backed off
@@ -379,7 +364,7 @@ def test_outputs_never_replace_an_input_or_each_other(files, tmp_path):
     assert "--json" in m and "saved beside --json" in m and "input file of --eagle3-profile" in m
 
 
-def test_existing_outputs_need_overwrite(files, compile_cache, tmp_path, capsys):
+def test_existing_outputs_need_overwrite(files, compilation_cache, tmp_path, capsys):
     prof = tmp_path / "profile.json"
     prof.write_text("an earlier profile")
     m = _err(["profile", "--target", files.target, "--speculative-config", '{"method": "ngram"}', *ENGINE_FLAGS,
@@ -393,7 +378,7 @@ def test_existing_outputs_need_overwrite(files, compile_cache, tmp_path, capsys)
     m = _err(argv)
     assert "--stats" in m and str(stats) in m and "--overwrite" in m
     assert stats.read_text() == "earlier stats"
-    assert cli.main(argv + ["--overwrite", "--compilation-cache-dir", compile_cache]) == 0
+    assert cli.main(argv + ["--overwrite", "--compilation-cache-dir", compilation_cache]) == 0
     assert json.loads(stats.read_text())["tokens"] == 36
     capsys.readouterr()
     # bench: checked with the other flags, before the run (its profile beside --json too)
@@ -688,7 +673,7 @@ def test_prompt_errors_name_the_file_and_line(files, tmp_path):
     assert f"--prompts: {str(p)!r} line 3 has token ids outside [0, 64)" in m, m
 
 
-def test_profile_refuses_flags_no_run_uses(files, compile_cache, tmp_path, capsys):
+def test_profile_refuses_flags_no_run_uses(files, compilation_cache, tmp_path, capsys):
     """With --acceptance no acceptance run happens: --prompts, --num-prompts,
     --acceptance-max-tokens and a second temperature were silently ignored, and values past
     K silently dropped (a published curve may run past K: they are noted); the steps were
@@ -696,7 +681,7 @@ def test_profile_refuses_flags_no_run_uses(files, compile_cache, tmp_path, capsy
     out = str(tmp_path / "p.json")
     base = ["profile", "--target", files.target, "--speculative-config", '{"method": "ngram", '
             '"num_speculative_tokens": 2}', *ENGINE_FLAGS, "--context-lengths", "8", "--repeats", "1",
-            "--warmup-reps", "0", "--passes", "1", "--compilation-cache-dir", compile_cache, "--out", out]
+            "--warmup-reps", "0", "--passes", "1", "--compilation-cache-dir", compilation_cache, "--out", out]
     for extra, flag in ((["--prompts", files.jsonl], "--prompts"), (["--num-prompts", "4"], "--num-prompts"),
                         (["--acceptance-max-tokens", "8"], "--acceptance-max-tokens"),
                         (["--temperatures", "0.5,0"], "--temperatures")):
@@ -829,7 +814,7 @@ def _pipe(text: str) -> str:
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="needs /dev/fd")
-def test_prompts_and_speculative_config_may_be_pipes(files, compile_cache, tmp_path, capsys):
+def test_prompts_and_speculative_config_may_be_pipes(files, compilation_cache, tmp_path, capsys):
     """--prompts <(...), /dev/stdin or a FIFO, and --speculative-config <(...), were refused
     as "not a file" (os.path.isfile); they are read, once (a pipe gives its text once)."""
     prompts = _pipe("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in PROMPT_IDS))
@@ -837,7 +822,7 @@ def test_prompts_and_speculative_config_may_be_pipes(files, compile_cache, tmp_p
     try:
         rc = cli.main(["generate", "--target", files.target, "--speculative-config", spec, *ENGINE_FLAGS,
                        "--prompts", prompts, "--temperature", "0", "--max-tokens", "2",
-                       "--compilation-cache-dir", compile_cache])
+                       "--compilation-cache-dir", compilation_cache])
     finally:
         for p in (prompts, spec):
             os.close(int(p.rsplit("/", 1)[1]))

@@ -20,19 +20,6 @@ PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9], [3, 3, 3, 9], [10, 11]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    """Shares compiled programs with test_cli (same tiny engine); restored afterwards."""
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
-    old = {k: getattr(jax.config, k) for k in keys}
-    from dsd_jax.compilation import enable_persistent_cache
-    enable_persistent_cache(str(tmp_path_factory.getbasetemp() / "dsd_compile_cache"))
-    yield
-    for k, v in old.items():
-        jax.config.update(k, v)
-
-
 @pytest.fixture(scope="module")
 def pair(tiny_pair):
     target, draft = tiny_pair

@@ -175,8 +175,12 @@ class FixedK:
 
 def make_engine(target, draft, controller=None, max_batch_size=4, max_seq_len=64, batch_buckets=None,
                 tokenizer=None, **spec):
+    """An engine with one batch bucket unless the test names them: each bucket is another
+    set of step programs to compile (1-2 s each on XLA:CPU, most of the suite's time), and
+    a row's tokens are the same in any bucket (tests/test_engine.py checks the buckets)."""
     from dsd_jax import SpecConfig, SpecEngine
     spec.setdefault("num_speculative_tokens", 4)
+    buckets = (max_batch_size,) if batch_buckets is None else batch_buckets
     return SpecEngine(target, draft, SpecConfig(**spec), max_batch_size=max_batch_size,
-                      max_seq_len=max_seq_len, prefill_chunk=16, batch_buckets=batch_buckets, tokenizer=tokenizer,
+                      max_seq_len=max_seq_len, prefill_chunk=16, batch_buckets=buckets, tokenizer=tokenizer,
                       controller=controller or FixedK([spec["num_speculative_tokens"]]))

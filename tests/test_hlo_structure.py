@@ -81,7 +81,7 @@ def engine():
     draft = models.init_model(tiny_config(num_layers=1, hidden_size=16, intermediate_size=32,
                                           num_heads=2, num_kv_heads=1), seed=1)
     # 4 slots, buckets 1/2/4: B < N programs exercise the row selection too
-    return make_engine(target, draft, FixedK([2]), max_batch_size=4, max_seq_len=96,
+    return make_engine(target, draft, FixedK([2]), max_batch_size=4, max_seq_len=96, batch_buckets=(1, 2, 4),
                        method="draft_model", num_speculative_tokens=2)
 
 

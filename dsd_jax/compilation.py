@@ -29,7 +29,12 @@ def compilation_count() -> int:
 
 
 def enable_persistent_cache(directory: str) -> None:
-    """Caches compiled programs on disk so the second start skips XLA compilation."""
+    """Caches compiled programs on disk so the second start skips XLA compilation.
+
+    JAX's cache key includes the cache's path (an XLA autotuning folder inside it is a
+    compile option), so processes share entries only under one spelling of the path: it is
+    made absolute, with symbolic links resolved (the test suite's two workers, a folder
+    each, had none of their ~2200 entries each in common)."""
     import os
     if not isinstance(directory, (str, os.PathLike)) or not str(directory):
         raise ValueError(f"compilation cache directory must be a path, got {directory!r}")
@@ -38,6 +43,6 @@ def enable_persistent_cache(directory: str) -> None:
     except OSError as e:  # a parent that is a file, a place no directory can be made (/proc)
         raise ValueError(f"cannot make the compilation cache directory {os.fspath(directory)!r}: "
                          f"{e.strerror or e}") from e
-    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_compilation_cache_dir", os.path.realpath(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

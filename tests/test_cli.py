@@ -865,6 +865,22 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     assert json.loads(text.getvalue())["text"] == "\u2192 done"
 
 
+def test_one_cache_folder_has_one_name_however_it_is_given(compilation_cache, tmp_path, monkeypatch):
+    """JAX's cache key includes the cache's path: a relative path, or a link to the folder
+    another process caches in, must name it as that process does to share its entries."""
+    from dsd_jax.compilation import enable_persistent_cache
+    real = tmp_path / "cache"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    try:
+        for name in ("cache", "cache/", "link", str(tmp_path / "link"), real):
+            enable_persistent_cache(name)
+            assert jax.config.jax_compilation_cache_dir == str(real.resolve()), name
+    finally:
+        enable_persistent_cache(compilation_cache)  # the run's
+
+
 def test_directories_that_cannot_be_made_are_refused_before_models_load(monkeypatch, files, tmp_path):
     """--compilation-cache-dir (and demo --out-dir) under a file, or where no directory can be
     made (/proc), ended in a raw traceback, for generate after the models loaded."""

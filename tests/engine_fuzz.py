@@ -65,8 +65,8 @@ def fuzz_models():
     """A 2-layer target and a 1-layer draft (the suite's tiny shapes), logits sharpened so
     greedy paths vary and drafts are accepted often enough to matter."""
     from conftest import scaled, tiny_config  # (the suite's helpers; tests/ is on the path)
-    target = scaled(models.init_model(tiny_config(num_layers=2), seed=11), 4.0)
-    draft = scaled(models.init_model(tiny_config(num_layers=1), seed=12), 4.0)
+    target = scaled(models.init_model(tiny_config(vocab_size=VOCAB, num_layers=2), seed=11), 4.0)
+    draft = scaled(models.init_model(tiny_config(vocab_size=VOCAB, num_layers=1), seed=12), 4.0)
     return target, draft
 
 

@@ -3,8 +3,10 @@ against plain decoding and against what every completion must satisfy.
 
 A case draws an engine under test (method: ngram, suffix, draft_model, eagle3 or none; max K, a K schedule that changes every
 dispatch, slots, buckets, max_seq_len, prefill chunk, prefix sharing, acceptance, eos
-ids) and one or two calls (`generate`, or `stream` with `on_output`; logprobs returned or
-not; for method "suffix" references or a `RolloutMemory`) of requests mixing every
+ids, kernels: XLA or the Pallas ones interpreted) and one or two calls (`generate`,
+`stream` with `on_output`, or threaded: parts of the call from threads of their own through
+one `ThreadedEngine`, some joining a run already decoding; logprobs returned or not; for
+method "suffix" references or a `RolloutMemory`) of requests mixing every
 per-request feature (greedy and seeded sampling with filters, penalties, logit_bias,
 allowed_token_ids, bad_words, stop ids and strings, min_tokens, ignore_eos, groups,
 top and prompt logprobs, prompts sharing prefixes). Stop ids, stop strings and bad
@@ -33,6 +35,7 @@ import argparse
 import dataclasses
 import functools
 import sys
+import threading
 import time
 import traceback
 
@@ -42,6 +45,7 @@ from dsd_jax import SamplingParams, SpecConfig, SpecEngine, models
 from dsd_jax.bad_words import token_sequences
 from dsd_jax.rollout_memory import RolloutMemory
 from dsd_jax.sharding import make_mesh
+from dsd_jax.threaded import ThreadedEngine
 
 VOCAB = 64
 LETTERS = "abcdefgh"
@@ -135,9 +139,14 @@ class Case:
     modes: list = dataclasses.field(default_factory=list)  # [(mode, return_logprobs)]
     memory: bool = False
     mesh: tuple[int, int] = (1, 1)  # (data, model) devices of the engine under test
+    backend: str = "xla"  # the engine under test's kernels: "xla" or "interpret" (Pallas, interpreted)
+    # per call made "threaded": its requests cut into parts, each part a `ThreadedEngine` call
+    # from a thread of its own, started after its delay (s); None: not threaded
+    threads: list = dataclasses.field(default_factory=list)  # [None | [(start, delay), ...]]
 
     def engine_spec(self) -> str:
-        return (f"mesh={self.mesh} method={self.method} acceptance={self.acceptance} max_k={self.max_k} "
+        return (f"mesh={self.mesh} backend={self.backend} method={self.method} acceptance={self.acceptance} "
+                f"max_k={self.max_k} "
                 f"slots={self.max_batch_size} buckets={self.batch_buckets} max_seq_len={self.max_seq_len} "
                 f"chunk={self.prefill_chunk} share={self.share_prefixes} eos={self.eos_token_ids} "
                 f"max_logprobs={self.max_logprobs}")
@@ -234,13 +243,24 @@ def random_case(seed: int) -> Case:
     memory = method == "suffix" and bool(extra.random() < 0.5)
     if method == "draft_model" and extra.random() < 0.4:  # (a later addition: the same rng's cases kept)
         method = "eagle3"
-    return Case(modes=modes, memory=memory,
+    later = np.random.default_rng(seed + 3 * 10**6)
+    backend = "interpret" if later.random() < 0.2 else "xla"
+    threads = [_thread_parts(later, len(prompts)) if later.random() < 0.3 else None for prompts, _, _ in calls]
+    modes = [("threaded", rl) if parts else (mode, rl) for (mode, rl), parts in zip(modes, threads)]
+    return Case(modes=modes, memory=memory, backend=backend, threads=threads,
                 seed=seed, method=method, acceptance=str(rng.choice(["drafter_invariant", "rejection"])),
                 max_k=0 if method == "none" else int(rng.integers(1, 6)), max_batch_size=slots,
                 batch_buckets=buckets, max_seq_len=max_seq_len, prefill_chunk=int(rng.choice([4, 7, 16])),
                 share_prefixes=bool(rng.random() < 0.7),
                 eos_token_ids=tuple(sorted({t for _ in range(int(rng.integers(0, 3))) for t in _piece(rng, 1)})),
                 max_logprobs=max_logprobs, calls=calls)
+
+
+def _thread_parts(rng, n: int) -> list[tuple[int, float]]:
+    """A call of n requests cut into 1 to 3 consecutive parts: (first request, delay before
+    its thread calls, 0 to 50 ms: some join a run already decoding)."""
+    cuts = sorted({int(c) for c in rng.integers(1, n, int(rng.integers(0, 3)))}) if n > 1 else []
+    return [(start, float(rng.choice([0.0, 0.0, 0.01, 0.05]))) for start in [0] + cuts]
 
 
 def _engine(case: Case, plain: bool, rng=None) -> SpecEngine:
@@ -258,7 +278,8 @@ def _engine(case: Case, plain: bool, rng=None) -> SpecEngine:
                       batch_buckets=None if plain else buckets, max_seq_len=case.max_seq_len,
                       prefill_chunk=16 if plain else case.prefill_chunk, tokenizer=Pieces(),
                       eos_token_ids=list(case.eos_token_ids), max_logprobs=case.max_logprobs,
-                      share_prefixes=not plain and case.share_prefixes, backend="xla",
+                      share_prefixes=not plain and case.share_prefixes,
+                      backend="xla" if plain else case.backend,
                       controller=None if plain or case.method == "none" else Schedule(rng, case.max_k))
 
 
@@ -320,9 +341,57 @@ def _same(a, b) -> str | None:
     return None
 
 
-def _call(engine, mode, prompts, params, references, memory, return_logprobs) -> tuple[list, list[str]]:
+class PartRefused(ValueError):
+    """A threaded call's part the engine refused: the plain engine must refuse that part
+    (its own indices in the message) with the same message."""
+
+    def __init__(self, err: ValueError, prompts, params):
+        super().__init__(str(err))
+        self.prompts, self.params = prompts, params
+
+
+THREAD_TIMEOUT_S = 600  # a threaded call still running after this has hung
+
+
+def _threaded_call(engine, parts, prompts, params, references, memory, return_logprobs) -> tuple[list, list[str]]:
+    """The call's parts (`_thread_parts`) as `ThreadedEngine` calls from threads of their own:
+    the outputs joined in the call's order. A refused part raises `PartRefused` once every
+    thread is done; the others ran."""
+    front = ThreadedEngine(engine)
+    bounds = [start for start, _ in parts] + [len(prompts)]
+    results: dict = {}
+
+    def part(i, delay):
+        a, b = bounds[i], bounds[i + 1]
+        time.sleep(delay)
+        try:
+            results[i] = front.generate(prompts[a:b], params[a:b], return_logprobs=return_logprobs,
+                                        references=None if references is None else references[a:b],
+                                        memory=memory)
+        except ValueError as err:
+            results[i] = PartRefused(err, prompts[a:b], params[a:b])
+        except BaseException as err:  # noqa: BLE001  (reported as the call's failure)
+            results[i] = err
+
+    threads = [threading.Thread(target=part, args=(i, delay), daemon=True) for i, (_, delay) in enumerate(parts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(THREAD_TIMEOUT_S)
+    if any(t.is_alive() for t in threads) or not front.join(THREAD_TIMEOUT_S):
+        raise RuntimeError(f"a threaded call was still running after {THREAD_TIMEOUT_S} s")
+    for i in range(len(parts)):
+        if isinstance(results[i], BaseException):
+            raise results[i]
+    return [out for i in range(len(parts)) for out in results[i]], []
+
+
+def _call(engine, mode, prompts, params, references, memory, return_logprobs,
+          parts=None) -> tuple[list, list[str]]:
     """One call of `engine` as `mode` says: its outputs, and what a stream got wrong (its
     joined tokens not its outputs' tokens, an output missing)."""
+    if mode == "threaded":
+        return _threaded_call(engine, parts, prompts, params, references, memory, return_logprobs)
     if mode == "generate":
         return engine.generate(prompts, params, references=references, memory=memory,
                                return_logprobs=return_logprobs), []
@@ -372,11 +441,15 @@ def run_case(case: Case) -> list[str]:
     aim(case, plain, rng)
     memory = RolloutMemory() if case.memory else None
     failures = []
-    for c, ((prompts, params, references), (mode, return_logprobs)) in enumerate(zip(case.calls, case.modes)):
+    threads = case.threads or [None] * len(case.calls)
+    for c, ((prompts, params, references), (mode, return_logprobs), parts) in enumerate(
+            zip(case.calls, case.modes, threads)):
         try:
             outs, problems = _call(engine, mode, prompts, params, None if memory else references, memory,
-                                   return_logprobs)
+                                   return_logprobs, parts)
         except ValueError as refused:  # a request the engine refuses (checked before anything runs)
+            if isinstance(refused, PartRefused):  # (a threaded call: the plain engine gets that part)
+                prompts, params = refused.prompts, refused.params
             try:
                 plain.generate(prompts, params)
                 failures.append(f"call {c}: refused ({refused}), but the plain engine ran it")

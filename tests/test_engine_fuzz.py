@@ -8,10 +8,14 @@ import pytest
 from engine_fuzz import random_case, run_case
 
 
-@pytest.mark.parametrize("seed", [1, 9, 19])  # ngram, eagle3, suffix (a memory); draft_model: 96
+# ngram (its second call threaded), eagle3 (Pallas kernels interpreted), suffix (a memory; its
+# first call threaded); draft_model: 96
+@pytest.mark.parametrize("seed", [1, 9, 19])
 def test_random_engines_and_request_mixes_decode_as_plain(seed):
     case = random_case(seed)
     assert case.acceptance == "drafter_invariant" and case.max_k > 0
+    assert case.backend == ("interpret" if seed == 9 else "xla")
+    assert ("threaded" in [mode for mode, _ in case.modes]) == (seed != 9)
     failures = run_case(case)
     assert not failures, f"case {seed} ({case.engine_spec()}):\n" + "\n".join(failures[:10])
 

@@ -270,8 +270,9 @@ class SpecEngine:
         # agreement: None unless the mesh spans several processes (`jax.distributed`)
         self._policy = DispatchPolicy(controller, self.max_k,
                                       multihost.agreement(multihost_strategy, self.placement.mesh), self._budget)
-        self.stats = EngineStats(self.max_k)
+        self.stats = self._new_stats()
         self._prefilled = False
+        self._compiled_by = 0.0  # `Programs.compile_s` when the last dispatch was read back
         self._seed = seed
         self._warned: set[str] = set()  # `_warn_once` keys
         self._request_ids = itertools.count()
@@ -464,6 +465,10 @@ class SpecEngine:
                     self.generate([[1]] * (b * self.data),
                                   SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, seed=0))
 
+    def _new_stats(self) -> EngineStats:
+        """Statistics counting what the runs spend compiling apart (`EngineStats`)."""
+        return EngineStats(self.max_k, compile_clock=lambda: self.programs.compile_s)
+
     @contextlib.contextmanager
     def _stand_in(self, controller):
         """Runs under `controller` and fresh statistics (warm-up, the profiler's acceptance
@@ -471,7 +476,7 @@ class SpecEngine:
         request and call counts that unseeded requests' seeds come from."""
         saved_controller, saved_stats = self.controller, self.stats
         next_request, next_call = next(self._request_ids), next(self._calls)
-        self.controller, self.stats = controller, EngineStats(self.max_k)
+        self.controller, self.stats = controller, self._new_stats()
         try:
             yield
         finally:
@@ -490,8 +495,10 @@ class SpecEngine:
         "steps" and "k_hist" count rounds (a dispatch runs up to 8, or 32 when settled);
         the controller's "k_choices" counts dispatches (one choice of K each) and its
         "k_steps" rounds again. "tokens" counts emitted tokens, including a stop token
-        that `include_stop_token=False` then drops from the output. Counts run from the
-        last `reset_metrics()` (`stats.reset()` resets the engine's counts only).
+        that `include_stop_token=False` then drops from the output. "compile_s" is what the
+        runs spent compiling programs on their first use (0 after `warmup()`): "tokens_per_s"
+        leaves it out, each request's "tpot_ms" does not. Counts run from the last
+        `reset_metrics()` (`stats.reset()` resets the engine's counts only).
         """
         ctl = getattr(self.controller, "stats", None)
         return self.stats.to_dict(ctl() if callable(ctl) else None)
@@ -1091,6 +1098,9 @@ class SpecEngine:
             return [], []
         now = time.perf_counter()
         start = self.stats.last_step_time
+        # a program compiled since the last read-back (this step's, the next one's, a prefill's
+        # or a move's on first use) is inside this interval: no round of it times its program
+        compiled, self._compiled_by = self.programs.compile_s != self._compiled_by, self.programs.compile_s
         times = (start + (now - start) * np.arange(1, R + 1) / R).tolist()  # rounds share it evenly
         bucket = len(snapshot) // self.data
         # the round each row finished in (R if it is still running)
@@ -1115,10 +1125,11 @@ class SpecEngine:
             per_shard = None if self.data == 1 else np.bincount(live // bucket, minlength=self.data)
             dt = self.stats.record_step(k, len(live), n_acc[j, live], int(n_emit[j, live].sum()),
                                         times[j], None if per_shard is None else per_shard.tolist(),
-                                        after_prefill=d.after_prefill, bucket=bucket, context=context)
+                                        after_prefill=d.after_prefill, bucket=bucket, context=context,
+                                        compiled=compiled)
             # In the pipelined steady state the gap between two results is the dispatch's
-            # time; a gap that contains a prefill is not, for any of its rounds.
-            step_time = None if d.after_prefill else dt
+            # time; a gap that contains a prefill or a compile is not, for any of its rounds.
+            step_time = None if d.after_prefill or compiled else dt
             if self.agreement is not None:
                 step_time = self.agreement.step_time(step_time)
             # The round's time is the program's, which runs every row of its batch bucket:
@@ -1216,6 +1227,7 @@ class SpecEngine:
         try:  # released in the finally: also when a stream is closed or dropped
             self._policy.begin_run()
             self.stats.begin_run()
+            self._compiled_by = self.programs.compile_s  # (warm-up's compiles are not this run's)
             use_temperature = getattr(self.controller, "use_temperature", None)
             while True:
                 if arrivals is not None:

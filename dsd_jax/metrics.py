@@ -8,6 +8,7 @@ import json
 import os
 import time
 import warnings
+from typing import Callable
 
 import numpy as np
 
@@ -25,10 +26,15 @@ class EngineStats:
     `include_stop_token=False` drops from the output is still counted (it was decoded
     and verified like any other). `reset()` does not touch the controller, whose counts
     `SpecEngine.metrics()` also reports (`SpecEngine.reset_metrics()` resets both).
+
+    `compile_clock()` (optional) returns the seconds the engine has spent compiling so far
+    (`Programs.compile_s`): what the runs spent compiling programs on first use (an engine
+    not warmed up) is counted as `compile_s` and left out of `tokens_per_s`.
     """
 
-    def __init__(self, max_k: int):
+    def __init__(self, max_k: int, compile_clock: Callable[[], float] | None = None):
         self.max_k = max_k
+        self._compile_clock = compile_clock or (lambda: 0.0)
         self.reset()
 
     def reset(self) -> None:
@@ -37,6 +43,7 @@ class EngineStats:
         self.steps = 0
         self.tokens = 0
         self.wall_s = 0.0
+        self.compile_s = 0.0  # of wall_s: compiling programs on their first use
         self.k_hist: collections.Counter = collections.Counter()
         self.batch_hist: collections.Counter = collections.Counter()
         self.accepted_per_pos = np.zeros(max(self.max_k, 1), np.int64)
@@ -47,18 +54,21 @@ class EngineStats:
         self.tpot_s: list[float] = []
         self.trace: collections.deque[dict] = collections.deque(maxlen=TRACE_LIMIT)  # the newest steps
         self._run_start = time.perf_counter() if running else None
+        self._compile_start = self._compile_clock() if running else None
         self.last_step_time = self._run_start
 
     def begin_run(self) -> None:
         self._run_start = time.perf_counter()
+        self._compile_start = self._compile_clock()
         self.last_step_time = self._run_start
 
     def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
                     now: float, shard_rows: list[int] | None = None, after_prefill: bool = False,
-                    bucket: int | None = None, context: int | None = None) -> float:
+                    bucket: int | None = None, context: int | None = None, compiled: bool = False) -> float:
         """Records one processed step; returns the wall time since the previous one.
         shard_rows: live rows per data shard (traced under data parallelism). after_prefill:
-        the step's dispatch ran right after a prefill, whose time its wall time includes.
+        the step's dispatch ran right after a prefill, whose time its wall time includes;
+        compiled: a program was compiled (its first use) within that time.
         bucket, context: the batch bucket (per data shard) and context length the step's
         program ran at (traced when given; rows that finished still fill the bucket)."""
         dt = now - self.last_step_time
@@ -75,7 +85,8 @@ class EngineStats:
             self.accepted_per_pos[:k] += (num_accepted[:, None] > positions).sum(0)
         self.trace.append({"step": self.steps, "k": k, "batch_size": live, "emitted": emitted,
                            "mean_accepted": float(np.mean(num_accepted)) if live else 0.0,
-                           "wall_ms": dt * 1e3, "after_prefill": bool(after_prefill)})
+                           "wall_ms": dt * 1e3, "after_prefill": bool(after_prefill),
+                           "compiled": bool(compiled)})
         if shard_rows is not None:
             self.trace[-1]["shard_rows"] = shard_rows
         if bucket is not None:
@@ -87,7 +98,8 @@ class EngineStats:
     def end_run(self, requests) -> None:
         if self._run_start is not None:
             self.wall_s += time.perf_counter() - self._run_start
-            self._run_start = None
+            self.compile_s += self._compile_clock() - self._compile_start
+            self._run_start = self._compile_start = None
         for r in requests:
             if r.first_token_time and r.finish_time and len(r.tokens) > 1:
                 self.tpot_s.append((r.finish_time - r.first_token_time) / (len(r.tokens) - 1))
@@ -98,11 +110,14 @@ class EngineStats:
         return [float(x) if np.isfinite(x) else None for x in rate]
 
     def to_dict(self, controller_stats: dict | None = None) -> dict:
+        decoding_s = self.wall_s - self.compile_s  # a compile's seconds are no decoding speed
         return {
             "steps": self.steps,
             "tokens": self.tokens,
             "wall_s": self.wall_s,
-            "tokens_per_s": self.tokens / self.wall_s if self.wall_s else None,
+            # of wall_s, compiling programs on their first use (0 after `warmup()`)
+            "compile_s": self.compile_s,
+            "tokens_per_s": self.tokens / decoding_s if decoding_s > 0 else None,
             "tpot_ms": float(np.median(self.tpot_s) * 1e3) if self.tpot_s else None,
             # tokens committed per live row per step (1 for plain decoding)
             "mean_accepted_len": self.tokens / self.row_steps if self.row_steps else None,

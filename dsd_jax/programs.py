@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import time
 import warnings
 
 import jax
@@ -59,6 +60,9 @@ class Programs:
         traced under it (a `jax.default_matmul_precision` value; None: the platform's default),
         whatever the context of the call that first needs it (a thread, say)."""
         self.matmul_precision = matmul_precision
+        # host seconds spent tracing, lowering and compiling programs (warm-up, or a run's
+        # first use of one): a run's step times that span a compile are not its speed
+        self.compile_s = 0.0
         self.batch_buckets = tuple(batch_buckets)
         self.max_k = max_k
         self.prefill_rows = tuple(prefill_rows)
@@ -147,15 +151,18 @@ class Programs:
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
+            start = time.perf_counter()
             try:
                 with self._tracing():
                     lowered = lower()
                 exe = lowered.compile()
             except Exception as err:  # noqa: BLE001  (Triton/Mosaic raise many kinds)
+                self.compile_s += time.perf_counter() - start  # (the fallback's compiles count their own)
                 if not self._fallback:
                     raise
                 self._fall_back(key, err)
                 return self._compiled[key]
+            self.compile_s += time.perf_counter() - start
             exe = self._compiled[key] = _Waited(exe) if self.waits_each_call else exe
         return exe
 

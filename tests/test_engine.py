@@ -750,6 +750,39 @@ def test_rounds_behind_a_prefill_are_not_timed_as_steps(pair):
     assert flags == ([True] + [False] * 39) * 2
 
 
+def test_a_compile_inside_a_run_times_no_round_and_is_no_speed(pair):
+    """An engine not warmed up compiles each program at its first use, inside a run: the
+    rounds read back across such a compile do not reach the controller as step times (a
+    multi-second stall would teach it that K is slow), the trace marks them (`compiled`),
+    and `metrics()` counts the run's compiling as `compile_s`, which `tokens_per_s` leaves
+    out. Run again, nothing compiles: no round is marked and `compile_s` stays."""
+    class Timed(FixedK):
+        def observe(self, k, num_accepted, step_time_s=None, **kw):
+            super().observe(k, num_accepted, **kw)
+            self.times.append(step_time_s)
+
+    ctl = Timed([0, 0, 0, 0, 2])  # K=2's program compiles mid-run, at the fifth dispatch
+    ctl.times = []
+    eng = make_engine(*pair, controller=ctl, method="draft_model", max_batch_size=1, max_seq_len=64)
+    eng._policy.rounds = lambda *a: 1  # one round a dispatch: every dispatch is timed alone
+    sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    eng.generate([[1, 2, 3]], sp)
+    trace = list(eng.stats.trace)
+    untimed = [t["after_prefill"] or t["compiled"] for t in trace]
+    assert [t is None for t in ctl.times] == untimed
+    assert any(t["compiled"] and not t["after_prefill"] for t in trace)  # the K=2 switch's
+    m = eng.metrics()
+    assert 0 < m["compile_s"] < m["wall_s"]
+    assert m["tokens_per_s"] == pytest.approx(m["tokens"] / (m["wall_s"] - m["compile_s"]))
+
+    compiled_s, seen = m["compile_s"], len(trace)
+    eng.generate([[4, 5]], sp)
+    assert eng.metrics()["compile_s"] == compiled_s
+    again = list(eng.stats.trace)[seen:]
+    assert again and not any(t["compiled"] for t in again)
+    assert [t is None for t in ctl.times[seen:]] == [t["after_prefill"] for t in again]
+
+
 @pytest.mark.parametrize("top", [0, 3])
 def test_packed_round_outputs_come_back_exactly(top):
     """`step.pack_rounds` / `unpack_rounds`: every field bit for bit (logprobs -inf and

@@ -724,19 +724,25 @@ def test_dispatches_run_as_many_rounds_as_nothing_can_change(pair):
     assert log[:STABLE] == [1] * (STABLE - 1) + [ADAPTIVE_ROUNDS] and max(log) == ADAPTIVE_ROUNDS
 
 
+class TimedK(FixedK):
+    """FixedK recording the step time each observed round came with (None: untimed)."""
+
+    def __init__(self, ks):
+        super().__init__(ks)
+        self.times = []
+
+    def observe(self, k, num_accepted, step_time_s=None, **kw):
+        super().observe(k, num_accepted, **kw)
+        self.times.append(step_time_s)
+
+
 def test_rounds_behind_a_prefill_are_not_timed_as_steps(pair):
     """Every round of a dispatch that ran right after a prefill shares its wall time with
     the prefill: none of them reaches the controller as a step time, and the trace marks
     them (`after_prefill`) for the bench's decode-only figures. The rounds of the other
     dispatches are timed. One slot, two requests: two prefills."""
-    class Timed(FixedK):
-        def observe(self, k, num_accepted, step_time_s=None, **kw):
-            super().observe(k, num_accepted, **kw)
-            self.times.append(step_time_s)
-
     from dsd_jax.step import MAX_ROUNDS
-    ctl = Timed([0])
-    ctl.times = []
+    ctl = TimedK([0])
     eng = make_engine(pair[0], None, controller=ctl, method="none", num_speculative_tokens=0,
                       max_batch_size=1, max_seq_len=64)
     asked, rounds = eng._policy.rounds, []
@@ -756,13 +762,7 @@ def test_a_compile_inside_a_run_times_no_round_and_is_no_speed(pair):
     multi-second stall would teach it that K is slow), the trace marks them (`compiled`),
     and `metrics()` counts the run's compiling as `compile_s`, which `tokens_per_s` leaves
     out. Run again, nothing compiles: no round is marked and `compile_s` stays."""
-    class Timed(FixedK):
-        def observe(self, k, num_accepted, step_time_s=None, **kw):
-            super().observe(k, num_accepted, **kw)
-            self.times.append(step_time_s)
-
-    ctl = Timed([0, 0, 0, 0, 2])  # K=2's program compiles mid-run, at the fifth dispatch
-    ctl.times = []
+    ctl = TimedK([0, 0, 0, 0, 2])  # K=2's program compiles mid-run, at the fifth dispatch
     eng = make_engine(*pair, controller=ctl, method="draft_model", max_batch_size=1, max_seq_len=64)
     eng._policy.rounds = lambda *a: 1  # one round a dispatch: every dispatch is timed alone
     sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)

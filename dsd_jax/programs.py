@@ -26,6 +26,7 @@ from dsd_jax import step as step_lib
 from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from dsd_jax.buckets import move_buckets
 from dsd_jax.data_parallel import HOST, PARAMS, STATE, any_active, per_shard, summed_counters
+from dsd_jax.map_budget import MapBudget
 from dsd_jax.sharding import DATA, Placement
 from dsd_jax.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 from dsd_jax.state import MAX_STOP_IDS, DecodeState
@@ -63,6 +64,7 @@ class Programs:
         # host seconds spent tracing, lowering and compiling programs (warm-up, or a run's
         # first use of one): a run's step times that span a compile are not its speed
         self.compile_s = 0.0
+        self._maps = None  # set below, on a CPU: XLA:CPU's kernels count against the map limit
         self.batch_buckets = tuple(batch_buckets)
         self.max_k = max_k
         self.prefill_rows = tuple(prefill_rows)
@@ -90,6 +92,8 @@ class Programs:
 
         self._shards, self._outs, self._state_sh = shards, outs, state_sh
         self._graph = target_graph
+        if place.device.platform == "cpu":
+            self._maps = MapBudget()
         self._fallback = fallback
         self._build(opts, drafter)
 
@@ -151,7 +155,9 @@ class Programs:
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
-            start = time.perf_counter()
+            if self._maps is not None:  # (raised here, not taken for a kernel's failure below)
+                self._maps.check([key], f"program {key}")
+            start, maps_before = time.perf_counter(), None if self._maps is None else self._maps.before()
             try:
                 with self._tracing():
                     lowered = lower()
@@ -163,6 +169,8 @@ class Programs:
                 self._fall_back(key, err)
                 return self._compiled[key]
             self.compile_s += time.perf_counter() - start
+            if maps_before is not None:
+                self._maps.measure(key, maps_before)
             exe = self._compiled[key] = _Waited(exe) if self.waits_each_call else exe
         return exe
 
@@ -287,24 +295,25 @@ class Programs:
     def compile_all(self, progress=None) -> int:
         """Compiles every program; returns how many. `progress(done, total)` is optional.
         A kernel fallback drops the programs compiled before it: they compile again."""
-        jobs = [functools.partial(self.step, k, b) for b in self.batch_buckets
-                for k in range(self.max_k + 1)]
-        jobs += [functools.partial(self.prefill, n, c) for n in self.prefill_rows
-                 for c in self.prefill_chunks]
+        keys = [("step", k, b) for b in self.batch_buckets for k in range(self.max_k + 1)]
+        keys += [("prefill", n, c) for n in self.prefill_rows for c in self.prefill_chunks]
         if self.opts.top_logprobs:
-            jobs += [functools.partial(self.prefill_scored, n, c) for n in self.prefill_rows
-                     for c in self.prefill_chunks]
-        jobs += [functools.partial(self.admit, n) for n in self.prefill_rows]
-        jobs += [functools.partial(f, m) for m in self.move_rows for f in (self.slot_rows, self.move)]
-        jobs += [functools.partial(self.copy, n) for n in self.prefill_rows]
+            keys += [("prefill_scored", n, c) for n in self.prefill_rows for c in self.prefill_chunks]
+        keys += [("admit", n) for n in self.prefill_rows]
+        keys += [(f, m) for m in self.move_rows for f in ("slot_rows", "move")]
+        keys += [("copy", n) for n in self.prefill_rows]
         while True:
             backends = self.opts.backend
-            for i, job in enumerate(jobs):
-                job()
+            for i, key in enumerate(keys):
+                if self._maps is not None and self._maps.measured_a_step():
+                    # the steps left, at what steps took so far: fail now, not after minutes
+                    left = [k for k in keys[i:] if k[0] == "step" and k not in self._compiled]
+                    self._maps.check(left, f"this engine's {len(left)} remaining step programs")
+                getattr(self, key[0])(*key[1:])
                 if progress:
-                    progress(i + 1, len(jobs))
+                    progress(i + 1, len(keys))
             if self.opts.backend == backends:
-                return len(jobs)
+                return len(keys)
 
 
 def with_backend(drafter, backend):

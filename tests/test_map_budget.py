@@ -1,0 +1,64 @@
+"""`dsd_jax.map_budget`: on a CPU, a compile that would cross the process's memory-map limit
+(`vm.max_map_count`, where XLA:CPU's compile dies of a segmentation fault) raises a clear
+error instead, and nothing compiled before is lost. The limit is lowered on the engine's
+own budget, never on the system."""
+
+import pytest
+
+from dsd_jax import SamplingParams, map_budget
+from dsd_jax.map_budget import DEFAULT_MAPS, MapBudget, MapLimitError, maps_in_use
+from conftest import make_engine
+
+pytestmark = pytest.mark.skipif(MapBudget().limit is None, reason="needs /proc (Linux)")
+
+
+def test_a_compile_past_the_map_limit_raises_and_loses_nothing(tiny_pair):
+    engine = make_engine(*tiny_pair, method="draft_model", num_speculative_tokens=2, max_seq_len=32)
+    programs = engine.programs
+    programs.step(0, 4)
+    taken = programs._maps.per_program[("step", 0)]
+    assert taken > 0  # a compiled program holds maps of its own
+    system_limit = programs._maps.limit
+    programs._maps.limit = maps_in_use() + 10  # room for no program
+    with pytest.raises(MapLimitError, match=r"program \('step', 1, 4\) needs about \d+ more memory maps.*"
+                                            r"vm\.max_map_count.*sysctl -w vm\.max_map_count"):
+        programs.step(1, 4)
+    assert not programs.is_compiled("step", 1, 4) and programs.is_compiled("step", 0, 4)
+    programs._maps.limit = system_limit
+    out = engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=6))  # still serves
+    assert len(out[0].token_ids) == 6
+
+
+def test_a_warmup_that_cannot_fit_its_steps_fails_within_its_first_programs(tiny_pair):
+    """`compile_all` checks every step left once one has been measured: with room for about
+    three more step programs, the warm-up of 3 buckets x K 0..3 (12 steps) stops after
+    compiling a few, not after all of them."""
+    engine = make_engine(*tiny_pair, method="draft_model", num_speculative_tokens=3, max_seq_len=32,
+                         batch_buckets=(1, 2, 4))
+    budget = engine.programs._maps
+    budget.limit = maps_in_use() + 3 * DEFAULT_MAPS
+    with pytest.raises(MapLimitError, match=r"this engine's \d+ remaining step programs"):
+        engine.warmup(run=False)
+    compiled = [key for key in engine.programs._compiled if key[0] == "step"]
+    assert 1 <= len(compiled) <= 4
+
+
+def test_estimates_follow_what_each_kind_took():
+    budget = MapBudget(limit=10 ** 9)
+    assert budget.estimate(("step", 2, 4)) == DEFAULT_MAPS  # nothing measured yet
+    budget.per_program.update({("step", 0): 400, ("step", 3): 1100, "prefill": 250})
+    assert budget.estimate(("step", 3, 64)) == 1100  # a step's K, whatever its bucket
+    assert budget.estimate(("step", 5, 1)) == 1100  # a K not compiled yet: the most any step took
+    assert budget.estimate(("prefill", 4, 64)) == 250
+    assert budget.estimate(("admit", 4)) == 1100  # a kind not seen yet: the most any program took
+    assert budget.measured_a_step()
+    budget.check([("step", 1, 1)] * 3, "three steps")  # far below the limit: passes
+
+
+def test_where_the_limit_cannot_be_read_nothing_is_checked(monkeypatch, tmp_path):
+    monkeypatch.setattr(map_budget, "LIMIT_FILE", str(tmp_path / "absent"))
+    budget = MapBudget()
+    assert budget.limit is None and budget.before() is None
+    budget.check([("step", 1, 1)] * 10 ** 6, "a million steps")  # passes: nothing to compare with
+    budget.measure(("step", 1, 1), 0)
+    assert budget.per_program == {}

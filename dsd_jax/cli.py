@@ -32,6 +32,7 @@ import sys
 from typing import Any
 
 from dsd_jax import loading, records
+from dsd_jax.map_budget import MapLimitError
 from dsd_jax.models.argtypes import int_at_least, nonneg_int, positive_int
 
 __all__ = ["main", "build_parser"]
@@ -963,6 +964,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except loading.ArgumentError as e:  # a bad input found by the library, named by its flag
         _fail(args.command, e.flag, e.message)
+    except MapLimitError as e:  # the programs would not fit this machine's memory-map limit
+        _fail(args.command, None, str(e))
     except BrokenPipeError:
         # The reader of stdout left (`dsd-jax generate ... | head -1`): no traceback. Python's
         # recipe (docs: "Note on SIGPIPE"): point stdout at devnull, so that the flush at exit

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import math
 import os
 import statistics
 import threading
@@ -1129,9 +1130,14 @@ class SpecEngine:
                                         compiled=compiled)
             # In the pipelined steady state the gap between two results is the dispatch's
             # time; a gap that contains a prefill or a compile is not, for any of its rounds.
-            step_time = None if d.after_prefill or compiled else dt
+            # A compile goes through the processes' agreement as an infinite time, so that a
+            # compile in any process leaves the round untimed in all (their controllers stay
+            # in step); a prefill runs in all of them alike.
+            step_time = None if d.after_prefill else math.inf if compiled else dt
             if self.agreement is not None:
                 step_time = self.agreement.step_time(step_time)
+            if step_time == math.inf:
+                step_time = None
             # The round's time is the program's, which runs every row of its batch bucket:
             # rows that finished (in an earlier round, or in the dispatch before, which this
             # one was launched behind) still fill it, so it is credited to that bucket.

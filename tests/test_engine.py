@@ -783,6 +783,39 @@ def test_a_compile_inside_a_run_times_no_round_and_is_no_speed(pair):
     assert [t is None for t in ctl.times[seen:]] == [t["after_prefill"] for t in again]
 
 
+def test_a_compile_in_any_process_leaves_the_round_untimed_in_all(pair):
+    """Under several processes the step times go through their agreement (the slowest
+    under "allgather"), and their controllers must see the same. A compile goes through it
+    as an infinite time, so one in any process leaves the round untimed in every one; a
+    round behind a prefill (the same in all) goes as None, as before. The stand-in
+    agreement plays another process that compiled at every third timed round."""
+    import math
+
+    class Agreed:
+        def __init__(self):
+            self.sent, self.returned = [], []
+
+        def k(self, decide):
+            return decide()
+
+        def step_time(self, seconds):
+            self.sent.append(seconds)
+            other_compiled = seconds is not None and len(self.sent) % 3 == 0
+            self.returned.append(math.inf if other_compiled else seconds)
+            return self.returned[-1]
+
+    ctl = TimedK([0, 0, 0, 0, 2])
+    eng = make_engine(*pair, controller=ctl, method="draft_model", max_batch_size=1, max_seq_len=64)
+    eng._policy.agreement = agreed = Agreed()
+    eng._policy.rounds = lambda *a: 1
+    eng.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    trace = list(eng.stats.trace)
+    assert [s is None for s in agreed.sent] == [t["after_prefill"] for t in trace]
+    assert [s == math.inf for s in agreed.sent] == [t["compiled"] and not t["after_prefill"] for t in trace]
+    assert any(s == math.inf for s in agreed.sent)
+    assert [t is None for t in ctl.times] == [r is None or r == math.inf for r in agreed.returned]
+
+
 @pytest.mark.parametrize("top", [0, 3])
 def test_packed_round_outputs_come_back_exactly(top):
     """`step.pack_rounds` / `unpack_rounds`: every field bit for bit (logprobs -inf and

@@ -74,15 +74,16 @@ class MapBudget:
     def measured_a_step(self) -> bool:
         return any(isinstance(kind, tuple) for kind in self.per_program)
 
-    def check(self, keys: Iterable[tuple], what: str) -> None:
+    def check(self, keys: Iterable[tuple], what: str) -> int | None:
         """Raises `MapLimitError` when compiling `keys` would likely cross the limit; `what`
-        names them in the message."""
+        names them in the message. Returns the maps held now, for `measure` after the
+        compile (None where nothing is counted)."""
         if self.limit is None:
-            return
+            return None
         keys = list(keys)
         need, in_use = sum(self.estimate(k) for k in keys), maps_in_use()
         if in_use + need <= self.limit:
-            return
+            return in_use
         raise MapLimitError(
             f"compiling {what} needs about {need} more memory maps, and this process holds {in_use} "
             f"of the {self.limit} the system allows (vm.max_map_count). XLA:CPU maps each compiled "
@@ -91,14 +92,10 @@ class MapBudget:
             "vm.max_map_count=262144), compile fewer programs (fewer batch_buckets, a smaller "
             "num_speculative_tokens, a smaller prefill_chunk), or free other engines first.")
 
-    def measure(self, key: tuple, before: int) -> None:
-        """Records what program `key` took: the maps held now less `before` (held before
-        it compiled)."""
-        if self.limit is None:
+    def measure(self, key: tuple, before: int | None) -> None:
+        """Records what program `key` took: the maps held now less `before` (what `check`
+        returned before it compiled; None: nothing to record)."""
+        if before is None:
             return
         kind = _kind(key)
         self.per_program[kind] = max(self.per_program.get(kind, 0), maps_in_use() - before)
-
-    def before(self) -> int | None:
-        """The maps held now, to pass to `measure` after a compile (None: not counted)."""
-        return None if self.limit is None else maps_in_use()

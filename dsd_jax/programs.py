@@ -155,9 +155,9 @@ class Programs:
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
-            if self._maps is not None:  # (raised here, not taken for a kernel's failure below)
-                self._maps.check([key], f"program {key}")
-            start, maps_before = time.perf_counter(), None if self._maps is None else self._maps.before()
+            # (a MapLimitError is raised here, not taken below for a kernel's failure)
+            maps_before = None if self._maps is None else self._maps.check([key], f"program {key}")
+            start = time.perf_counter()
             try:
                 with self._tracing():
                     lowered = lower()

@@ -302,13 +302,18 @@ class Programs:
         keys += [("admit", n) for n in self.prefill_rows]
         keys += [(f, m) for m in self.move_rows for f in ("slot_rows", "move")]
         keys += [("copy", n) for n in self.prefill_rows]
+        # one program of each other kind first: what each kind takes is then measured when
+        # the steps start, and the map budget can price everything left
+        firsts = [next(k for k in keys if k[0] == kind) for kind in dict.fromkeys(k[0] for k in keys)
+                  if kind != "step"]
+        keys = firsts + [k for k in keys if k not in firsts]
         while True:
             backends = self.opts.backend
             for i, key in enumerate(keys):
                 if self._maps is not None and self._maps.measured_a_step():
-                    # the steps left, at what steps took so far: fail now, not after minutes
-                    left = [k for k in keys[i:] if k[0] == "step" and k not in self._compiled]
-                    self._maps.check(left, f"this engine's {len(left)} remaining step programs")
+                    # everything left, at what each kind took so far: fail now, not after minutes
+                    left = [k for k in keys[i:] if k not in self._compiled]
+                    self._maps.check(left, f"this engine's {len(left)} remaining programs")
                 getattr(self, key[0])(*key[1:])
                 if progress:
                     progress(i + 1, len(keys))

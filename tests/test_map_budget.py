@@ -30,14 +30,14 @@ def test_a_compile_past_the_map_limit_raises_and_loses_nothing(tiny_pair):
 
 
 def test_a_warmup_that_cannot_fit_its_steps_fails_within_its_first_programs(tiny_pair):
-    """`compile_all` checks every step left once one has been measured: with room for about
-    three more step programs, the warm-up of 3 buckets x K 0..3 (12 steps) stops after
-    compiling a few, not after all of them."""
+    """`compile_all` compiles one program of each other kind first, then checks everything
+    left once a step has been measured: with room for about three more step programs, the
+    warm-up of 3 buckets x K 0..3 (12 steps) stops after compiling a few, not all of them."""
     engine = make_engine(*tiny_pair, method="draft_model", num_speculative_tokens=3, max_seq_len=32,
                          batch_buckets=(1, 2, 4))
     budget = engine.programs._maps
     budget.limit = maps_in_use() + 3 * DEFAULT_MAPS
-    with pytest.raises(MapLimitError, match=r"this engine's \d+ remaining step programs"):
+    with pytest.raises(MapLimitError, match=r"this engine's \d+ remaining programs"):
         engine.warmup(run=False)
     compiled = [key for key in engine.programs._compiled if key[0] == "step"]
     assert 1 <= len(compiled) <= 4

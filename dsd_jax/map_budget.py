@@ -17,9 +17,9 @@ seen yet is expected to take the most any program took, or `DEFAULT_MAPS` before
 first. `Programs.compile_all` compiles one program of each other kind first and checks
 everything left once a step has been measured, so a warm-up that cannot fit fails within
 its first programs, not after minutes (the full bench at the default cap: after 6.5 min
-of compiling when only single programs were checked). Freed programs give their maps back (an engine garbage-collected releases its
-own). The check applies only where the cap and the count can be read (Linux);
-elsewhere `limit` is None and nothing is checked.
+of compiling when only single programs were checked). Freed programs give their maps back
+(an engine garbage-collected releases its own). The check applies only where the cap and
+the count can be read (Linux); elsewhere `limit` is None and nothing is checked.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _kind(key: tuple) -> Hashable:
 
 class MapBudget:
     """The memory maps one process's programs take (module docstring). `limit` is None
-    where the cap cannot be read: then `check` passes and `record` does nothing."""
+    where the cap cannot be read: then `check` passes and `measure` does nothing."""
 
     def __init__(self, limit: int | None = None):
         self.limit = _read_limit() if limit is None else limit

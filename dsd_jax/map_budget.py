@@ -97,8 +97,8 @@ class MapBudget:
     def measure(self, key: tuple, before: int | None) -> None:
         """Records what program `key` took: the maps held now less `before` (what `check`
         returned before it compiled; None: nothing to record). Programs freed meanwhile
-        make it read low or nothing: the most a kind took is kept, and nothing above 0 is
-        not recorded."""
+        make it read low: the most a kind took is kept, and a reading of 0 or less is not
+        recorded."""
         taken = None if before is None else maps_in_use() - before
         if taken is None or taken <= 0:  # (nothing counted, or other programs freed meanwhile)
             return

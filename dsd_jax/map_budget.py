@@ -24,7 +24,7 @@ the count can be read (Linux); elsewhere `limit` is None and nothing is checked.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from typing import Iterable
 
 DEFAULT_MAPS = 1500  # a first program's expected maps: above the built-in pair's K = 3 step (~1150)
 LIMIT_FILE = "/proc/sys/vm/max_map_count"
@@ -49,10 +49,10 @@ def maps_in_use() -> int:
         return f.read().count(b"\n")
 
 
-def _kind(key: tuple) -> Hashable:
-    """What a program's maps depend on: a step's K (its bucket barely matters), else its
-    program's name."""
-    return (key[0], key[1]) if key[0] == "step" else key[0]
+def _kind(key: tuple) -> tuple:
+    """What a program's maps depend on: ("step", K) for a step (its bucket barely matters),
+    else (its program's name,)."""
+    return key[:2] if key[0] == "step" else key[:1]
 
 
 class MapBudget:
@@ -61,7 +61,7 @@ class MapBudget:
 
     def __init__(self, limit: int | None = None):
         self.limit = _read_limit() if limit is None else limit
-        self.per_program: dict[Hashable, int] = {}  # kind -> the most maps one program of it took
+        self.per_program: dict[tuple, int] = {}  # `_kind` -> the most maps one program of it took
 
     def estimate(self, key: tuple) -> int:
         """The maps program `key` (`Programs`' key: ("step", K, bucket), ("prefill", n, c),
@@ -70,11 +70,11 @@ class MapBudget:
         kind = _kind(key)
         if kind in self.per_program:
             return self.per_program[kind]
-        steps = [n for k, n in self.per_program.items() if isinstance(k, tuple)]
+        steps = [n for k, n in self.per_program.items() if k[0] == "step"]
         return max(steps if steps and key[0] == "step" else self.per_program.values(), default=DEFAULT_MAPS)
 
     def measured_a_step(self) -> bool:
-        return any(isinstance(kind, tuple) for kind in self.per_program)
+        return any(kind[0] == "step" for kind in self.per_program)
 
     def check(self, keys: Iterable[tuple], what: str) -> int | None:
         """Raises `MapLimitError` when compiling `keys` would likely cross the limit; `what`
@@ -82,7 +82,6 @@ class MapBudget:
         compile (None where nothing is counted)."""
         if self.limit is None:
             return None
-        keys = list(keys)
         need, in_use = sum(self.estimate(k) for k in keys), maps_in_use()
         if in_use + need <= self.limit:
             return in_use

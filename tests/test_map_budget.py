@@ -55,7 +55,7 @@ def test_a_warmup_that_cannot_fit_its_steps_fails_before_compiling_them(tiny_pai
 def test_estimates_follow_what_each_kind_took():
     budget = MapBudget(limit=10 ** 9)
     assert budget.estimate(("step", 2, 4)) == DEFAULT_MAPS  # nothing measured yet
-    budget.per_program.update({("step", 0): 400, ("step", 3): 1100, "prefill": 250})
+    budget.per_program.update({("step", 0): 400, ("step", 3): 1100, ("prefill",): 250})
     assert budget.estimate(("step", 3, 64)) == 1100  # a step's K, whatever its bucket
     assert budget.estimate(("step", 5, 1)) == 1100  # a K not compiled yet: the most any step took
     assert budget.estimate(("prefill", 4, 64)) == 250

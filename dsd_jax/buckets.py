@@ -49,6 +49,19 @@ def chunk_buckets(largest: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
+def usable_chunks(chunks: Sequence[int], longest: int) -> tuple[int, ...]:
+    """The sizes of `chunks` that `prefill_pieces` cuts some prompt of 1..`longest` tokens
+    into; compiling the others would be for nothing (with max_seq_len 160, a 159-token
+    prompt runs as 128 + 32, so the 256 chunk never runs). The pieces of every such prompt
+    are the same with only these sizes (`tests/test_engine.py`)."""
+    largest = max(chunks)
+    # a prompt over the largest chunk runs whole largest chunks, then a rest of 1..largest
+    used = {largest} if longest > largest else set()
+    for length in range(1, min(longest, largest) + 1):
+        used.update(c for _, c in prefill_pieces(length, chunks))
+    return tuple(sorted(used))
+
+
 def prefill_pieces(length: int, chunks: Sequence[int]) -> list[tuple[int, int]]:
     """(start, chunk size) pieces covering `length` prompt tokens at the least cost, where
     a piece costs its padded tokens plus a fixed overhead worth two of the smallest chunk:

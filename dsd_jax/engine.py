@@ -32,7 +32,8 @@ from flax import nnx
 
 from dsd_jax import (bad_words, compilation, drafters, inputs, kernels, multihost, prefix_sharing,
                      stop_strings)
-from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, prefill_cost, prefill_pieces
+from dsd_jax.buckets import (bucket_for, chunk_buckets, power_of_two_buckets, prefill_cost, prefill_pieces,
+                             usable_chunks)
 from dsd_jax.config import SpecConfig
 from dsd_jax.controller import Controller
 from dsd_jax.dispatch import DispatchPolicy
@@ -241,7 +242,8 @@ class SpecEngine:
         # Admission prefills the new requests together in the smallest batch bucket that
         # holds them (a too-large bucket made a 4-request admission cost a 64-row prefill).
         prefill_rows = self.batch_buckets
-        prefill_chunks = chunk_buckets(self.prefill_chunk)
+        # only the chunks some prompt can run in (a prompt holds at most max_seq_len - 1 tokens)
+        prefill_chunks = usable_chunks(chunk_buckets(self.prefill_chunk), max_seq_len - 1)
         self.programs = Programs(target_graph, self.drafter, opts, self._target_params,
                                  self._draft_params, self.state, self.batch_buckets, self.max_k,
                                  prefill_rows, prefill_chunks, self.placement, fallback=fallback,

@@ -658,6 +658,29 @@ def test_prefill_pieces_cover_the_prompt_at_least_cost():
     assert [prefill_cost(n, chunks) for n in (0, 24, 88, 536)] == [0, 32 + 32, 128 + 32, 544 + 3 * 32]
 
 
+def test_only_the_chunks_some_prompt_runs_in_are_compiled(pair):
+    from dsd_jax.buckets import chunk_buckets, prefill_pieces, usable_chunks
+    chunks = chunk_buckets(256)
+    # 159 tokens run as 128 + 32 (cheaper than a padded 256): the 256 chunk never runs
+    assert usable_chunks(chunks, 159) == (16, 32, 64, 128)
+    assert usable_chunks(chunks, 300) == chunks
+    assert usable_chunks(chunks, 1) == (16,)
+    assert usable_chunks(chunk_buckets(100), 20) == (16, 32)
+    for largest in (16, 24, 100, 128, 256):
+        full = chunk_buckets(largest)
+        plans = {n: prefill_pieces(n, full) for n in range(1, 520)}
+        for longest in (1, 15, 16, 17, 47, 63, 100, 159, 160, 255, 256, 257, 519):
+            usable = usable_chunks(full, longest)
+            # every prompt that fits is cut as before, and every size kept is run by one
+            assert all(prefill_pieces(n, usable) == plans[n] for n in range(1, longest + 1))
+            assert set(usable) == {c for n in range(1, longest + 1) for _, c in plans[n]}
+    # an engine's prompts hold at most max_seq_len - 1 tokens: 39 run in 16, 32 or 64
+    from dsd_jax import SpecConfig, SpecEngine
+    short = SpecEngine(pair[0], None, SpecConfig(method="none"), max_batch_size=1, max_seq_len=40,
+                       prefill_chunk=256)
+    assert short.programs.prefill_chunks == (16, 32, 64)
+
+
 def test_group_sampling_prefills_each_prompt_once(pair):
     """SamplingParams(n=3): outputs adjacent per prompt; a group admitted together has its
     prompt prefilled once (its slot copied into the siblings'); completion g equals the

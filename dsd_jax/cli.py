@@ -915,6 +915,9 @@ def _add_bench(sub) -> None:
                         "prompts hold them (to B=64 at 6 repeats). The intervals resample the groups, so a "
                         "point of one group repeated has none; resolving 5%% at B=1 needs about 16 groups, "
                         "by the spread of the committed benches"),
+    b.add_argument("--min-units", type=nonneg_int, metavar="N",
+                   help="pair units a sweep point gets at least, adding prompt groups to each repeat "
+                        "where the held-out prompts hold them (default 18: B=4-32 at 6 repeats; --quick 0)")
     b.add_argument("--rollout-units", type=positive_int, metavar="N",
                    help="rollouts of 64 requests, each with its own prompts and lengths (default 3; --quick 1): "
                         "the rollout's interval resamples them, so 1 gives none")

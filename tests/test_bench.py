@@ -551,11 +551,39 @@ def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
     ids = [[i] for i in range(_prompts_needed(False, [1, 3], 100))]  # 34 groups of 3 take 102
     swept = {p[0] for point in sweep(s, ids) for group in point.units for p in group}
     assert swept == set(range(102)) and not swept & {p[0] for p in profile_prompts(s, ids, 16)}
-    s = resolve(False, dict(batch_sizes=[1, 8], rows_per_point=8, workloads=("sweep",)))
-    ids = [[i] for i in range(_prompts_needed(False, [1, 8]))]
+    s = resolve(False, dict(batch_sizes=[1, 8], rows_per_point=8, min_units=0, workloads=("sweep",)))
+    ids = [[i] for i in range(_prompts_needed(False, [1, 8], min_units=0))]
     points = sweep(s, ids)
     assert [(len(p.units), p.units_per_repeat) for p in points] == [(48, 8), (6, 1)]
     for p in points:  # every repeat's groups distinct from every other's, and from the profile's
         swept = [q[0] for group in p.units for q in group]
         assert len(set(swept)) == len(swept) == 48
+
+
+def test_a_sweep_point_gets_at_least_min_units_where_the_prompts_hold_them():
+    """FULL's 18 units: B = 4-32 take 3 groups a repeat of their own (B = 8-32 had one, 6
+    units); B = 64's 3 x 64 x 6 would not fit in the held-out prompts, so it keeps one."""
+    from dsd_jax.bench.commands import _prompts_needed
+    from dsd_jax.bench.settings import resolve
+    from dsd_jax.bench.workloads import group_count, profile_prompts, sweep
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    n = _prompts_needed(False, sizes)
+    assert n == 3 * 32 * 6 + 16  # B = 32's 18 groups of 32 need the most
+    s = resolve(False, dict(batch_sizes=sizes, workloads=("sweep",)))
+    assert s.min_units == 18
+    ids = [[i] for i in range(n)]
+    points = sweep(s, ids)
+    assert [(len(p.units), p.units_per_repeat) for p in points] == [
+        (48, 8), (24, 4), (18, 3), (18, 3), (18, 3), (18, 3), (6, 1)]
+    profiled = {q[0] for q in profile_prompts(s, ids, 16)}
+    for p in points:  # distinct prompts, none of them the profile's
+        swept = [q[0] for group in p.units for q in group]
+        assert len(set(swept)) == len(swept) and not set(swept) & profiled
+    # as many more groups as the room holds; none where repeats share their groups
+    assert group_count(8, 8, 6, 10 * 8 * 6, 60) == 10
+    assert group_count(8, 8, 6, 2 * 8 * 6, 60) == 2
+    assert group_count(8, 8, 2, 10_000, 60) == 1  # 2 repeats share their groups (FRESH_MIN_REPEATS)
+    assert group_count(8, 8, 6, None, 60) == group_count(8, 8) == 1
+    with pytest.raises(ValueError, match="min_units must be >= 0"):
+        resolve(False, dict(min_units=-1, workloads=("sweep",)))
         assert not set(swept) & {q[0] for q in profile_prompts(s, ids, 16)}

@@ -295,11 +295,11 @@ def test_bench_and_demo_dispatch(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(dsd_jax, "bench", fake, raising=False)
     assert cli.main(["bench", "--quick", "--json", str(tmp_path / "b.json"), "--batch-sizes", "1,2,4",
                      "--configs", "vanilla,static-1,dynamic", "--repeats", "2", "--max-tokens", "16",
-                     "--rows-per-point", "16"]) == 0
+                     "--rows-per-point", "16", "--min-units", "0"]) == 0
     a = seen["bench"]
     assert a.quick and a.batch_sizes == [1, 2, 4] and a.configs == ["vanilla", "static-1", "dynamic"]
     assert a.repeats == 2 and a.max_tokens == 16 and a.plot is None and a.profile is None
-    assert a.rows_per_point == 16
+    assert a.rows_per_point == 16 and a.min_units == 0
     assert cli.main(["demo", "--full", "--out-dir", str(tmp_path / "demo")]) == 0
     assert seen["demo"].quick is False and seen["demo"].full is True
     assert seen["demo"].out_dir == str(tmp_path / "demo")

@@ -25,7 +25,8 @@ def _builtin_prompts(n: int) -> list[str]:
 
 
 def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None,
-                    rollout_units: int | None = None, repeats: int | None = None) -> int:
+                    rollout_units: int | None = None, repeats: int | None = None,
+                    min_units: int | None = None) -> int:
     """Held-out prompts for the sweep's largest batch, its prompt groups (each repeat's own
     where the held-out set holds them, `workloads.fresh_groups`) or the rollouts, and the
     profile's own."""
@@ -33,7 +34,8 @@ def _prompts_needed(quick: bool, batch_sizes, rows_per_point: int | None = None,
     d = mode(quick)
     sizes = int_list("batch_sizes", batch_sizes)
     room = heldout_prompt_count() - d["profile_prompts"] - 1  # 1: the demo's own prompt
-    groups = sweep_prompts(sizes, rows_per_point or d["rows_per_point"], repeats or d["repeats"], room)
+    groups = sweep_prompts(sizes, rows_per_point or d["rows_per_point"], repeats or d["repeats"], room,
+                           d["min_units"] if min_units is None else min_units)
     rollouts = d["rollout_requests"] * (rollout_units or d["rollout_units"])
     return max(max(sizes), rollouts, groups) + d["profile_prompts"]
 
@@ -143,9 +145,10 @@ def main(args) -> int:
     d = mode(quick)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
     rows_per_point, rollout_units = getattr(args, "rows_per_point", None), getattr(args, "rollout_units", None)
+    min_units = getattr(args, "min_units", None)
     try:  # before any model loads
         prompts = _builtin_prompts(_prompts_needed(quick, batch_sizes, rows_per_point, rollout_units,
-                                                   getattr(args, "repeats", None)))
+                                                   getattr(args, "repeats", None), min_units))
     except ValueError as e:  # more than the held-out set holds
         raise ArgumentError(_most_prompts_flag(quick, batch_sizes, rows_per_point, rollout_units), str(e)) from e
     target, draft, tokenizer, source = load_models(args)
@@ -157,7 +160,7 @@ def main(args) -> int:
     out_json, out_plot = getattr(args, "json", None), getattr(args, "plot", None)
     rows = run_bench(target, draft, tokenizer, prompts,
                      batch_sizes=batch_sizes, configs=configs, repeats=getattr(args, "repeats", None),
-                     rows_per_point=rows_per_point, rollout_units=rollout_units,
+                     rows_per_point=rows_per_point, min_units=min_units, rollout_units=rollout_units,
                      max_tokens=getattr(args, "max_tokens", None), profile=profile, quick=quick,
                      profile_out=outputs[PROFILE_OUT], eagle3=head, eagle3_profile=eagle3_profile,
                      eagle3_profile_out=outputs[EAGLE3_PROFILE_OUT],

@@ -17,7 +17,8 @@ from dsd_jax.loading import encode_prompts
 
 def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=None, repeats=None,
               max_tokens=None, profile=None, quick: bool = False, prompt_len: int | None = None,
-              rows_per_point: int | None = None, rollout_requests: int | None = None,
+              rows_per_point: int | None = None, min_units: int | None = None,
+              rollout_requests: int | None = None,
               rollout_prompt_len: int | None = None, rollout_median_tokens: int | None = None,
               rollout_max_tokens: int | None = None, rollout_units: int | None = None,
               max_seq_len: int | None = None, max_k: int | None = None, batch_buckets: Sequence[int] | None = None,
@@ -39,6 +40,9 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
         and rollout_requests x rollout_units of them are used, cycling when there are fewer.
     rollout_units: rollouts of rollout_requests each, with their own prompts and lengths:
         the rollout point's pair units (its interval rests on them; 1: no interval).
+    rows_per_point, min_units: a sweep point runs ceil(rows_per_point / B) prompt groups of
+        B a repeat, and where each repeat takes groups of its own, more until the point has
+        `min_units` pair units, as far as the prompts hold them (`workloads.group_count`).
     configs: names ("vanilla", "static-K", "dynamic", and "eagle3-static-K", "eagle3-dynamic"
         for the head) as a list or a comma-separated string; "vanilla" is always added (the
         speedup baseline and lossless oracle).
@@ -69,7 +73,8 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     loaded = {"draft_model": profiles.load(profile), "eagle3": profiles.load(eagle3_profile)}
     profile = loaded["draft_model"][0]
     given = dict(batch_sizes=batch_sizes, configs=configs, repeats=repeats, max_tokens=max_tokens,
-                 prompt_len=prompt_len, rows_per_point=rows_per_point, rollout_requests=rollout_requests,
+                 prompt_len=prompt_len, rows_per_point=rows_per_point, min_units=min_units,
+                 rollout_requests=rollout_requests,
                  rollout_prompt_len=rollout_prompt_len, rollout_median_tokens=rollout_median_tokens,
                  rollout_max_tokens=rollout_max_tokens, rollout_units=rollout_units, max_seq_len=max_seq_len,
                  max_k=max_k,
@@ -170,7 +175,7 @@ def _meta(s: Settings, runner: Runner, lengths, prof_info, n_programs: int, seco
     """The meta row: the settings, the profiles, the engines and where the time went."""
     return {"workload": "meta", "quick": s.quick, "configs": s.configs, "batch_sizes": s.batch_sizes,
             "repeats": s.repeats, "max_tokens": s.max_tokens, "prompt_len": s.prompt_len,
-            "rows_per_point": s.rows_per_point, "max_seq_len": s.max_seq_len, "max_k": runner.max_k,
+            "rows_per_point": s.rows_per_point, "min_units": s.min_units, "max_seq_len": s.max_seq_len, "max_k": runner.max_k,
             "batch_buckets": runner.batch_buckets,
             "rollout": rollout_meta(s, lengths) if s.rollout_requests else None,
             "eagle3_max_batch": s.eagle3_max_batch, "max_k_by_method": runner.max_ks,

@@ -11,12 +11,14 @@ from typing import Sequence
 # them per point, each repeat's its own at 3 repeats or more where the held-out prompts hold
 # them (`workloads.fresh_groups`: to B = 64 at 6 repeats), so every point has repeats x groups
 # independent units; without them B >= 4 (2 groups: a t_1 interval) and B >= 8 (1 group:
-# none) cannot resolve 5% whatever the repeats. The rollout's
+# none) cannot resolve 5% whatever the repeats. FULL's `min_units` adds groups where the
+# prompts hold them, so a point has at least 18 units (B = 4-32; B = 64 keeps 6): at 6, the
+# units' ratios spreading 5-7% left B = 8-16 +-6-10% wide (`bench_full_s21`). The rollout's
 # groups are `rollout_units` rollouts, each with its own prompts and seeded lengths: FULL's 3
 # give a t_2 interval; QUICK's 1, none.
 FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
-            repeats=6, max_tokens=64, prompt_len=128, rows_per_point=8,
+            repeats=6, max_tokens=64, prompt_len=128, rows_per_point=8, min_units=18,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
             rollout_units=3, max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
             eagle3_max_batch=None, eagle3_max_k=None,
@@ -26,7 +28,7 @@ FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
 # A smoke run: its points cannot resolve 5%, and the table says so (`report._quick_lines`).
 QUICK = dict(batch_sizes=(1, 4, 16, 64),
              configs=("vanilla", "static-1", "static-3", "dynamic"),
-             repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4,
+             repeats=2, max_tokens=24, prompt_len=64, rows_per_point=4, min_units=0,
              rollout_requests=64, rollout_prompt_len=48, rollout_median_tokens=12, rollout_max_tokens=112,
              rollout_units=1, max_seq_len=160, max_k=3, batch_buckets=(1, 4, 16, 64), prefill_chunk=32,
              eagle3_max_batch=None, eagle3_max_k=None,
@@ -139,6 +141,7 @@ class Settings:
     max_tokens: int
     prompt_len: int
     rows_per_point: int
+    min_units: int  # pair units a sweep point gets at least, where the prompts hold them
     max_k: int
     rollout_requests: int  # 0 without the rollout workload
     rollout_prompt_len: int
@@ -199,11 +202,13 @@ def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Set
     workloads = tuple(given.get("workloads") or ())
     if not workloads or not set(workloads) <= set(WORKLOADS):
         raise ValueError(f"workloads must be a subset of {WORKLOADS}, got {workloads}")
-    ints = {k: int(pick[k]) for k in ("repeats", "max_tokens", "prompt_len", "rows_per_point", "max_k",
+    ints = {k: int(pick[k]) for k in ("repeats", "max_tokens", "prompt_len", "rows_per_point", "min_units", "max_k",
                                       "rollout_prompt_len", "rollout_median_tokens", "rollout_units")}
     if min(ints["repeats"], ints["max_tokens"], ints["prompt_len"], ints["rows_per_point"],
            ints["rollout_units"]) < 1:
         raise ValueError("repeats, max_tokens, prompt_len, rows_per_point and rollout_units must be >= 1")
+    if ints["min_units"] < 0:
+        raise ValueError(f"min_units must be >= 0, got {ints['min_units']}")
     batch_sizes = int_list("batch_sizes", pick["batch_sizes"])
     n_roll = int(pick["rollout_requests"]) if "rollout" in workloads else 0
     seq = given.get("max_seq_len") or profile_seq_len or d["max_seq_len"]

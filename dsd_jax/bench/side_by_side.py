@@ -50,7 +50,7 @@ from dsd_jax.bench.environment import environment
 from dsd_jax.bench.runner import Runner, run_interleaved
 from dsd_jax.bench.settings import int_list, prefill_chunk_for
 from dsd_jax.bench.side_by_side_report import analyse_point, format_table, is_engine, summarize, write_results
-from dsd_jax.bench.workloads import Point, prompt_groups
+from dsd_jax.bench.workloads import Point, group_count, prompt_groups
 from dsd_jax.sampling import SamplingParams
 
 __all__ = ["FULL", "QUICK", "config_names", "is_engine", "make_settings", "make_floor", "HFAssisted", "run",
@@ -197,7 +197,7 @@ def measure_seq_len(target, draft, prompts, profile_prompts, *, max_seq_len: int
                               profile_repeats=profile_repeats, compilation_cache_dir=compilation_cache_dir, log=log)
     setup_s = time.perf_counter() - t_start
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)  # fixed lengths
-    points = [Point("side-by-side", b, prompt_groups(prompts, b, rows_per_point),
+    points = [Point("side-by-side", b, prompt_groups(prompts, b, group_count(b, rows_per_point)),
                     [c for c in config_names(max_k, hf is not None) if c != "hf-assisted" or b in hf_batch_sizes],
                     greedy) for b in batch_sizes]
 
@@ -252,7 +252,7 @@ def run(target, draft, prompts: list[list[int]], profile_prompts: list[list[int]
             seconds[str(seq)] = m["seconds"]
             for b, cells in m["cells"].items():
                 point = {"max_seq_len": seq, "batch_size": b,
-                         "groups": len(prompt_groups(prompts, b, s["rows_per_point"])),
+                         "groups": group_count(b, s["rows_per_point"]),
                          **analyse_point(cells, b, s["max_tokens"], s["max_k"]),
                          "profile_acceptance": m["profile_acceptance"]}
                 if hf and b not in hf_batch:

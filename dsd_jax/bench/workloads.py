@@ -71,15 +71,22 @@ def rollout_lengths(n: int, median: int, cap: int, sigma: float = ROLLOUT_SIGMA,
     return np.clip(np.round(x), min(floor, cap), cap).astype(int).tolist()
 
 
-def group_count(b: int, rows_per_point: int) -> int:
-    """Prompt groups of b at a sweep point: ceil(rows_per_point / b), at least one."""
-    return max(1, -(-rows_per_point // b))
+def group_count(b: int, rows_per_point: int, repeats: int = 1, room: int | None = None,
+                min_units: int = 0) -> int:
+    """Prompt groups of b each repeat of a sweep point runs: ceil(rows_per_point / b), at
+    least one; where its repeats take groups of their own (`fresh_groups`), more, up to
+    ceil(min_units / repeats) as far as `room` prompts hold them, so the point has at least
+    `min_units` pair units (at B >= rows_per_point one group a repeat gave 6 units, and
+    intervals of +-6-10% at B = 8-16 where the units' ratios spread 5-7%)."""
+    n = max(1, -(-rows_per_point // b))
+    if min_units and fresh_groups(b, rows_per_point, repeats, room):
+        n = max(n, min(-(-min_units // repeats), room // (b * repeats)))
+    return n
 
 
-def prompt_groups(prompts: list[list[int]], b: int, rows_per_point: int, sets: int = 1) -> list[list[list[int]]]:
-    """`sets` x `group_count` groups of b prompts, cycling through `prompts`."""
-    n = group_count(b, rows_per_point) * sets
-    return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(n)]
+def prompt_groups(prompts: list[list[int]], b: int, count: int) -> list[list[list[int]]]:
+    """`count` groups of b prompts, cycling through `prompts`."""
+    return [[prompts[(g * b + i) % len(prompts)] for i in range(b)] for g in range(count)]
 
 
 # Fewest repeats that take groups of their own: at 2 a one-group point would get a t interval
@@ -95,10 +102,12 @@ def fresh_groups(b: int, rows_per_point: int, repeats: int, room: int | None) ->
             and group_count(b, rows_per_point) * b * repeats <= room)
 
 
-def sweep_prompts(batch_sizes, rows_per_point: int, repeats: int = 1, room: int | None = None) -> int:
-    """Distinct prompts the sweep's groups take: ceil(rows_per_point / B) groups of B at the
-    batch size that needs most, times the repeats where they are fresh (`fresh_groups`)."""
-    return max(group_count(b, rows_per_point) * b * (repeats if fresh_groups(b, rows_per_point, repeats, room) else 1)
+def sweep_prompts(batch_sizes, rows_per_point: int, repeats: int = 1, room: int | None = None,
+                  min_units: int = 0) -> int:
+    """Distinct prompts the sweep's groups take: `group_count` groups of B at the batch size
+    that needs most, times the repeats where they are fresh (`fresh_groups`)."""
+    return max(group_count(b, rows_per_point, repeats, room, min_units) * b
+               * (repeats if fresh_groups(b, rows_per_point, repeats, room) else 1)
                for b in batch_sizes)
 
 
@@ -127,9 +136,10 @@ def sweep(s: Settings, ids: list[list[int]]) -> list[Point]:
     points = []
     for b in s.batch_sizes:
         fresh = fresh_groups(b, s.rows_per_point, s.repeats, room)
-        groups = prompt_groups(prompts, b, s.rows_per_point, s.repeats if fresh else 1)
+        count = group_count(b, s.rows_per_point, s.repeats, room, s.min_units)
+        groups = prompt_groups(prompts, b, count * (s.repeats if fresh else 1))
         points.append(Point("sweep", b, groups, _configs_at(s, b), greedy,
-                            units_per_repeat=group_count(b, s.rows_per_point) if fresh else None))
+                            units_per_repeat=count if fresh else None))
     return points
 
 
@@ -167,7 +177,7 @@ def warmup_requests(s: Settings, ids: list[list[int]], n: int | None = None
 def profile_prompts(s: Settings, ids: list[list[int]], n: int) -> list[list[int]]:
     """n acceptance prompts for profiling, disjoint from the sweep's and the rollout's
     prompts where there are enough."""
-    sweep_used = sweep_prompts(s.batch_sizes, s.rows_per_point, s.repeats, sweep_room(s, len(ids)))
+    sweep_used = sweep_prompts(s.batch_sizes, s.rows_per_point, s.repeats, sweep_room(s, len(ids)), s.min_units)
     used = max(s.max_batch, sweep_used, s.rollout_requests * s.rollout_units)
     start = used if len(ids) >= used + n else 0
     return [ids[(start + i) % len(ids)][:s.prompt_len] for i in range(n)]

@@ -50,6 +50,39 @@ def bench_rows(tiny_pair, tmp_path_factory):
     return rows
 
 
+def test_a_divergence_from_vanilla_is_located_and_its_top2_gap_judged(tiny_pair, capsys):
+    """A wrong token (one static-2 output altered after the run) is reported where it is,
+    with the target's top-2 gap there: not a near-tie, so the report says a wrong token."""
+    target, draft = tiny_pair
+
+    def corrupt(runner):
+        run = runner.run
+
+        def once(config, prompts, sampling):
+            wall, outs, info = run(config, prompts, sampling)
+            if config == "static-2" and not isinstance(sampling, list) and not corrupt.done:  # timed
+                corrupt.done = outs[1][3]
+                outs[1][3] = (outs[1][3] + 1) % target.config.vocab_size
+            return wall, outs, info
+        runner.run = once
+
+    corrupt.done = None
+    rows = bench.run_bench(target, draft, None, _prompts(8), profile=None, runner_hook=corrupt,
+                           **{**TINY, "batch_sizes": [2], "configs": "vanilla,static-2", "repeats": 1,
+                              "batch_buckets": [2], "workloads": ("sweep",), "log": print})
+    bad = [r for r in rows if r["workload"] == "sweep" and r["config"] == "static-2"][0]
+    assert not bad["lossless"] and not rows[-1]["lossless"]
+    [d] = bad["divergences"]
+    assert (d["repeat"], d["request"], d["position"]) == (0, 1, 3)
+    assert d["top2_gap"] > 0 and d["near_tie"] is False and d["dtype"] == target.config.dtype
+    assert "NOT a near-tie: a wrong token" in capsys.readouterr().out
+    assert "1 request(s) diverged; 1 of the 1 diagnosed at a top-2 gap no rounding explains" in bench.format_table(rows)
+    # a near-tie reads as rounding
+    near = {**bad, "divergences": [{**d, "near_tie": True, "gap_in_ulps": 1.0}]}
+    text = bench.format_table([near if r is bad else r for r in rows])
+    assert "all 1 diagnosed at near-ties the programs' rounding can swap (top-2 gaps of at most 1.0 ulps)" in text
+
+
 def test_configurations_take_turns_per_prompt_group(bench_rows):
     """B=1 runs two one-prompt groups: every configuration runs group 0, then every one group 1."""
     first = SWEEP_CALLS[:6]
@@ -130,7 +163,7 @@ def test_rows_schema_and_lossless(bench_rows):
         (b, c) for b in (1, 4) for c in ("vanilla", "static-2", "dynamic")}
     for r in sweep:
         assert r["tokens_per_s"] > 0 and np.isfinite(r["tokens_per_s"])
-        assert r["lossless"] is True and r["mismatched_requests"] == 0
+        assert r["lossless"] is True and r["mismatched_requests"] == 0 and r["divergences"] == []
         assert r["tokens"] == r["prompts"] * 8  # fixed max_tokens, no stop ids: same work everywhere
         cal = r["step_calibration"]  # measured step time next to the profile's ITL
         assert cal and all(e["measured_ms"] > 0 and e["profile_ms"] > 0 for e in cal)

@@ -333,8 +333,27 @@ def format_table(rows: list[dict]) -> str:
     lines = ((_sweep_lines(sweep, configs, meta) if sweep else []) + _best_static_lines(sweep)
              + _decode_lines(sweep, configs) + _calibration_lines(sweep, configs) + _rollout_lines(roll, meta)
              + _learnt_lines(sweep + roll) + _summary_lines(s) + _differences_lines(s) + _quick_lines(meta))
-    lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO"))
+    lines.append("lossless (greedy outputs identical to vanilla's): " + ("yes" if s["lossless"] else "NO")
+                 + _divergence_text(sweep + roll))
     return "\n".join(lines)
+
+
+def _divergence_text(rows: list[dict]) -> str:
+    """After a "NO": how many requests diverged from vanilla, and whether every diagnosed
+    divergence is a near-tie the programs' rounding can swap (`run.diagnose`)."""
+    found = [d for r in rows for d in r.get("divergences", ())]
+    if not found:
+        return ""
+    seen = [d for d in found if "near_tie" in d]
+    wrong = [d for d in seen if not d["near_tie"]]
+    text = f", {len(found)} request(s) diverged"
+    if wrong:
+        return text + f"; {len(wrong)} of the {len(seen)} diagnosed at a top-2 gap no rounding explains: a wrong token"
+    if seen:
+        widest = max(d["gap_in_ulps"] for d in seen)
+        return (text + f"; all {len(seen)} diagnosed at near-ties the programs' rounding can swap "
+                f"(top-2 gaps of at most {widest} ulps), each the argmax of a correct forward")
+    return text
 
 
 # --------------------------------------------------------------------------- files

@@ -12,6 +12,7 @@ from dsd_jax.bench.pairs import add_intervals
 from dsd_jax.bench.runner import Runner, add_speedups, point_row, run_interleaved
 from dsd_jax.bench.settings import Settings, has_dynamic, methods_of, resolve
 from dsd_jax.bench.workloads import check_distinct_groups, rollout, rollout_meta, sweep, warmup_requests
+from dsd_jax.divergence import top2_gap_at
 from dsd_jax.loading import encode_prompts
 
 
@@ -116,11 +117,34 @@ def run_bench(target, draft, tokenizer, prompts, *, batch_sizes=None, configs=No
     rows = add_intervals([point_row(p, c, runner.profile_for(c)) for p in points for c in p.configs])
     add_speedups(rows)
     bad = [(r["workload"], r.get("batch_size"), r["config"]) for r in rows if not r["lossless"]]
-    seconds["total"] = time.perf_counter() - t_start
-    rows.append(_meta(s, runner, lengths, prof_info, n_programs, seconds, lossless=not bad))
     if bad:
         log(f"WARNING: outputs differ from vanilla's (greedy) for {bad}: NOT lossless")
+        diagnose(rows, points, target, log)
+    seconds["total"] = time.perf_counter() - t_start
+    rows.append(_meta(s, runner, lengths, prof_info, n_programs, seconds, lossless=not bad))
     return rows
+
+
+# Divergences diagnosed per row: each compiles a forward of its own length (about a second here)
+DIAGNOSED_PER_ROW = 8
+
+
+def diagnose(rows: list[dict], points, target, log: Callable[[str], None]) -> None:
+    """Adds the target's top-2 logit gap at each row's first `DIAGNOSED_PER_ROW` divergences
+    from vanilla (`dsd_jax.divergence.top2_gap_at`, after vanilla's tokens) and logs each:
+    a near-tie is the two programs' rounding (verify runs K + 1 positions a row, plain
+    decoding one), anything wider a wrong token."""
+    by_key = {p.key: p for p in points}
+    for r in rows:
+        point = by_key[(r["workload"], r.get("batch_size"))]
+        for d in r["divergences"][:DIAGNOSED_PER_ROW]:
+            prompts = [q for u in point.units_of(d["repeat"]) for q in point.units[u]]
+            ref = point.cells["vanilla"].outputs[d["repeat"]][d["request"]]
+            d.update(top2_gap_at(target, prompts[d["request"]], ref, d["position"]))
+            what = "a near-tie (rounding)" if d["near_tie"] else "NOT a near-tie: a wrong token"
+            log(f"  {r['workload']} B={r.get('batch_size')} {r['config']}: repeat {d['repeat']} request "
+                f"{d['request']} diverges at token {d['position']}, top-2 gap {d['top2_gap']:.3g} "
+                f"({d['gap_in_ulps']} ulps at logit {d['top1_logit']:.4g}): {what}")
 
 
 def _head(eagle3, configs):

@@ -31,6 +31,7 @@ from typing import Callable
 from dsd_jax.bench.settings import DYNAMIC_OBJECTIVES, base_name, method_of, methods_of, parse_config
 from dsd_jax.config import DynamicConfig, SpecConfig
 from dsd_jax.controller import Controller
+from dsd_jax.divergence import first_divergence
 from dsd_jax.profile import Profile
 
 # controller statistics a run records (the goodput controller's calibration)
@@ -207,6 +208,16 @@ def mismatches(outs: list, ref: list) -> int:
     return sum(o != r for o, r in zip(outs, ref)) + abs(len(outs) - len(ref))
 
 
+def divergences(point, config: str) -> list[dict]:
+    """Each request of `config` at `point` whose greedy tokens differ from vanilla's: its
+    repeat, its place among the repeat's requests, and the first token that differs
+    (`run.diagnose` adds the target's top-2 gap there)."""
+    pairs = zip(point.cells[config].outputs, point.cells["vanilla"].outputs)
+    return [{"repeat": rep, "request": i, "position": at}
+            for rep, (outs, ref) in enumerate(pairs)
+            for i, (o, r) in enumerate(zip(outs, ref)) if (at := first_divergence(o, r)) is not None]
+
+
 class Cell:
     """Every timed run of one configuration at one point."""
 
@@ -328,6 +339,7 @@ def point_row(point, config: str, profile: Profile | None) -> dict:
                mean_accepted_len=sum(cell.tokens) / total["row_steps"] if total["row_steps"] else None,
                k_hist={str(k): v for k, v in total["k_hist"].items()},
                lossless=all(m == 0 for m in mism), mismatched_requests=max(mism),
+               divergences=divergences(point, config),
                tokens_per_s_repeats=[round(x, 3) for x in cell.tokens_per_s()], repeats=len(cell.walls),
                tokens_per_s_pairs=[round(x, 3) for x in cell.pairs],
                pair_units=point.pair_units(len(cell.walls)),

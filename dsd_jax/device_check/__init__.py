@@ -37,6 +37,8 @@ each piece.
 
 from __future__ import annotations
 
+from dsd_jax.divergence import NEAR_TIE, top2_gap
+
 from .settings import (
     ATTN_CASES, BF16, F32, FLOOR_RESERVE_S, PROFILE_COMPILE_SHARE, PROFILE_RESERVE_S, REJ_CASES,
     SECTION_WEIGHTS, SECTIONS, SKIPPED, TIMING_MODELS, TOL, VLLM_ACCEPTANCE, VLLM_H100_SCHEDULE, Settings, device_info,
@@ -47,7 +49,7 @@ from .timings import (
     attention_roofline, chained_calls, rejection_chain_step, rejection_roofline, time_attention,
     time_chain, time_kernels, time_rejection)
 from .compile import precompile, precompile_steps
-from .e2e import NEAR_TIE, _divergence_gap, top2_gap, e2e_builtin, e2e_synthetic, end_to_end
+from .e2e import _divergence_gap, e2e_builtin, e2e_synthetic, end_to_end
 from .floor import (
     ZeroDrafts, bare_loop, bare_step, draft_share_point, floor_point, format_floor, kv_bytes, kernel_launches,
     fused_projections, time_bare_forwards, weight_bytes)

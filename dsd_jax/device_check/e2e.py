@@ -7,8 +7,9 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from dsd_jax.divergence import first_divergence, top2_gap_at
 
 from .compile import precompile
 from .settings import Settings, _guard, _unless_expired, progress
@@ -83,8 +84,7 @@ def _generate_both(target, draft, prompts, s: Settings, backends, max_seq_len: i
 
 def _first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
     """Per completion, the first index where two token lists differ (None: identical)."""
-    return [next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), min(len(r), len(t)))
-            if r != t else None for r, t in zip(a, b)]
+    return [first_divergence(r, t) for r, t in zip(a, b)]
 
 
 def spec_vs_plain(target, draft, prompts, s: Settings, max_seq_len: int, tokenizer=None) -> dict:
@@ -123,46 +123,12 @@ def _mean_accepted(engine) -> float | None:
         return None
 
 
-# A greedy divergence at a top-2 logit gap within this share of the top logit is a near-tie
-# two backends' rounding can swap: 4 ulps in bfloat16 (a long bf16 sum rounded differently);
-# 2^-13 (1024 ulps) in float32, where the backends differ only in summation order, amplified
-# over the layers (random weights make such near-ties common).
-NEAR_TIE = {"bfloat16": 4 * 2.0 ** -7, "float32": 2.0 ** -13}
-MANTISSA_BITS = {"bfloat16": 7, "float32": 23}
-
-
-def top2_gap(top1: float, top2: float, dtype: str) -> dict:
-    """The gap between the top two logits, in ulps of `dtype` at the top logit, and whether
-    rounding in `dtype` could swap them (`NEAR_TIE`)."""
-    gap = float(top1 - top2)
-    scale = 2.0 ** np.floor(np.log2(max(abs(top1), 1e-30)))  # the top logit's binade
-    return {"top2_gap": gap, "top1_logit": float(top1), "dtype": dtype,
-            "gap_in_ulps": round(gap / (scale * 2.0 ** -MANTISSA_BITS[dtype]), 2),
-            "near_tie": bool(gap <= NEAR_TIE[dtype] * scale)}
-
-
 def _divergence_gap(target, prompts, tokens, div, dtype: str) -> dict:
     """At the first greedy divergence (`div`, per completion: `_first_divergence`), the
     target's top-2 logit gap after `tokens` (the reference run's completions; XLA, full
     forward): a gap within the rounding of `dtype` (`NEAR_TIE`) means a near-tie, not a bug."""
-    from flax import nnx
-
-    from dsd_jax import models
     i = next(j for j, d in enumerate(div) if d is not None)
-    seq = list(prompts[i]) + tokens[i][:div[i]]
-    n = len(seq)
-    graph, params = nnx.split(target)
-    cfg = target.config
-
-    @jax.jit
-    def last_logits(params, tokens):
-        pos = jnp.arange(n, dtype=jnp.int32)[None]
-        logits, _ = models.forward(graph, params, tokens[None], pos,
-                                   models.init_kv_cache(cfg, 1, n), attn_backend="xla")
-        return logits[0, -1]
-
-    top = np.sort(np.asarray(last_logits(params, jnp.asarray(seq, jnp.int32)), np.float64))[-2:]
-    return {"request": i, "position": div[i], **top2_gap(top[1], top[0], dtype)}
+    return {"request": i, "position": div[i], **top2_gap_at(target, prompts[i], tokens[i], div[i], dtype)}
 
 
 def e2e_builtin(s: Settings, deadline: float | None = None) -> dict:

@@ -3,7 +3,9 @@
 One process. Every configuration runs on the same prompts, greedy (temperature 0),
 with the same output lengths, so all of them do the same useful work and their
 outputs must be token-identical to vanilla's (checked: ``"lossless"`` on every row;
-a fast wrong answer is worthless).
+a fast wrong answer is worthless). Each request that differs is listed in its row's
+``"divergences"`` with the target's top-2 logit gap where it parts: a near-tie that the
+programs' float rounding can swap, or a wrong token (`run.diagnose`).
 
 Configurations (`settings`): ``vanilla`` (target only), ``static-K`` (the library's
 static controller), ``dynamic`` (the goodput controller with a profile, `profiles`)

@@ -13,7 +13,7 @@ from typing import Sequence
 # independent units; without them B >= 4 (2 groups: a t_1 interval) and B >= 8 (1 group:
 # none) cannot resolve 5% whatever the repeats. FULL's `min_units` adds groups where the
 # prompts hold them, so a point has at least 18 units (B = 4-32; B = 64 keeps 6): at 6, the
-# units' ratios spreading 5-7% left B = 8-16 +-6-10% wide (`bench_full_s21`). The rollout's
+# units' ratios spreading 5-7% left dynamic's B = 8-32 +-5.6-7.8% wide (`bench_full_s21`). The rollout's
 # groups are `rollout_units` rollouts, each with its own prompts and seeded lengths: FULL's 3
 # give a t_2 interval; QUICK's 1, none.
 FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),

@@ -77,7 +77,7 @@ def group_count(b: int, rows_per_point: int, repeats: int = 1, room: int | None 
     least one; where its repeats take groups of their own (`fresh_groups`), more, up to
     ceil(min_units / repeats) as far as `room` prompts hold them, so the point has at least
     `min_units` pair units (at B >= rows_per_point one group a repeat gave 6 units, and
-    intervals of +-6-10% at B = 8-16 where the units' ratios spread 5-7%)."""
+    intervals of +-5.6-7.8% at B = 8-32 in `bench_full_s21`, the units' ratios spreading 5-7%)."""
     n = max(1, -(-rows_per_point // b))
     if min_units and fresh_groups(b, rows_per_point, repeats, room):
         n = max(n, min(-(-min_units // repeats), room // (b * repeats)))

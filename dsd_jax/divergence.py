@@ -7,7 +7,7 @@ close, the two runs may take different tokens, and from there different completi
 is the argmax of a correct forward, so such a divergence is rounding, not a wrong
 acceptance. `bench_full_s27` met one: prompt 372 of the B=32 point, whose top-2 gap at
 completion token 33 is one float32 ulp (4.8e-7 at a logit of 5.36), flipped under static K
-by the row's place in the batch (`benchmarks/results/near_tie/`).
+in six shuffled row orders and not in the group's own (`benchmarks/results/near_tie/`).
 
 `top2_gap_at` measures the gap by a fresh full forward; `top2_gap` says whether a gap is a
 near-tie (`NEAR_TIE`). The bench and the device check diagnose every divergence with them.

@@ -919,7 +919,7 @@ def _add_bench(sub) -> None:
                    help="pair units a sweep point gets at least, adding prompt groups to each repeat "
                         "where the held-out prompts hold them (default 18: B=4-32 at 6 repeats; --quick 0)")
     b.add_argument("--rollout-units", type=positive_int, metavar="N",
-                   help="rollouts of 64 requests, each with its own prompts and lengths (default 3; --quick 1): "
+                   help="rollouts of 64 requests, each with its own prompts and lengths (default 6; --quick 1): "
                         "the rollout's interval resamples them, so 1 gives none")
     b.add_argument("--max-tokens", type=positive_int, help="tokens per request of the batch-size sweep (the "
                    "rollout draws its own heavy-tailed lengths)")

@@ -572,11 +572,11 @@ def test_prompt_groups_never_repeat_a_prompt_and_the_cli_fetches_enough():
         check_distinct_groups([1], 16, 12)
     assert _prompts_needed(False, [1, 2], 96, 1, 1) == 96 + 16 and _prompts_needed(False, [1, 2], None, 1, 1) == 64 + 16
     assert _prompts_needed(False, [1, 16, 48], 70, 1, 1) == 2 * 48 + 16  # groups of 48 take 96, not 70
-    assert _prompts_needed(False, [1, 2]) == 3 * 64 + 16  # FULL's three rollouts of 64, each its own prompts
+    assert _prompts_needed(False, [1, 2]) == 6 * 64 + 16  # FULL's six rollouts of 64, each its own prompts
     # FULL's 6 repeats, each with groups of its own where the 615 held-out prompts hold them
     assert _prompts_needed(False, [1, 64]) == 6 * 64 + 16
     assert _prompts_needed(False, [1, 2], 96, 1) == 6 * 96 + 16
-    assert _prompts_needed(False, [128]) == 3 * 64 + 16  # 6 x 128 would not fit: one group, repeated
+    assert _prompts_needed(False, [128]) == 6 * 64 + 16  # 6 x 128 would not fit: one group, repeated
     assert _prompts_needed(True, [1, 4, 16, 64]) == 64 + 8  # QUICK's 2 repeats: one set (FRESH_MIN_REPEATS)
     from dsd_jax.bench.settings import resolve
     from dsd_jax.bench.workloads import profile_prompts, sweep

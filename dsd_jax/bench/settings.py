@@ -14,13 +14,14 @@ from typing import Sequence
 # none) cannot resolve 5% whatever the repeats. FULL's `min_units` adds groups where the
 # prompts hold them, so a point has at least 18 units (B = 4-32; B = 64 keeps 6): at 6, the
 # units' ratios spreading 5-7% left dynamic's B = 8-32 +-5.6-7.8% wide (`bench_full_s21`). The rollout's
-# groups are `rollout_units` rollouts, each with its own prompts and seeded lengths: FULL's 3
-# give a t_2 interval; QUICK's 1, none.
+# groups are `rollout_units` rollouts, each with its own prompts and seeded lengths: FULL's 6
+# give a t_5 interval (3 left dynamic's rollout +-14% of vanilla's in `bench_full_s27`; 6,
+# +-4.7%: `results/rollout_units/`); QUICK's 1, none.
 FULL = dict(batch_sizes=(1, 2, 4, 8, 16, 32, 64),
             configs=("vanilla", "static-1", "static-2", "static-3", "static-4", "static-6", "dynamic"),
             repeats=6, max_tokens=64, prompt_len=128, rows_per_point=8, min_units=18,
             rollout_requests=64, rollout_prompt_len=64, rollout_median_tokens=32, rollout_max_tokens=320,
-            rollout_units=3, max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
+            rollout_units=6, max_seq_len=448, max_k=6, batch_buckets=None, prefill_chunk=None,
             eagle3_max_batch=None, eagle3_max_k=None,
             profile_repeats=7, profile_warmup_reps=2, profile_prompts=16, profile_max_tokens=64)
 # --quick compiles 4 batch buckets (the sweep's batch sizes) and K <= 3: 38 programs, still

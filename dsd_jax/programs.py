@@ -309,11 +309,16 @@ class Programs:
         keys = firsts + [k for k in keys if k not in firsts]
         while True:
             backends = self.opts.backend
+            priced = None  # the estimates everything left was last checked at
             for i, key in enumerate(keys):
-                if self._maps is not None and self._maps.measured_a_step():
-                    # everything left, at what each kind took so far: fail now, not after minutes
+                maps = self._maps
+                if maps is not None and maps.measured_a_step() and maps.per_program != priced:
+                    # everything left, at what each kind took so far: fail now, not after
+                    # minutes (again only when the estimates moved: each compile since took
+                    # about what it was priced at, and `_get` checks each one itself)
                     left = [k for k in keys[i:] if k not in self._compiled]
-                    self._maps.check(left, f"this engine's {len(left)} remaining programs")
+                    maps.check(left, f"this engine's {len(left)} remaining programs")
+                    priced = dict(maps.per_program)
                 getattr(self, key[0])(*key[1:])
                 if progress:
                     progress(i + 1, len(keys))

@@ -808,8 +808,10 @@ class SpecEngine:
         leaders = [list(groups.values()) for groups in leader_of]
         live = [r for shard in shards for r in shard]
         # a drafter that cannot leave the prompts to its catch-up is always prefilled
+        t0 = time.perf_counter()
         draft_now = not self.drafter.catches_up_prompts or self._policy.draft_at_admission(
             max(map(len, shards)), live, refilled)
+        self.stats.add_controller_time(t0)
         for r in new:  # what the donors among them will hold (a taker may still leave it, below)
             r.prompt_drafted = draft_now
         whole, rest, donor_of, skip = self._plan_sharing(
@@ -1143,9 +1145,11 @@ class SpecEngine:
             # The round's time is the program's, which runs every row of its batch bucket:
             # rows that finished (in an earlier round, or in the dispatch before, which this
             # one was launched behind) still fill it, so it is credited to that bucket.
+            t0 = time.perf_counter()
             self.controller.observe(k, n_acc[j, live], step_time_s=step_time,
                                     request_ids=[snapshot[i].request_id for i in live],
                                     context_len=context, batch_size=bucket)
+            self.stats.add_controller_time(t0)
         events, finished = [], []
         for i, j_end in zip(rows, last):
             r = snapshot[i]
@@ -1258,9 +1262,11 @@ class SpecEngine:
                 if live and not self._policy.finishes_in_flight(live, inflight):
                     fullest = max(map(len, shards))
                     context = max(len(r.prompt) + len(r.tokens) for r in live)
+                    t0 = time.perf_counter()
                     k = self._policy.choose_k(live, fullest, context, refilled=bool(queue))
                     rounds = self._policy.rounds(live, k, bool(queue), inflight, fullest, context,
                                                  self._prefilled)
+                    self.stats.add_controller_time(t0)
                     b = self._serving_bucket(fullest)
                     self.state, out = self.programs.step(k, b)(
                         self._target_params, self._draft_params, self.state, np.int32(rounds))

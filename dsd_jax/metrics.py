@@ -30,6 +30,12 @@ class EngineStats:
     `compile_clock()` (optional) returns the seconds the engine has spent compiling so far
     (`Programs.compile_s`): what the runs spent compiling programs on first use (an engine
     not warmed up) is counted as `compile_s` and left out of `tokens_per_s`.
+
+    `controller_s`: host seconds in the K controller, choosing K (through the dispatch
+    policy; under several processes with their agreement on it) and observing rounds. On a
+    device it overlaps the dispatch in flight; where host and XLA share the CPU cores it
+    does not (dynamic's ~0.35 ms a round at B=2 against static K's ~0.06: 2.5-3% of a
+    12 ms round, `benchmarks/results/b2_dynamic/`).
     """
 
     def __init__(self, max_k: int, compile_clock: Callable[[], float] | None = None):
@@ -44,6 +50,7 @@ class EngineStats:
         self.tokens = 0
         self.wall_s = 0.0
         self.compile_s = 0.0  # of wall_s: compiling programs on their first use
+        self.controller_s = 0.0  # of wall_s: host time in the K controller
         self.k_hist: collections.Counter = collections.Counter()
         self.batch_hist: collections.Counter = collections.Counter()
         self.accepted_per_pos = np.zeros(max(self.max_k, 1), np.int64)
@@ -61,6 +68,10 @@ class EngineStats:
         self._run_start = time.perf_counter()
         self._compile_start = self._compile_clock()
         self.last_step_time = self._run_start
+
+    def add_controller_time(self, since: float) -> None:
+        """Counts the host time from `since` (a `time.perf_counter()`) to now as the controller's."""
+        self.controller_s += time.perf_counter() - since
 
     def record_step(self, k: int, batch_size: int, num_accepted: np.ndarray, emitted: int,
                     now: float, shard_rows: list[int] | None = None, after_prefill: bool = False,
@@ -119,6 +130,9 @@ class EngineStats:
             "compile_s": self.compile_s,
             "tokens_per_s": self.tokens / decoding_s if decoding_s > 0 else None,
             "tpot_ms": float(np.median(self.tpot_s) * 1e3) if self.tpot_s else None,
+            # host time in the K controller, in all and a round
+            "controller_s": self.controller_s,
+            "controller_ms_per_step": self.controller_s * 1e3 / self.steps if self.steps else None,
             # tokens committed per live row per step (1 for plain decoding)
             "mean_accepted_len": self.tokens / self.row_steps if self.row_steps else None,
             "acceptance_per_position": self.acceptance_per_position(),

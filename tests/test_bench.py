@@ -168,6 +168,7 @@ def test_rows_schema_and_lossless(bench_rows):
         cal = r["step_calibration"]  # measured step time next to the profile's ITL
         assert cal and all(e["measured_ms"] > 0 and e["profile_ms"] > 0 for e in cal)
         assert {e["k"] for e in cal} <= {int(k) for k in r["k_hist"]}
+        assert r["controller_ms_per_step"] >= 0  # host time in the K controller a round
         hist = {int(k): v for k, v in r["k_hist"].items()}
         assert sum(hist.values()) >= r["steps"] > 0  # the histogram counts every repeat's steps
         if r["config"] == "vanilla":

@@ -1058,6 +1058,34 @@ def test_reset_metrics_mid_stream_zeroes_the_counts_and_keeps_what_the_controlle
         engine.controller = old
 
 
+def test_the_host_time_in_the_controller_is_counted(engine):
+    """`controller_s` holds the host time of every choice of K and every observed round (a
+    cost dynamic pays and a fixed K hardly does), and no more than the run's wall time."""
+    import time as clock
+
+    class Slow(FixedK):  # each call takes at least 1 ms
+        def choose_k(self, *a, **kw):
+            clock.sleep(1e-3)
+            return super().choose_k(*a, **kw)
+
+        def observe(self, *a, **kw):
+            clock.sleep(1e-3)
+            super().observe(*a, **kw)
+
+    old = engine.controller
+    engine.controller = ctl = Slow([2, 1])
+    try:
+        engine.reset_metrics()
+        engine.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=6))
+        m = engine.metrics()
+        assert 1e-3 * (ctl.calls + len(ctl.observed)) <= m["controller_s"] <= m["wall_s"]
+        assert m["controller_ms_per_step"] == pytest.approx(m["controller_s"] * 1e3 / m["steps"])
+        engine.reset_metrics()
+        assert engine.metrics()["controller_s"] == 0.0 and engine.metrics()["controller_ms_per_step"] is None
+    finally:
+        engine.controller = old
+
+
 def test_refused_calls_and_unstarted_streams_shift_no_later_seed(pair):
     """Unseeded requests draw from a hash of their request id: ids are taken only once a
     call is accepted and its run starts, so a refused call or a stream never iterated

@@ -28,7 +28,8 @@ interval excludes 1 (``summarize()["differences"]``), and the table marks each p
 that cannot resolve 5%. tokens/s =
 generated tokens / wall time of `generate` (prefill included);
 ``decode_tokens_per_s`` leaves out the prefill and the first step; the rollout's
-makespan is the wall time of its single `generate`.
+makespan is the wall time of its single `generate`. ``controller_ms_per_step``: host
+time in the K controller a round (`EngineStats.controller_s`).
 
 Modules: `settings` (modes, names), `workloads`, `runner` (engines, interleaving,
 per-point rows), `pairs` (paired statistics), `profiles`, `run` (`run_bench`),

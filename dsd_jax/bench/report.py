@@ -211,13 +211,16 @@ def _calibration_cell(b: int, c: str, row: dict | None) -> str | None:
         return None
     own = min((e["bucket"] for e in cal if e["bucket"] >= b), default=None)
     e = max([e for e in cal if e["bucket"] == own] or cal, key=lambda e: e["steps"])
-    return f"{c} K{e['k']}: {e['measured_ms']:.1f}/{e['profile_ms']:.1f} ms ({e['measured_over_profile']:.2f})"
+    host = row.get("controller_ms_per_step")
+    host = "" if host is None else f", controller {host:.2f} ms"
+    return f"{c} K{e['k']}: {e['measured_ms']:.1f}/{e['profile_ms']:.1f} ms ({e['measured_over_profile']:.2f}{host})"
 
 
 def _calibration_lines(sweep, configs) -> list[str]:
     if not any(c.get("profile_ms") for r in sweep for c in r.get("step_calibration") or []):
         return []
-    lines = ["step time measured in the runs / profiled ITL (the batch's own bucket, its most common K):"]
+    lines = ["step time measured in the runs / profiled ITL (the batch's own bucket, its most common K), and the "
+             "host time in the K controller a round:"]
     for b in sorted({r["batch_size"] for r in sweep}):
         rows = {r["config"]: r for r in sweep if r["batch_size"] == b}
         cells = [_calibration_cell(b, c, rows.get(c)) for c in configs]

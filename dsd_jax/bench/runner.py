@@ -178,7 +178,8 @@ def _run_info(engine, ctl) -> dict:
             # (K, batch bucket, wall ms, context) of every decode-only step, for calibration:
             # the bucket and context its program ran at
             "step_ms": [(t["k"], t["bucket"], t["wall_ms"], t["context"]) for t in decode],
-            "accepted": st.accepted_per_pos.copy(), "proposed": st.proposed_per_pos.copy()}
+            "accepted": st.accepted_per_pos.copy(), "proposed": st.proposed_per_pos.copy(),
+            "controller_s": float(st.controller_s)}
     stats = getattr(ctl, "stats", None)
     if ctl is not None and ctl.mode == "goodput" and callable(stats):
         c = stats()
@@ -197,7 +198,7 @@ def merge_info(a: dict, b: dict) -> dict:
     """The statistics of two runs of one configuration: counts add, step lists concatenate,
     per-position acceptance arrays add, the controller's are the later run's."""
     out = {k: a[k] + b[k] for k in ("row_steps", "steps", "decode_tokens", "decode_s", "step_ms", "accepted",
-                                    "proposed")}
+                                    "proposed", "controller_s")}
     out["k_hist"] = add_hist(a["k_hist"], b["k_hist"])
     out["controller"] = b.get("controller")
     return out
@@ -337,6 +338,8 @@ def point_row(point, config: str, profile: Profile | None) -> dict:
     row = {"workload": point.workload, **_throughput(point, config, cell)}
     row.update(decode_tokens_per_s=median(dec) if dec else None, tokens=cell.tokens[0], steps=infos[0]["steps"],
                mean_accepted_len=sum(cell.tokens) / total["row_steps"] if total["row_steps"] else None,
+               # host time in the K controller a round (`EngineStats.controller_s`)
+               controller_ms_per_step=total["controller_s"] * 1e3 / total["steps"] if total["steps"] else None,
                k_hist={str(k): v for k, v in total["k_hist"].items()},
                lossless=all(m == 0 for m in mism), mismatched_requests=max(mism),
                divergences=divergences(point, config),

@@ -211,8 +211,8 @@ def _calibration_cell(b: int, c: str, row: dict | None) -> str | None:
         return None
     own = min((e["bucket"] for e in cal if e["bucket"] >= b), default=None)
     e = max([e for e in cal if e["bucket"] == own] or cal, key=lambda e: e["steps"])
-    host = row.get("controller_ms_per_step")
-    host = "" if host is None else f", controller {host:.2f} ms"
+    host_ms = row.get("controller_ms_per_step")
+    host = "" if host_ms is None else f", controller {host_ms:.2f} ms"
     return f"{c} K{e['k']}: {e['measured_ms']:.1f}/{e['profile_ms']:.1f} ms ({e['measured_over_profile']:.2f}{host})"
 
 

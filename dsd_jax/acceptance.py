@@ -111,6 +111,12 @@ def conditional_rates(a: np.ndarray) -> np.ndarray:
         return np.where(before > 0, a / np.where(before > 0, before, 1.0), np.where(np.isnan(a), np.nan, 0.0))
 
 
+def _known(x: np.ndarray) -> np.ndarray:
+    """`x` with its unknowns (NaN) as 0: `np.nan_to_num` for rates and acceptances, which
+    are finite or NaN, at a fraction of its host time (the controller calls it every round)."""
+    return np.where(np.isnan(x), 0.0, x)
+
+
 def _rates(accepted: np.ndarray, reached: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     """accepted / reached where a row reached the draft, `fallback` elsewhere."""
     seen = reached > 0
@@ -220,7 +226,11 @@ class GlobalAcceptance:
     def _update(self) -> None:
         self.rates = self._compute_rates()
         self.estimate = np.cumprod(self.rates)
-        self.al = al_curve(self.estimate, self.max_k).tolist()  # AL(K), K = 0..max_k
+        self.al = [1.0]  # AL(K), K = 0..max_k: `al_curve`'s sums in plain Python (a few floats)
+        drafts = 0.0
+        for a in self.estimate.tolist():
+            drafts += a
+            self.al.append(1.0 + drafts)
 
     def _compute_rates(self) -> np.ndarray:
         """c_1..c_max_k: the prior's during warm-up; then live A / R where at least
@@ -268,6 +278,10 @@ class RequestAcceptance:
         self._positions = np.arange(1, self.max_k + 1)
         self._prior_of = None  # (global rates, finished count) `_prior_counts` was made from
         self._prior_counts = np.zeros(self.max_k)
+        # The last `estimate` (counts version, rows, result): the controller asks for the same
+        # rows' estimate at the same counts when it chooses K and when it scores that round.
+        self._version = 0  # moves whenever any row's counts or the shrink target do
+        self._memo = None
         # finished requests that ran drafts: how many, and the discounted sum of their own
         # first-draft rates (the request-weighted c_1 rows are shrunk toward, `shrink_target`)
         self._finished_c1 = 0.0
@@ -296,6 +310,7 @@ class RequestAcceptance:
             self._free = list(range(cap - 1, n - 1, -1))
         r = self._free.pop()
         self.accepted[r] = self.reached[r] = self.proposed[r] = 0.0
+        self.counts_changed()
         self.row_of[rid] = r
         return r
 
@@ -322,7 +337,7 @@ class RequestAcceptance:
         finished requests' own rates, each request weighing one (discounted by
         SPREAD_FORGETTING per newer request) once PRIOR_MIN_REQUESTS have run drafts;
         the global (step-weighted) rates elsewhere. See the module docstring."""
-        g = np.nan_to_num(self._global.rates)
+        g = _known(self._global.rates)
         n = self._finished_count
         if n < PRIOR_MIN_REQUESTS:
             return g
@@ -337,7 +352,7 @@ class RequestAcceptance:
         if not informs.any():
             self._age_spread()
             return
-        own = np.cumprod(_rates(self.accepted[r], self.reached[r], np.nan_to_num(self._global.rates)))
+        own = np.cumprod(_rates(self.accepted[r], self.reached[r], _known(self._global.rates)))
         al = al_curve(own, self.max_k)
         m = self._moments
         m[:, informs] *= 1.0 - SPREAD_FORGETTING
@@ -377,7 +392,7 @@ class RequestAcceptance:
         # Ks no request ran yet (the learnt ones are a prefix 1..J): in proportion to the
         # drafts the global estimate expects, so an unexplored K never looks the safest
         j = int(np.flatnonzero(learnt)[-1])
-        drafts = np.array(al_curve(np.nan_to_num(self._global.estimate), self.max_k)) - 1.0
+        drafts = np.array(al_curve(_known(self._global.estimate), self.max_k)) - 1.0
         if j < self.max_k and drafts[j] > 0:
             spread[j + 1:] = spread[j] * drafts[j + 1:] / drafts[j]
         return spread
@@ -426,18 +441,35 @@ class RequestAcceptance:
         self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hits
         self.reached[rows, :k] = keep * self.reached[rows, :k] + reached
         self.proposed[rows, :k] = keep * self.proposed[rows, :k] + 1.0
+        self.counts_changed()
+
+    def counts_changed(self) -> None:
+        """Marks the rows' counts as changed (anything writing `accepted`, `reached` or
+        `proposed` calls it): `estimate` recomputes."""
+        self._version += 1
 
     def estimate(self, rows, k: int) -> np.ndarray:
-        """a_1..a_k per row ([len(rows), k]): the product of its conditional rates, each its
-        own counts plus `ROW_PRIOR_STEPS` rows at `shrink_target`'s rate. A draft position the
-        row never proposed takes at least the rate of the last one it did (see
-        `_untried_at_least_last`)."""
+        """a_1..a_k per row ([len(rows), k], read-only): the product of its conditional rates,
+        each its own counts plus `ROW_PRIOR_STEPS` rows at `shrink_target`'s rate. A draft
+        position the row never proposed takes at least the rate of the last one it did (see
+        `_untried_at_least_last`). Asked again for the same rows and no more drafts before
+        anything changed, it returns the first columns of the last result: the same numbers,
+        since a row's rates at drafts 1..k do not depend on the drafts past k."""
         key = (self._global.rates, self._finished_count)
         if self._prior_of is None or key[0] is not self._prior_of[0] or key[1] != self._prior_of[1]:
             self._prior_of = key  # the global estimate moved or a request finished since
             self._prior_counts = ROW_PRIOR_STEPS * self.shrink_target()
+            self.counts_changed()
+        rows = np.asarray(rows, dtype=np.intp)
+        memo, which = self._memo, rows.tobytes()
+        if memo is not None and memo[0] == self._version and memo[1] == which and memo[2].shape[1] >= k:
+            est = memo[2][:, :k] if memo[2].shape[1] > k else memo[2]
+            return est.copy() if not est.flags.c_contiguous else est  # contiguous: sums as a fresh one
         own = (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.reached[rows, :k] + ROW_PRIOR_STEPS)
-        return np.cumprod(self._untried_at_least_last(own, rows, k), axis=-1)
+        est = np.cumprod(self._untried_at_least_last(own, rows, k), axis=-1)
+        est.flags.writeable = False
+        self._memo = (self._version, which, est)
+        return est
 
     def _untried_at_least_last(self, own: np.ndarray, rows, k: int) -> np.ndarray:
         """Raises each row's rates at the positions it never proposed to its rate at the
@@ -464,4 +496,4 @@ class RequestAcceptance:
     def request(self, rid: Hashable) -> np.ndarray | None:
         """A request's a_1..a_max_k, or None if unseen."""
         r = self.row_of.get(rid)
-        return None if r is None else self.estimate([r], self.max_k)[0]
+        return None if r is None else self.estimate([r], self.max_k)[0].copy()

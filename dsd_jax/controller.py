@@ -378,10 +378,11 @@ class Controller:
         # (the engine's R still counts the tokens in flight: never fewer than are left): such
         # a K takes K = R - 1's steps, and its dearer ITL loses (at R = 1 K = 6 had run).
         upto = np.minimum(np.arange(self._kc + 1), np.ceil(rem)[:, None] - 1).astype(np.intp)
+        rows_index = np.arange(len(rows))[:, None]
 
         def steps_at(acceptance=None):
             steps = self._requests.makespan_steps(rows, rem, self._kc, len(rows), acceptance=acceptance)
-            return np.take_along_axis(steps, upto, axis=1)
+            return steps[rows_index, upto]
 
         # A probe at a held K = 0 asks whether the profile's acceptance is back, so it is
         # priced under this objective too: the slowest of B rows accepting at the profile's
@@ -588,7 +589,7 @@ class Controller:
         if catching_up and itl_ms is not None and self._latency.learn_probe(timed_b, k, meas_ms, context_len):
             self._stale_tables()  # the acceptance probes' spacing moved
         self._calibration.record(self._steps, k, acc, pred_al, meas_ms, itl_ms)
-        al = 1.0 + float(acc.mean())
+        al = 1.0 + int(acc.sum()) / b  # acc.mean()'s value, without its overhead
         # a probe's step that beat K = 0, and the estimate did not see it coming: ask again
         self._prober.observe(k, al, lambda: self._cur == 0 and self._beat_k0(k, acc, timed_b, context_len)
                              and al > pred_al * self._one_plus_margin)

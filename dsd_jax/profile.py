@@ -319,12 +319,23 @@ class Profile:
         if not _is_int(k) or not 0 <= k <= self.max_k:
             raise ValueError(f"k must be an integer in the profile's ks {self.ks}, got {k!r}")
         b = _real_arg("batch_size", batch_size)
-        tab = self._context_slice(context_len)
         i0, i1, w = _interp_index(self.batch_sizes, b)
         k = int(k)
+        # the two cells `_context_slice` would give, without interpolating its whole table
+        # (the controller asks for one cell a round): the same arithmetic, so the same bits
+        if context_len is None:
+            c0 = c1 = wc = 0
+            tab = self._table[0]
+        else:
+            c0, c1, wc = _interp_index(self.context_lengths, _real_arg("context_len", context_len))
+            tab = self._table[c0]
+
+        def cell(i):
+            return tab[i, k] if wc == 0.0 else (1.0 - wc) * tab[i, k] + wc * self._table[c1][i, k]
+
         if w == 0.0:
-            return float(tab[i0, k])
-        return float((1.0 - w) * tab[i0, k] + w * tab[i1, k])
+            return float(cell(i0))
+        return float((1.0 - w) * cell(i0) + w * cell(i1))
 
     def itl_table(self, context_len: float | None = None, batch_sizes: Sequence[float] | None = None) -> np.ndarray:
         """ITL (ms) as an array [len(batch_sizes), len(ks)].

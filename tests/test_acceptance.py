@@ -297,6 +297,7 @@ def pinned(rq, rid, a):
     (r,) = rq.rows_for([rid])
     a = np.broadcast_to(np.asarray(a, dtype=float), (rq.max_k,))
     rq.accepted[r], rq.reached[r], rq.proposed[r] = a * 1e15, np.r_[1.0, a[:-1]] * 1e15, 1e15
+    rq.counts_changed()
     return r
 
 

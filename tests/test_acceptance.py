@@ -104,6 +104,40 @@ def test_estimate_is_replaced_not_mutated():
     np.testing.assert_array_equal(before, PRIOR)
 
 
+def test_a_repeated_estimate_is_the_same_numbers_as_a_fresh_one():
+    """`estimate` returns its last result when asked again for the same rows before anything
+    changed (the controller's choice and its round's score): through random rounds, finished
+    requests and new rows it equals a recomputation bit for bit, at every K up to the last
+    one asked, and sums alike (contiguous); what it keeps is read-only, `request` gives a copy. The
+    global AL curve, summed in plain Python, is `al_curve`'s."""
+    rng = np.random.default_rng(3)
+    g, rq = _requests(prior=np.array([0.8, 0.6, 0.4, 0.2, np.nan, np.nan]), forgetting=0.2)
+    live, next_id = ["r0", "r1", "r2"], 3
+    for step in range(300):
+        k = int(rng.integers(1, 7))
+        rows = rq.rows_for(live)
+        first = rq.estimate(rows, 6)
+        again = [rq.estimate(rows, j) for j in (6, k, 1)]
+        rq.counts_changed()
+        fresh = [rq.estimate(rows, j) for j in (6, k, 1)]
+        for a, f in zip(again, fresh):
+            np.testing.assert_array_equal(a, f)
+            assert a.flags.c_contiguous and a.sum() == f.sum()
+        np.testing.assert_array_equal(first, fresh[0])
+        assert again[0] is first and not first.flags.writeable  # kept, and returned again
+        acc = np.minimum(rng.geometric(0.3, len(live)) - 1, k)
+        g.observe(k, acc)
+        rq.observe(rows, acc, k)
+        np.testing.assert_array_equal(g.al, al_curve(g.estimate, 6))  # NaN where unknown
+        if rng.random() < 0.2:  # a request finishes, another takes its row
+            rq.forget(live.pop(int(rng.integers(len(live)))))
+            live.append(f"r{next_id}")
+            next_id += 1
+    mine = rq.request(live[0])
+    mine[:] = -1.0
+    assert (rq.request(live[0]) >= 0).all()
+
+
 def _requests(prior=PRIOR, forgetting=0.5):
     g = GlobalAcceptance(prior, forgetting=forgetting)
     return g, RequestAcceptance(g)

@@ -102,7 +102,9 @@ class DispatchPolicy:
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
         size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
-        lone row may run past its limit (the dispatch ends with it). Any other choice is
+        lone row may run past its limit (the dispatch ends with it). A lone row at the K > 0
+        a goodput controller holds runs ADAPTIVE_ROUNDS at once, past its limit too
+        (`_holds`). Any other choice is
         stable once the last STABLE_DECISIONS were this K, and gets a say every
         ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
         interval in choices, so fewer, longer dispatches would probe less often (with lone
@@ -111,18 +113,34 @@ class DispatchPolicy:
         """
         self._history.append(k)
         fixed = self._settled(batch, k, context)
-        stable = fixed or (len(self._history) == STABLE_DECISIONS and all(x == k for x in self._history))
-        if queued or not stable or after_prefill:
+        if queued or after_prefill:
             return 1
         # a stop string ends a row on the host, after the dispatch: the device runs the
         # dispatch out, so rows that have stop strings get ADAPTIVE_ROUNDS at most
         strings = any(r.params.stop for r in live)
+        if len(live) == 1 and not strings and (fixed or self._holds(k)):
+            # the dispatch ends when its one row does, so its length limit does not count
+            return MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
+        stable = fixed or (len(self._history) == STABLE_DECISIONS and all(x == k for x in self._history))
+        if not stable:
+            return 1
         most = MAX_ROUNDS if fixed and not strings else ADAPTIVE_ROUNDS
-        if fixed and len(live) == 1 and not strings:  # the dispatch ends when its one row does
-            return most
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self.remaining(r) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, most))
+
+    def _holds(self, k: int) -> bool:
+        """Whether K > 0 is what a goodput controller holds (`Controller.current_k`), not a
+        probe off a held K = 0: a lone row then runs ADAPTIVE_ROUNDS at once. Short
+        dispatches cost rounds on XLA:CPU (dynamic's K=4 rounds at B=1 took 10.3 ms in
+        dispatches of 1-8 rounds, static-4's 9.8 in 32; 1.1% [0.1, 2.1] faster at B=1 with
+        this, `benchmarks/results/controller_host/`), and the probes at a held K = 0 keep
+        their one-round dispatches and their spacing in choices. Not under several
+        processes: their controllers keep their own state."""
+        if k == 0 or self.agreement is not None:
+            return False
+        ctl = self.controller
+        return getattr(ctl, "mode", None) == "goodput" and getattr(ctl, "current_k", None) == k
 
     def _settled(self, batch: int, k: int, context: int) -> bool:
         """Whether the controller is sure to choose K again until the batch changes

@@ -1,6 +1,6 @@
 """The goodput controller before and after a change, paired in one process on one engine:
 each unit runs the old controller, the new one and static K=4 (for scale) in a rotated
-order, on the same held-out prompts (cut to 128 tokens, 64 greedy tokens each, makespan
+order, on the same held-out prompts (all 615 in turn, cut to 128 tokens, 64 greedy tokens each, makespan
 objective, bench_full_s28's profile). Reports the speed ratio new / old with its bootstrap
 interval, and each controller's host time a round (`EngineStats.controller_s`).
 
@@ -9,6 +9,24 @@ checkout's), so make one first:
 
     git worktree add --detach /tmp/old 856f6f2
     python benchmarks/results/controller_host/engine_ab.py /tmp/old [units_b1] [units_b2] [units_b4]
+
+`spin MS` pairs this checkout's controller with itself plus MS ms of busy host work a round
+instead (`SpinningController`): what a round's host time costs the engine here.
+
+    python benchmarks/results/controller_host/engine_ab.py spin 0.3 [units_b1] [units_b2] [units_b4]
+
+`ks` pairs static K=4, 5 and 6 with dynamic and dynamic capped at K=4 (max_k 4):
+
+    python benchmarks/results/controller_host/engine_ab.py ks [units_b1] [units_b2] [units_b4]
+
+`lone` pairs dynamic under the dispatch policy before the lone-row rule (`WithoutLoneRowRule`)
+and after it (`DispatchPolicy._holds`, s29):
+
+    python benchmarks/results/controller_host/engine_ab.py lone [units_b1] [units_b2] [units_b4]
+
+`stable` pairs dynamic with dynamic under `HeldIsStable` (an experiment, not shipped):
+
+    python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4]
 """
 
 import collections
@@ -24,6 +42,7 @@ import numpy as np
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine
 from dsd_jax.config import DynamicConfig
 from dsd_jax.controller import Controller
+from dsd_jax.dispatch import STABLE_DECISIONS, DispatchPolicy
 from dsd_jax.models import builtin, heldout_prompts
 from dsd_jax.profile import Profile
 from dsd_jax.stats import paired_ratio
@@ -46,25 +65,97 @@ def old_controller_module(checkout: str):
         importlib.import_module("dsd_jax_old.profile")
 
 
-def main():
-    checkout = sys.argv[1]
-    units = {b: int(sys.argv[i]) if len(sys.argv) > i else n for i, (b, n) in enumerate(((1, 96), (2, 48), (4, 24)), 2)}
-    old_ctl, old_cfg, old_prof = old_controller_module(checkout)
-    target, draft, tok = builtin()
-    buckets = [1, 2, 4]
+class SpinningController(Controller):
+    """The controller with `spin_ms` of busy host work added to each round it observes:
+    what that much more host time costs a round of the engine."""
+
+    def __init__(self, *args, spin_ms: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spin_s = spin_ms / 1e3
+
+    def observe(self, *args, **kwargs):
+        end = time.perf_counter() + self.spin_s
+        while time.perf_counter() < end:
+            pass
+        return super().observe(*args, **kwargs)
+
+
+class WithoutLoneRowRule(DispatchPolicy):
+    """The dispatch policy before `DispatchPolicy._holds` (s29): a lone row at the K a
+    goodput controller holds waits for three equal choices and keeps the length rule."""
+
+    def _holds(self, k):
+        return False
+
+
+class HeldIsStable(DispatchPolicy):
+    """An experiment: the K > 0 a goodput controller holds counts as stable at once, at any
+    batch size (no wait for three equal choices; the length rule and 8 rounds stay)."""
+
+    def rounds(self, live, k, *args):
+        if self._holds(k):
+            self._history.extend([k] * (STABLE_DECISIONS - 1))  # `rounds` appends the third
+        return super().rounds(live, k, *args)
+
+
+def controllers(mode: str, arg: str, buckets) -> dict:
+    """{name: controller} to pair: static K=4 for scale, then "old" (another checkout's, at
+    path `arg`) and "new" (this checkout's); or, in mode "spin", "new" and "new+spin" (`arg`
+    ms of busy host time a round)."""
     spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
+    ctls = {"static-4": Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, 4,
+                                   batch_buckets=buckets)}
+    if mode == "ks":  # where dynamic's K goes wrong: fixed Ks around its choices, and dynamic capped at 4
+        for k in (5, 6):
+            ctls[f"static-{k}"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=k), None, 4,
+                                             batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
+        ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        return ctls
+    if mode == "stable":  # dynamic as shipped and under `HeldIsStable`
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic-held-stable"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        return ctls
+    if mode == "lone":  # dynamic under the dispatch policy before and after the lone-row rule
+        ctls["dynamic-before"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        return ctls
+    if mode == "spin":
+        ctls["new"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["new+spin"] = SpinningController(spec, Profile.load(PROFILE), 4, batch_buckets=buckets,
+                                              spin_ms=float(arg))
+        return ctls
+    old_ctl, old_cfg, old_prof = old_controller_module(arg)
     old_spec = old_cfg.SpecConfig(method="draft_model", num_speculative_tokens=6,
                                   dynamic=old_cfg.DynamicConfig(objective="makespan"))
-    ctls = {"static-4": Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, 4,
-                                   batch_buckets=buckets),
-            "old": old_ctl.Controller(old_spec, old_prof.Profile.load(PROFILE), 4, batch_buckets=buckets),
-            "new": Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)}
+    ctls["old"] = old_ctl.Controller(old_spec, old_prof.Profile.load(PROFILE), 4, batch_buckets=buckets)
+    ctls["new"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+    return ctls
+
+
+POLICIES = {"dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable}  # else DispatchPolicy
+
+
+def main():
+    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable") \
+        else ("old", sys.argv[1])
+    first = 3 if mode == "spin" else 2
+    units = {b: int(sys.argv[i]) if len(sys.argv) > i else n
+             for i, (b, n) in enumerate(((1, 96), (2, 48), (4, 24)), first)}
+    units = {b: n for b, n in units.items() if n > 0}
+    target, draft, tok = builtin()
+    buckets = [1, 2, 4]
+    ctls = controllers(mode, arg, buckets)
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
     engine = SpecEngine(target, draft, spec, max_batch_size=4, max_seq_len=448, batch_buckets=buckets,
                         controller=ctls["static-4"], profile=Profile.load(PROFILE))
     engine.warmup()
-    ids = [tok.encode(p).ids[:128] for p in heldout_prompts(sum(b * n for b, n in units.items()))]
+    ids = [tok.encode(p).ids[:128] for p in heldout_prompts(615)]  # all of them, reused past 615
     sampling = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     names = list(ctls)
+    pairs = [(names[2], names[1]), (names[1], "static-4"), (names[2], "static-4")] if mode != "ks" else \
+        [(a, "static-4") for a in names[1:]] + [("dynamic-max4", "dynamic")]
     start = 0
     for b, n in units.items():
         walls = collections.defaultdict(list)
@@ -72,9 +163,10 @@ def main():
         rounds = collections.Counter()
         hist = collections.defaultdict(collections.Counter)
         for u in range(n):
-            group = ids[start + u * b:start + (u + 1) * b]
+            group = [ids[i % len(ids)] for i in range(start + u * b, start + (u + 1) * b)]
             for name in names[u % len(names):] + names[:u % len(names)]:
                 engine.controller = ctls[name]
+                engine._policy.__class__ = POLICIES.get(name, DispatchPolicy)
                 engine.stats.reset()
                 engine.reset_prefix_cache()
                 t0 = time.perf_counter()
@@ -91,7 +183,7 @@ def main():
             print(f"  {name}: median {b * 64 / np.median(walls[name]):.1f} tok/s, controller "
                   f"{host[name] * 1e3 / rounds[name]:.3f} ms a round over {rounds[name]} rounds, K "
                   + " ".join(f"K{k}:{100 * v / total:.0f}%" for k, v in sorted(h.items())))
-        for a, ref in (("new", "old"), ("old", "static-4"), ("new", "static-4")):
+        for a, ref in pairs:
             r = paired_ratio(walls[ref], walls[a])  # speed a / ref = ref's wall / a's, per unit
             print(f"  {a} / {ref}: {r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]")
         sys.stdout.flush()

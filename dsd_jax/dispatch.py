@@ -133,7 +133,7 @@ class DispatchPolicy:
         """Whether K > 0 is what a goodput controller holds (`Controller.current_k`), not a
         probe off a held K = 0: a lone row then runs ADAPTIVE_ROUNDS at once. Short
         dispatches cost rounds on XLA:CPU (dynamic's K=4 rounds at B=1 took 10.3 ms in
-        dispatches of 1-8 rounds, static-4's 9.8 in 32; 1.1% [0.1, 2.1] faster at B=1 with
+        dispatches of 1-8 rounds, static-4's 9.8 in 32; 1.8% [0.8, 2.7] faster at B=1 with
         this, `benchmarks/results/controller_host/`), and the probes at a held K = 0 keep
         their one-round dispatches and their spacing in choices. Not under several
         processes: their controllers keep their own state."""

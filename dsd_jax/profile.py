@@ -324,14 +324,13 @@ class Profile:
         # the two cells `_context_slice` would give, without interpolating its whole table
         # (the controller asks for one cell a round): the same arithmetic, so the same bits
         if context_len is None:
-            c0 = c1 = wc = 0
-            tab = self._table[0]
+            tab, nxt, wc = self._table[0], None, 0.0
         else:
             c0, c1, wc = _interp_index(self.context_lengths, _real_arg("context_len", context_len))
-            tab = self._table[c0]
+            tab, nxt = self._table[c0], self._table[c1]
 
         def cell(i):
-            return tab[i, k] if wc == 0.0 else (1.0 - wc) * tab[i, k] + wc * self._table[c1][i, k]
+            return tab[i, k] if wc == 0.0 else (1.0 - wc) * tab[i, k] + wc * nxt[i, k]
 
         if w == 0.0:
             return float(cell(i0))

@@ -1,15 +1,19 @@
-"""B=1: static-4 vs dynamic-max4 vs dynamic, per-dispatch structure and round times."""
+"""B=1 (or B=2: argv[2]): static-4, dynamic capped at K=4 and dynamic, paired; each one's
+dispatches (rounds a dispatch) and round times by K.
+
+    python benchmarks/results/controller_host/diag_b1.py UNITS [B]
+"""
 import collections, sys, time, statistics
 import numpy as np
 sys.path.insert(0, "benchmarks/results/controller_host")
 import engine_ab as E
 from dsd_jax import SamplingParams, SpecConfig, SpecEngine
 from dsd_jax.config import DynamicConfig
-from dsd_jax.controller import Controller
 from dsd_jax.models import builtin, heldout_prompts
 from dsd_jax.profile import Profile
 
 units = int(sys.argv[1])
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 buckets = [1, 2, 4]
 ctls = E.controllers("ks", None, buckets)
 ctls = {n: ctls[n] for n in ("static-4", "dynamic-max4", "dynamic")}
@@ -31,7 +35,7 @@ walls = collections.defaultdict(list); disp = collections.defaultdict(list); tra
 for u in range(units):
     for name in names[u % 3:] + names[:u % 3]:
         engine.controller = ctls[name]; engine.stats.reset(); engine.reset_prefix_cache(); log.clear()
-        t0 = time.perf_counter(); engine.generate([ids[u]], sampling); walls[name].append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); engine.generate(ids[u * B:(u + 1) * B], sampling); walls[name].append(time.perf_counter() - t0)
         disp[name].append(list(log)); traces[name].append(list(engine.stats.trace))
 for name in names:
     w = np.array(walls[name]) * 1e3

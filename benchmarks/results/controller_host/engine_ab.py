@@ -99,9 +99,10 @@ class HeldIsStable(DispatchPolicy):
 
 
 def controllers(mode: str, arg: str, buckets) -> dict:
-    """{name: controller} to pair: static K=4 for scale, then "old" (another checkout's, at
-    path `arg`) and "new" (this checkout's); or, in mode "spin", "new" and "new+spin" (`arg`
-    ms of busy host time a round)."""
+    """{name: controller} to pair in `mode` (the module docstring's): static K=4 for scale
+    first; in mode "old", another checkout's controller (at path `arg`) and this one's; in
+    mode "spin", `arg` ms of busy host time a round. A name in `POLICIES` runs under that
+    dispatch policy."""
     spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
     ctls = {"static-4": Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, 4,
                                    batch_buckets=buckets)}

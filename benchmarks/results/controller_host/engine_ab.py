@@ -24,6 +24,11 @@ and after it (`DispatchPolicy._holds`, s29):
 
     python benchmarks/results/controller_host/engine_ab.py lone [units_b1] [units_b2] [units_b4]
 
+`dispatch` pairs static-4 in its usual dispatches with static-4 in one-round dispatches
+(`OneRound`), dynamic beside them:
+
+    python benchmarks/results/controller_host/engine_ab.py dispatch [units_b1] [units_b2] [units_b4]
+
 `stable` pairs dynamic with dynamic under `HeldIsStable` (an experiment, not shipped):
 
     python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4]
@@ -98,6 +103,14 @@ class HeldIsStable(DispatchPolicy):
         return super().rounds(live, k, *args)
 
 
+class OneRound(DispatchPolicy):
+    """Every dispatch runs one round: what a dispatch costs beside its rounds."""
+
+    def rounds(self, live, k, *args):
+        super().rounds(live, k, *args)
+        return 1
+
+
 def controllers(mode: str, arg: str, buckets) -> dict:
     """{name: controller} to pair in `mode` (the module docstring's): static K=4 for scale
     first; in mode "old", another checkout's controller (at path `arg`) and this one's; in
@@ -113,6 +126,11 @@ def controllers(mode: str, arg: str, buckets) -> dict:
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
         capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
         ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        return ctls
+    if mode == "dispatch":  # static-4 in its usual dispatches (1, 32, ...) and in one-round ones
+        ctls["static-4-1round"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, 4,
+                                             batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
         return ctls
     if mode == "stable":  # dynamic as shipped and under `HeldIsStable`
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
@@ -135,11 +153,11 @@ def controllers(mode: str, arg: str, buckets) -> dict:
     return ctls
 
 
-POLICIES = {"dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable}  # else DispatchPolicy
+POLICIES = {"dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
 
 
 def main():
-    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable") \
+    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch") \
         else ("old", sys.argv[1])
     first = 3 if mode == "spin" else 2
     units = {b: int(sys.argv[i]) if len(sys.argv) > i else n

@@ -463,8 +463,8 @@ class RequestAcceptance:
         rows = np.asarray(rows, dtype=np.intp)
         memo, which = self._memo, rows.tobytes()
         if memo is not None and memo[0] == self._version and memo[1] == which and memo[2].shape[1] >= k:
-            est = memo[2][:, :k] if memo[2].shape[1] > k else memo[2]
-            return est.copy() if not est.flags.c_contiguous else est  # contiguous: sums as a fresh one
+            kept = memo[2]
+            return kept if kept.shape[1] == k else kept[:, :k].copy()  # contiguous: sums as a fresh one
         own = (self.accepted[rows, :k] + self._prior_counts[:k]) / (self.reached[rows, :k] + ROW_PRIOR_STEPS)
         est = np.cumprod(self._untried_at_least_last(own, rows, k), axis=-1)
         est.flags.writeable = False
@@ -484,7 +484,7 @@ class RequestAcceptance:
         if not grow.any():
             return own
         idx = np.flatnonzero(grow)
-        idx = idx[self.reached[np.asarray(rows)[idx], tried[idx] - 1] > 0]  # its own data at the last
+        idx = idx[self.reached[rows[idx], tried[idx] - 1] > 0]  # its own data at the last
         if not idx.size:
             return own
         last = own[idx, tried[idx] - 1][:, None]

@@ -17,13 +17,18 @@ import numpy as np
 from dsd_jax.request import Request
 from dsd_jax.step import MAX_ROUNDS
 
-__all__ = ["ADAPTIVE_ROUNDS", "DispatchPolicy", "STABLE_DECISIONS"]
+__all__ = ["ADAPTIVE_ROUNDS", "DispatchPolicy", "HELD_ROUNDS", "STABLE_DECISIONS"]
 
 STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run several rounds
 # Rounds a dispatch may run while the controller may change its mind (goodput: acceptance,
 # probes): it gets a say every ADAPTIVE_ROUNDS rounds. A choice the controller is `settled` on
 # may run MAX_ROUNDS (32): for plain decoding at B=1 that was 0.9% [0.2, 1.5] faster than 8.
 ADAPTIVE_ROUNDS = 8
+# Rounds a dispatch of several live rows may run at the K > 0 a goodput controller holds
+# (`DispatchPolicy._holds`): with no wait for equal choices and 16 rounds, dynamic ran 1.5%
+# [0.4, 2.7] faster at B=2 and 1.9% [0.2, 3.7] at B=4 on XLA:CPU (the same in a second run),
+# where a dispatch costs ~1 ms beside its rounds (`benchmarks/results/controller_host/`, s30).
+HELD_ROUNDS = 16
 
 
 class DispatchPolicy:
@@ -102,10 +107,10 @@ class DispatchPolicy:
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
         size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
-        lone row may run past its limit (the dispatch ends with it). A lone row at the K > 0
-        a goodput controller holds runs ADAPTIVE_ROUNDS at once, past its limit too
-        (`_holds`). Any other choice is
-        stable once the last STABLE_DECISIONS were this K, and gets a say every
+        lone row may run past its limit (the dispatch ends with it). The K > 0 a goodput
+        controller holds (`_holds`) is stable at once: a lone row runs ADAPTIVE_ROUNDS,
+        past its limit too, several rows HELD_ROUNDS with the length rule. Any other choice
+        is stable once the last STABLE_DECISIONS were this K, and gets a say every
         ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
         interval in choices, so fewer, longer dispatches would probe less often (with lone
         rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`;
@@ -118,25 +123,27 @@ class DispatchPolicy:
         # a stop string ends a row on the host, after the dispatch: the device runs the
         # dispatch out, so rows that have stop strings get ADAPTIVE_ROUNDS at most
         strings = any(r.params.stop for r in live)
-        if len(live) == 1 and not strings and (fixed or self._holds(k)):
+        held = not strings and self._holds(k)
+        if len(live) == 1 and (fixed and not strings or held):
             # the dispatch ends when its one row does, so its length limit does not count
             return MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
-        stable = fixed or (len(self._history) == STABLE_DECISIONS and all(x == k for x in self._history))
+        stable = fixed or held or (len(self._history) == STABLE_DECISIONS and all(x == k for x in self._history))
         if not stable:
             return 1
-        most = MAX_ROUNDS if fixed and not strings else ADAPTIVE_ROUNDS
+        most = MAX_ROUNDS if fixed and not strings else HELD_ROUNDS if held else ADAPTIVE_ROUNDS
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
         room = min(self.remaining(r) for r in live) - pending
         return int(np.clip(-(-room // (k + 1)), 1, most))
 
     def _holds(self, k: int) -> bool:
         """Whether K > 0 is what a goodput controller holds (`Controller.current_k`), not a
-        probe off a held K = 0: a lone row then runs ADAPTIVE_ROUNDS at once. Short
-        dispatches cost rounds on XLA:CPU (dynamic's K=4 rounds at B=1 took 10.3 ms in
-        dispatches of 1-8 rounds, static-4's 9.8 in 32; 1.8% [0.8, 2.7] faster at B=1 with
-        this, `benchmarks/results/controller_host/`), and the probes at a held K = 0 keep
-        their one-round dispatches and their spacing in choices. Not under several
-        processes: their controllers keep their own state."""
+        probe off a held K = 0: the choice is then stable at once (a lone row runs
+        ADAPTIVE_ROUNDS, several rows HELD_ROUNDS). Short dispatches cost rounds on XLA:CPU
+        (dynamic's K=4 rounds at B=1 took 10.3 ms in dispatches of 1-8 rounds, static-4's
+        9.8 in 32; 1.8% [0.8, 2.7] faster at B=1 with the lone-row rule, s29; 1.5-2.0% at
+        B=2-4 with several rows', s30: `benchmarks/results/controller_host/`), and the
+        probes at a held K = 0 keep their one-round dispatches and their spacing in
+        choices. Not under several processes: their controllers keep their own state."""
         if k == 0 or self.agreement is not None:
             return False
         ctl = self.controller

@@ -883,14 +883,15 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
     assert apart.rounds(live, 0, False, None, 1, 3, False) == 1  # not settled: three equal choices first
 
 
-def test_a_lone_row_at_the_k_goodput_holds_runs_adaptive_rounds_at_once(pair):
-    """A lone row at the K > 0 a goodput controller holds needs no three equal choices and
-    runs past its length limit (the dispatch ends with it): ADAPTIVE_ROUNDS at once. A probe
-    (a K the controller does not hold), two live rows, a queue, the dispatch after a prefill,
-    and several processes keep the rule before it."""
+def test_the_k_goodput_holds_needs_no_three_equal_choices(pair):
+    """At the K > 0 a goodput controller holds a dispatch needs no three equal choices: a
+    lone row runs past its length limit (the dispatch ends with it), ADAPTIVE_ROUNDS at
+    once; several rows run up to HELD_ROUNDS within the length rule. A probe (a K the
+    controller does not hold), a queue, the dispatch after a prefill, stop strings and
+    several processes keep the rule before it."""
     from dsd_jax.config import DynamicConfig
     from dsd_jax.controller import Controller
-    from dsd_jax.dispatch import ADAPTIVE_ROUNDS, DispatchPolicy
+    from dsd_jax.dispatch import ADAPTIVE_ROUNDS, HELD_ROUNDS, DispatchPolicy
     from dsd_jax.profile import Profile
     eng = make_engine(*pair, method="draft_model", max_seq_len=64, num_speculative_tokens=1)
     profile = Profile("cpu", [1, 2, 4], [0, 1], [[10.0, 11.0]] * 3, [0.9])
@@ -901,18 +902,28 @@ def test_a_lone_row_at_the_k_goodput_holds_runs_adaptive_rounds_at_once(pair):
     sp = SamplingParams(temperature=0.0, max_tokens=3)  # shorter than the rounds: runs on
     one = eng._make_requests(eng._check_call([[1, 2, 3]], sp))
     two = eng._make_requests(eng._check_call([[1, 2, 3], [4, 5]], sp))
+    long = SamplingParams(temperature=0.0, max_tokens=2 * HELD_ROUNDS + 8)  # more than the rounds need at K=1
+    two_long = eng._make_requests(eng._check_call([[1, 2, 3], [4, 5]], long))
+    stopping = eng._make_requests(eng._check_call([[1, 2, 3], [4, 5]], long))
+    for r in stopping:  # (this engine has no tokenizer to check stop strings against)
+        r.params = dataclasses.replace(r.params, stop=("x",))
     policy = eng._policy
     assert policy.rounds(one, 1, False, None, 1, 3, False) == ADAPTIVE_ROUNDS
     assert policy.rounds(one, 1, False, None, 1, 3, True) == 1  # right after a prefill
     assert policy.rounds(one, 1, True, None, 1, 3, False) == 1  # a request queued
     policy.begin_run()
-    assert policy.rounds(two, 1, False, None, 2, 3, False) == 1  # two rows: three equal choices first
+    assert policy.rounds(two_long, 1, False, None, 2, 3, False) == HELD_ROUNDS
+    assert policy.rounds(two, 1, False, None, 2, 3, False) == 2  # 3 tokens left, 2 a round at most
+    policy.begin_run()
+    assert policy.rounds(stopping, 1, False, None, 2, 3, False) == 1  # stop strings: three equal choices first
     eng.controller._cur = 0  # K=1 is now a probe off a held K=0
     policy.begin_run()
     assert policy.rounds(one, 1, False, None, 1, 3, False) == 1
+    assert policy.rounds(two_long, 1, False, None, 2, 3, False) == 1
     eng.controller._cur = 1
     apart = DispatchPolicy(eng.controller, eng.max_k, object(), eng._budget)  # as under jax.distributed
     assert apart.rounds(one, 1, False, None, 1, 3, False) == 1
+    assert apart.rounds(two_long, 1, False, None, 2, 3, False) == 1
 
 
 def test_engine_assigned_seeds_stay_off_the_seeds_users_pick():

@@ -31,11 +31,12 @@ class Logged(Controller):
         self.rounds.append((k, np.asarray(num_accepted).copy(), step_time_s))
 
 
-def main():
-    units = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+def run_b2(controller_class, units: int):
+    """Dynamic under a `controller_class` (a `Controller` keeping its rounds in `rounds`) on
+    `units` calls of two held-out prompts; returns the controller."""
     buckets = [1, 2, 4]
     spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
-    ctl = Logged(spec, Profile.load(PROFILE), 4, batch_buckets=buckets, history=1 << 20)
+    ctl = controller_class(spec, Profile.load(PROFILE), 4, batch_buckets=buckets, history=1 << 20)
     target, draft, tok = builtin()
     engine = SpecEngine(target, draft, spec, max_batch_size=4, max_seq_len=448, batch_buckets=buckets,
                         controller=ctl, profile=Profile.load(PROFILE))
@@ -46,6 +47,12 @@ def main():
     sampling = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     for u in range(units):
         engine.generate(ids[2 * u:2 * u + 2], sampling)
+    return ctl
+
+
+def main():
+    units = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    ctl = run_b2(Logged, units)
     log = ctl.calibration_log()[-len(ctl.rounds):]
     by_k = collections.defaultdict(lambda: collections.defaultdict(list))
     for (k, acc, t), rec in zip(ctl.rounds, log):

@@ -29,6 +29,16 @@ and after it (`DispatchPolicy._holds`, s29):
 
     python benchmarks/results/controller_host/engine_ab.py dispatch [units_b1] [units_b2] [units_b4]
 
+`latency` pairs dynamic with dynamic pricing steps at the profile's ITL as it is
+(`latency_forgetting=0`: no latency learning):
+
+    python benchmarks/results/controller_host/engine_ab.py latency [units_b1] [units_b2] [units_b4]
+
+`held` pairs dynamic under the dispatch policy before s30's held rounds
+(`HeldWaitsWithSeveralRows`) and after (`dispatch.HELD_ROUNDS`):
+
+    python benchmarks/results/controller_host/engine_ab.py held [units_b1] [units_b2] [units_b4]
+
 `stable` pairs dynamic with dynamic under `HeldIsStable` (an experiment, not shipped):
 
     python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4]
@@ -86,21 +96,36 @@ class SpinningController(Controller):
 
 
 class WithoutLoneRowRule(DispatchPolicy):
-    """The dispatch policy before `DispatchPolicy._holds` (s29): a lone row at the K a
-    goodput controller holds waits for three equal choices and keeps the length rule."""
+    """The dispatch policy before `DispatchPolicy._holds` (s29, and s30's held rounds): the K a
+    goodput controller holds waits for three equal choices and a lone row keeps the length rule."""
 
     def _holds(self, k):
         return False
 
 
 class HeldIsStable(DispatchPolicy):
-    """An experiment: the K > 0 a goodput controller holds counts as stable at once, at any
-    batch size (no wait for three equal choices; the length rule and 8 rounds stay)."""
+    """An experiment (s29): the K > 0 a goodput controller holds counts as stable at once, at any
+    batch size (no wait for three equal choices; the length rule and 8 rounds stay). Since
+    s30 the policy it extends does that itself, with 16 rounds (`dispatch.HELD_ROUNDS`):
+    `engine_stable.log` ran at s29's commit."""
 
     def rounds(self, live, k, *args):
         if self._holds(k):
             self._history.extend([k] * (STABLE_DECISIONS - 1))  # `rounds` appends the third
         return super().rounds(live, k, *args)
+
+
+class HeldWaitsWithSeveralRows(DispatchPolicy):
+    """The dispatch policy before s30's held rounds: several live rows at the K > 0 a goodput
+    controller holds wait for three equal choices and run ADAPTIVE_ROUNDS at most (a lone
+    row keeps the lone-row rule)."""
+
+    def rounds(self, live, k, *args):
+        self._lone = len(live) == 1
+        return super().rounds(live, k, *args)
+
+    def _holds(self, k):
+        return self._lone and super()._holds(k)
 
 
 class OneRound(DispatchPolicy):
@@ -136,6 +161,16 @@ def controllers(mode: str, arg: str, buckets) -> dict:
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
         ctls["dynamic-held-stable"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
         return ctls
+    if mode == "held":  # dynamic under the dispatch policy before s30's held rounds and after
+        ctls["dynamic-s29"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        return ctls
+    if mode == "latency":  # dynamic as shipped and with latency learning off (the profile's ITL as it is)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        fixed = SpecConfig(method="draft_model", num_speculative_tokens=6,
+                           dynamic=DynamicConfig(objective="makespan", latency_forgetting=0.0))
+        ctls["dynamic-profile-itl"] = Controller(fixed, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        return ctls
     if mode == "lone":  # dynamic under the dispatch policy before and after the lone-row rule
         ctls["dynamic-before"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
@@ -153,11 +188,11 @@ def controllers(mode: str, arg: str, buckets) -> dict:
     return ctls
 
 
-POLICIES = {"dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
+POLICIES = {"dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
 
 
 def main():
-    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch") \
+    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch", "latency", "held") \
         else ("old", sys.argv[1])
     first = 3 if mode == "spin" else 2
     units = {b: int(sys.argv[i]) if len(sys.argv) > i else n

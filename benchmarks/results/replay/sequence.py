@@ -11,7 +11,9 @@ time over each configuration's (geometric mean over orders [lowest, highest]):
 
 `--step-ratios BENCH_LOG`: steps cost the profile's ITL times the step-time ratios that
 run's controller learnt (`step_times.py`), where the controllers price with the profile.
-`--step-weighted`: `dynamic-old` beside `dynamic`, its rows shrunk toward the global
+`--dispatch-ms MS`: each dispatch costs MS beside its rounds (~1.35 on XLA:CPU, measured
+in the engine: `../controller_host/`). `--variants held=0,stable=2`: dynamic with
+those changes beside it (`variant`). `--step-weighted`: `dynamic-old` beside `dynamic`, its rows shrunk toward the global
 (step-weighted) rates as before `RequestAcceptance.shrink_target`. `--trace N`: order N at
 B = 1, prompt by prompt: dynamic's time and K per step beside static K = 4's and the best
 static K's (m: how many drafts from each position the target accepts).
@@ -51,11 +53,36 @@ def total_ms(ctl, sweep, order, b, profile, trace=None) -> float:
     return t
 
 
-def configs(profile, old: bool):
+def variant(profile, spec: str):
+    """A factory of dynamic with `spec`'s changes, e.g. "margin=0.06" (a `DynamicConfig`
+    field), "stable=2" (equal choices before a dispatch may run several rounds; the
+    engine's `dispatch.STABLE_DECISIONS`) or "held=0" (the held K's rounds for lone rows
+    only, as before s30), joined by "+"."""
+    fields, dispatch = {}, {}
+    for part in spec.split("+"):
+        name, value = part.split("=")
+        if name == "stable":
+            dispatch["stable_decisions"] = int(value)
+        elif name == "held":
+            dispatch["held_rounds"] = bool(int(value))
+        else:
+            fields[name] = float(value)
+
+    def make():
+        ctl = sim.make_dynamic(profile, **fields)
+        for name, value in dispatch.items():
+            setattr(ctl, name, value)
+        return ctl
+    return make
+
+
+def configs(profile, old: bool, variants=()):
     out = {f"static-{k}": (lambda k=k: sim.static_controller(k)) for k in STATIC}
     out["dynamic"] = lambda: sim.make_dynamic(profile)
     if old:
         out["dynamic-old"] = lambda: step_weighted(sim.make_dynamic(profile))
+    for spec in variants:
+        out[f"dynamic[{spec}]"] = variant(profile, spec)
     return out
 
 
@@ -110,7 +137,12 @@ def main():
                          "(step_times.py); the controllers still price with the profile")
     ap.add_argument("--step-ratios-config", default="dynamic-throughput",
                     help="whose learnt table to read from BENCH_LOG")
+    ap.add_argument("--dispatch-ms", type=float, default=sim.DISPATCH_MS,
+                    help="a dispatch's own cost beside its rounds (~1.35 measured on XLA:CPU in the engine)")
+    ap.add_argument("--variants", default="",
+                    help="dynamic variants beside it, comma-separated, e.g. held=0,stable=2 (`variant`)")
     args = ap.parse_args()
+    sim.DISPATCH_MS = args.dispatch_ms
     sweep = json.load(open(args.sweep))
     profile = Profile.load(args.profile)
     if args.trace is not None:
@@ -120,7 +152,8 @@ def main():
     if args.step_ratios:
         steps_at = measured_profile(args.profile, learnt_ratios(args.step_ratios, args.step_ratios_config))
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        print(summary(sweep, profile, b, args.orders, configs(profile, args.step_weighted), steps_at), flush=True)
+        print(summary(sweep, profile, b, args.orders, configs(profile, args.step_weighted,
+                                                                   [v for v in args.variants.split(",") if v]), steps_at), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ when admission left the draft out because the controller held K = 0:
 `SpecEngine._draft_now`). The engine's dispatch logic is mimicked: one dispatch in flight
 (the controller chooses the next K before it has seen the last dispatch's rounds), a
 choice repeated STABLE_DECISIONS times runs up to ADAPTIVE_ROUNDS rounds (MAX_ROUNDS when
-the controller is settled), no dispatch behind one that finishes every live row.
+the controller is settled), the K > 0 a goodput controller holds is stable at once
+(`DispatchPolicy._holds`: a lone row runs ADAPTIVE_ROUNDS, several rows HELD_ROUNDS; both
+since s30 here), no dispatch behind one that finishes every live row.
 Prefill, step-time noise and the host's own time are left out: this ranks controller
 rules (one controller through every point, as in the bench), the bench A/B judges them.
 """
@@ -32,7 +34,10 @@ from dsd_jax.profile import Profile
 from dsd_jax.step import MAX_ROUNDS
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]
-DISPATCH_MS = 0.05  # host cost of one dispatch (issue 13's step parts: ~1% at 32 rounds)
+# A dispatch's own cost beside its rounds. Issue 13 took the host's part (~1% at 32 rounds);
+# measured on XLA:CPU in the engine it is ~1.3-1.4 ms (`../controller_host/`, s29-s30), and
+# what the replay says at B >= 2 depends on it (`sequence.py --dispatch-ms`).
+DISPATCH_MS = 0.05
 
 
 def make_dynamic(profile, max_k=6, **dynamic):
@@ -69,7 +74,11 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
     else:
         draft_now = ctl.spec.schedule_k(n) > 0
     lag = np.zeros(n, int) if draft_now else np.array(prompt_lens)  # positions the draft has not taken in
-    hist = collections.deque(maxlen=E.STABLE_DECISIONS)
+    # a variant's controller may carry its own count of equal choices, or keep a held K's
+    # rounds to lone rows (`sequence.py --variants`)
+    stable_decisions = getattr(ctl, "stable_decisions", E.STABLE_DECISIONS)
+    held_rounds = getattr(ctl, "held_rounds", True)
+    hist = collections.deque(maxlen=stable_decisions)
     inflight, prefilled, t = None, True, 0.0
     while (~done).any() or inflight:
         live = np.flatnonzero(~done)
@@ -84,15 +93,20 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
             hist.append(k)
             settled = getattr(ctl, "settled", None)
             fixed = bool(settled and settled(b, k, context))
-            stable = fixed or (len(hist) == E.STABLE_DECISIONS and all(x == k for x in hist))
-            if not stable or prefilled:
+            # `DispatchPolicy._holds` (a variant may keep it to lone rows, as before s30)
+            holds = k > 0 and ctl.mode == "goodput" and ctl.current_k == k and (b == 1 or held_rounds)
+            stable = fixed or holds or (len(hist) == stable_decisions and all(x == k for x in hist))
+            if prefilled:
                 rounds = 1
-            elif fixed and b == 1:
-                rounds = MAX_ROUNDS
+            elif b == 1 and (fixed or holds):
+                rounds = MAX_ROUNDS if fixed else E.ADAPTIVE_ROUNDS
+            elif not stable:
+                rounds = 1
             else:
                 pending = 0 if inflight is None else inflight["rounds"] * (inflight["k"] + 1)
                 room = min(budgets[i] - host[i] for i in live) - pending
-                rounds = int(np.clip(-(-room // (k + 1)), 1, MAX_ROUNDS if fixed else E.ADAPTIVE_ROUNDS))
+                most = MAX_ROUNDS if fixed else E.HELD_ROUNDS if holds else E.ADAPTIVE_ROUNDS
+                rounds = int(np.clip(-(-room // (k + 1)), 1, most))
             prefilled = False
             bucket = bucket_for(b, BUCKETS)
             step_ms = float(lat.itl(bucket, lat.cached_context_key(context))[k])

@@ -8,40 +8,40 @@ The old controller is loaded from another checkout's modules (the new one is thi
 checkout's), so make one first:
 
     git worktree add --detach /tmp/old 856f6f2
-    python benchmarks/results/controller_host/engine_ab.py /tmp/old [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py /tmp/old [units_b1] [units_b2] [units_b4] [units_b8]
 
 `spin MS` pairs this checkout's controller with itself plus MS ms of busy host work a round
 instead (`SpinningController`): what a round's host time costs the engine here.
 
-    python benchmarks/results/controller_host/engine_ab.py spin 0.3 [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py spin 0.3 [units_b1] [units_b2] [units_b4] [units_b8]
 
 `ks` pairs static K=4, 5 and 6 with dynamic and dynamic capped at K=4 (max_k 4):
 
-    python benchmarks/results/controller_host/engine_ab.py ks [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py ks [units_b1] [units_b2] [units_b4] [units_b8]
 
 `lone` pairs dynamic under the dispatch policy before the lone-row rule (`WithoutLoneRowRule`)
 and after it (`DispatchPolicy._holds`, s29):
 
-    python benchmarks/results/controller_host/engine_ab.py lone [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py lone [units_b1] [units_b2] [units_b4] [units_b8]
 
 `dispatch` pairs static-4 in its usual dispatches with static-4 in one-round dispatches
 (`OneRound`), dynamic beside them:
 
-    python benchmarks/results/controller_host/engine_ab.py dispatch [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py dispatch [units_b1] [units_b2] [units_b4] [units_b8]
 
 `latency` pairs dynamic with dynamic pricing steps at the profile's ITL as it is
 (`latency_forgetting=0`: no latency learning):
 
-    python benchmarks/results/controller_host/engine_ab.py latency [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py latency [units_b1] [units_b2] [units_b4] [units_b8]
 
 `held` pairs dynamic under the dispatch policy before s30's held rounds
 (`HeldWaitsWithSeveralRows`) and after (`dispatch.HELD_ROUNDS`):
 
-    python benchmarks/results/controller_host/engine_ab.py held [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py held [units_b1] [units_b2] [units_b4] [units_b8]
 
 `stable` pairs dynamic with dynamic under `HeldIsStable` (an experiment, not shipped):
 
-    python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4]
+    python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4] [units_b8]
 """
 
 import collections
@@ -142,49 +142,49 @@ def controllers(mode: str, arg: str, buckets) -> dict:
     mode "spin", `arg` ms of busy host time a round. A name in `POLICIES` runs under that
     dispatch policy."""
     spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
-    ctls = {"static-4": Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, 4,
+    ctls = {"static-4": Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, buckets[-1],
                                    batch_buckets=buckets)}
     if mode == "ks":  # where dynamic's K goes wrong: fixed Ks around its choices, and dynamic capped at 4
         for k in (5, 6):
-            ctls[f"static-{k}"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=k), None, 4,
+            ctls[f"static-{k}"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=k), None, buckets[-1],
                                              batch_buckets=buckets)
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
-        ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "dispatch":  # static-4 in its usual dispatches (1, 32, ...) and in one-round ones
-        ctls["static-4-1round"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, 4,
+        ctls["static-4-1round"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, buckets[-1],
                                              batch_buckets=buckets)
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "stable":  # dynamic as shipped and under `HeldIsStable`
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
-        ctls["dynamic-held-stable"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic-held-stable"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "held":  # dynamic under the dispatch policy before s30's held rounds and after
-        ctls["dynamic-s29"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic-s29"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "latency":  # dynamic as shipped and with latency learning off (the profile's ITL as it is)
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         fixed = SpecConfig(method="draft_model", num_speculative_tokens=6,
                            dynamic=DynamicConfig(objective="makespan", latency_forgetting=0.0))
-        ctls["dynamic-profile-itl"] = Controller(fixed, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic-profile-itl"] = Controller(fixed, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "lone":  # dynamic under the dispatch policy before and after the lone-row rule
-        ctls["dynamic-before"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+        ctls["dynamic-before"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "spin":
-        ctls["new"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
-        ctls["new+spin"] = SpinningController(spec, Profile.load(PROFILE), 4, batch_buckets=buckets,
+        ctls["new"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["new+spin"] = SpinningController(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets,
                                               spin_ms=float(arg))
         return ctls
     old_ctl, old_cfg, old_prof = old_controller_module(arg)
     old_spec = old_cfg.SpecConfig(method="draft_model", num_speculative_tokens=6,
                                   dynamic=old_cfg.DynamicConfig(objective="makespan"))
-    ctls["old"] = old_ctl.Controller(old_spec, old_prof.Profile.load(PROFILE), 4, batch_buckets=buckets)
-    ctls["new"] = Controller(spec, Profile.load(PROFILE), 4, batch_buckets=buckets)
+    ctls["old"] = old_ctl.Controller(old_spec, old_prof.Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+    ctls["new"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
     return ctls
 
 
@@ -196,13 +196,13 @@ def main():
         else ("old", sys.argv[1])
     first = 3 if mode == "spin" else 2
     units = {b: int(sys.argv[i]) if len(sys.argv) > i else n
-             for i, (b, n) in enumerate(((1, 96), (2, 48), (4, 24)), first)}
+             for i, (b, n) in enumerate(((1, 96), (2, 48), (4, 24), (8, 0)), first)}
     units = {b: n for b, n in units.items() if n > 0}
     target, draft, tok = builtin()
-    buckets = [1, 2, 4]
+    buckets = [1, 2, 4, 8] if 8 in units else [1, 2, 4]  # bucket 8 only when asked: more to compile
     ctls = controllers(mode, arg, buckets)
     spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
-    engine = SpecEngine(target, draft, spec, max_batch_size=4, max_seq_len=448, batch_buckets=buckets,
+    engine = SpecEngine(target, draft, spec, max_batch_size=buckets[-1], max_seq_len=448, batch_buckets=buckets,
                         controller=ctls["static-4"], profile=Profile.load(PROFILE))
     engine.warmup()
     ids = [tok.encode(p).ids[:128] for p in heldout_prompts(615)]  # all of them, reused past 615

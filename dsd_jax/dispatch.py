@@ -26,8 +26,9 @@ STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run sever
 ADAPTIVE_ROUNDS = 8
 # Rounds a dispatch of several live rows may run at the K > 0 a goodput controller holds
 # (`DispatchPolicy._holds`): with no wait for equal choices and 16 rounds, dynamic ran 1.5%
-# [0.4, 2.7] faster at B=2 and 1.9% [0.2, 3.7] at B=4 on XLA:CPU (the same in a second run),
-# where a dispatch costs ~1 ms beside its rounds (`benchmarks/results/controller_host/`, s30).
+# [0.4, 2.7] faster at B=2, 1.9% [0.2, 3.7] at B=4 (the same in a second run) and 2.7%
+# [0.3, 5.0] at B=8 on XLA:CPU, where a dispatch costs ~1 ms beside its rounds
+# (`benchmarks/results/controller_host/`, s30).
 HELD_ROUNDS = 16
 
 

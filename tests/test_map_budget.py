@@ -3,6 +3,7 @@
 error instead, and nothing compiled before is lost. The limit is lowered on the engine's
 own budget, never on the system."""
 
+import contextlib
 import gc
 
 import pytest
@@ -14,17 +15,25 @@ from conftest import make_engine
 pytestmark = pytest.mark.skipif(MapBudget().limit is None, reason="needs /proc (Linux)")
 
 
+@contextlib.contextmanager
+def collector_off():
+    """No garbage collection meanwhile: another engine's maps freed under a compile make its
+    reading low (`MapBudget.measure` then records nothing)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def test_a_compile_past_the_map_limit_raises_and_loses_nothing(tiny_pair):
     """The garbage collector is off while the first step is measured: another engine's maps
     freed under its compile made it read nothing (once in twenty-four fresh clones)."""
     engine = make_engine(*tiny_pair, method="draft_model", num_speculative_tokens=2, max_seq_len=32)
     programs = engine.programs
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         programs.step(0, 4)
-    finally:
-        gc.enable()
     taken = programs._maps.per_program[("step", 0)]
     assert taken > 0  # a compiled program holds maps of its own
     system_limit = programs._maps.limit
@@ -46,16 +55,12 @@ def test_a_warmup_that_cannot_fit_its_steps_fails_before_compiling_them(tiny_pai
     engine = make_engine(*tiny_pair, method="draft_model", num_speculative_tokens=3, max_seq_len=32,
                          batch_buckets=(1, 2, 4))
     programs = engine.programs
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         programs.step(3, 1)  # the largest K: what a step takes here
         per_step = programs._maps.per_program[("step", 3)]
         programs._maps.limit = maps_in_use() + 3 * per_step
         with pytest.raises(MapLimitError, match=r"this engine's \d+ remaining programs"):
             engine.warmup(run=False)
-    finally:
-        gc.enable()
     assert list(programs._compiled) == [("step", 3, 1)]
 
 

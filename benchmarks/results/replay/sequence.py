@@ -12,10 +12,10 @@ time over each configuration's (geometric mean over orders [lowest, highest]):
 `--step-ratios BENCH_LOG`: steps cost the profile's ITL times the step-time ratios that
 run's controller learnt (`step_times.py`), where the controllers price with the profile.
 `--dispatch-ms MS`: each dispatch costs MS beside its rounds (~1.35 on XLA:CPU, measured
-in the engine: `../controller_host/`). `--variants held=0,stable=2`: dynamic with
-those changes beside it (`variant`). `--step-weighted`: `dynamic-old` beside `dynamic`, its rows shrunk toward the global
-(step-weighted) rates as before `RequestAcceptance.shrink_target`. `--trace N`: order N at
-B = 1, prompt by prompt: dynamic's time and K per step beside static K = 4's and the best
+in the engine: `../controller_host/`). `--variants held=0,stable=2`: dynamic with those
+changes beside it (`variant`). `--step-weighted`: `dynamic-old` beside `dynamic`, its rows
+shrunk toward the global (step-weighted) rates as before `RequestAcceptance.shrink_target`.
+`--trace N`: order N at B = 1, prompt by prompt: dynamic's time and K per step beside static K = 4's and the best
 static K's (m: how many drafts from each position the target accepts).
 """
 from __future__ import annotations

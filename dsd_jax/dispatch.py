@@ -42,12 +42,14 @@ class DispatchPolicy:
       budget: the most tokens a request may produce (its max_tokens within its slot).
     """
 
+    stable_decisions = STABLE_DECISIONS  # a class attribute: the replay's variants change it
+
     def __init__(self, controller, max_k: int, agreement, budget: Callable[[Request], int]):
         self.controller = controller
         self._max_k = max_k
         self.agreement = agreement
         self._budget = budget
-        self._history: collections.deque = collections.deque(maxlen=STABLE_DECISIONS)
+        self._history: collections.deque = collections.deque(maxlen=self.stable_decisions)
 
     def begin_run(self) -> None:
         """A run starts: the K choices of the last one do not make this one's stable."""
@@ -128,7 +130,7 @@ class DispatchPolicy:
         if len(live) == 1 and (fixed and not strings or held):
             # the dispatch ends when its one row does, so its length limit does not count
             return MAX_ROUNDS if fixed else ADAPTIVE_ROUNDS
-        stable = fixed or held or (len(self._history) == STABLE_DECISIONS and all(x == k for x in self._history))
+        stable = fixed or held or (len(self._history) == self.stable_decisions and all(x == k for x in self._history))
         if not stable:
             return 1
         most = MAX_ROUNDS if fixed and not strings else HELD_ROUNDS if held else ADAPTIVE_ROUNDS

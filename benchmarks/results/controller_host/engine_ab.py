@@ -42,6 +42,11 @@ and after it (`DispatchPolicy._holds`, s29):
 `stable` pairs dynamic with dynamic under `HeldIsStable` (an experiment, not shipped):
 
     python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4] [units_b8]
+
+`lowk` pairs dynamic with the small fixed Ks the profile ranks best at B=4-8: plain decoding
+(`vanilla`, K=0 every round), static-1 and static-2:
+
+    python benchmarks/results/controller_host/engine_ab.py lowk [units_b1] [units_b2] [units_b4] [units_b8]
 """
 
 import collections
@@ -152,6 +157,13 @@ def controllers(mode: str, arg: str, buckets) -> dict:
         capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
         ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
+    if mode == "lowk":  # where B=4-8's best static K is small: dynamic against K = 0, 1, 2
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
+        for k in (1, 2):
+            ctls[f"static-{k}"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=k), None, buckets[-1],
+                                             batch_buckets=buckets)
+        return ctls
     if mode == "dispatch":  # static-4 in its usual dispatches (1, 32, ...) and in one-round ones
         ctls["static-4-1round"] = Controller(SpecConfig(method="draft_model", num_speculative_tokens=4), None, buckets[-1],
                                              batch_buckets=buckets)
@@ -192,7 +204,7 @@ POLICIES = {"dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLo
 
 
 def main():
-    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch", "latency", "held") \
+    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch", "latency", "held", "lowk") \
         else ("old", sys.argv[1])
     first = 3 if mode == "spin" else 2
     units = {b: int(sys.argv[i]) if len(sys.argv) > i else n
@@ -208,8 +220,11 @@ def main():
     ids = [tok.encode(p).ids[:128] for p in heldout_prompts(615)]  # all of them, reused past 615
     sampling = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     names = list(ctls)
-    pairs = [(names[2], names[1]), (names[1], "static-4"), (names[2], "static-4")] if mode != "ks" else \
-        [(a, "static-4") for a in names[1:]] + [("dynamic-max4", "dynamic")]
+    pairs = [(names[2], names[1]), (names[1], "static-4"), (names[2], "static-4")]
+    if mode == "ks":
+        pairs = [(a, "static-4") for a in names[1:]] + [("dynamic-max4", "dynamic")]
+    if mode == "lowk":
+        pairs = [("dynamic", ref) for ref in names if ref != "dynamic"]
     start = 0
     for b, n in units.items():
         walls = collections.defaultdict(list)

@@ -26,6 +26,7 @@ import json
 import numpy as np
 
 import sim
+from dsd_jax.dispatch import DispatchPolicy
 from dsd_jax.profile import Profile
 from step_times import learnt_ratios, measured_profile
 
@@ -53,6 +54,21 @@ def total_ms(ctl, sweep, order, b, profile, trace=None) -> float:
     return t
 
 
+class VariantPolicy(DispatchPolicy):
+    """The engine's dispatch policy with `stable_decisions` equal choices before a dispatch
+    may run several rounds, and (`held_with_several_rows` False) the held K's rounds for
+    lone rows only, as before s30."""
+
+    held_with_several_rows = True
+
+    def rounds(self, live, k, *args, **kwargs):
+        self._several = len(live) > 1
+        return super().rounds(live, k, *args, **kwargs)
+
+    def _holds(self, k):
+        return (self.held_with_several_rows or not self._several) and super()._holds(k)
+
+
 def variant(profile, spec: str):
     """A factory of dynamic with `spec`'s changes, e.g. "margin=0.06" (a `DynamicConfig`
     field), "stable=2" (equal choices before a dispatch may run several rounds; the
@@ -64,14 +80,13 @@ def variant(profile, spec: str):
         if name == "stable":
             dispatch["stable_decisions"] = int(value)
         elif name == "held":
-            dispatch["held_rounds"] = bool(int(value))
+            dispatch["held_with_several_rows"] = bool(int(value))
         else:
             fields[name] = float(value)
 
     def make():
         ctl = sim.make_dynamic(profile, **fields)
-        for name, value in dispatch.items():
-            setattr(ctl, name, value)
+        ctl.dispatch_policy = type("Variant", (VariantPolicy,), dispatch)  # what `sim.run_unit` dispatches with
         return ctl
     return make
 

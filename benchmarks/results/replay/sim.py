@@ -7,12 +7,10 @@ With greedy drafting a step at position p with K drafts accepts min(m[p], K), m 
 draft's catch-up from the profile's `catchup_ms`: a K > 0 round first takes in, in
 32-token chunks, what its rows emitted since their last K > 0 round (their prompts too
 when admission left the draft out because the controller held K = 0:
-`SpecEngine._draft_now`). The engine's dispatch logic is mimicked: one dispatch in flight
-(the controller chooses the next K before it has seen the last dispatch's rounds), a
-choice repeated STABLE_DECISIONS times runs up to ADAPTIVE_ROUNDS rounds (MAX_ROUNDS when
-the controller is settled), the K > 0 a goodput controller holds is stable at once
-(`DispatchPolicy._holds`: a lone row runs ADAPTIVE_ROUNDS, several rows HELD_ROUNDS; both
-since s30 here), no dispatch behind one that finishes every live row.
+`SpecEngine._draft_now`). The engine's dispatches are replayed with its own
+`DispatchPolicy` (K, rounds, the draft at admission, no dispatch behind one that finishes
+every live row), one dispatch in flight: the controller chooses the next K before it has
+seen the last dispatch's rounds. (Until s31 the replay mimicked the policy in its own code.)
 Prefill, step-time noise and the host's own time are left out: this ranks controller
 rules (one controller through every point, as in the bench), the bench A/B judges them.
 """
@@ -20,20 +18,22 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 
-from dsd_jax import dispatch as E  # STABLE_DECISIONS, ADAPTIVE_ROUNDS (in engine.py until 2026-11-26)
 from dsd_jax.bench.settings import resolve
 from dsd_jax.bench.workloads import prompt_groups, rollout_lengths
 from dsd_jax.buckets import bucket_for
 from dsd_jax.config import DynamicConfig, SpecConfig
 from dsd_jax.controller import Controller
+from dsd_jax.dispatch import DispatchPolicy
 from dsd_jax.profile import Profile
-from dsd_jax.step import MAX_ROUNDS
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]
+MAX_K = 6  # the engine's largest K: the bench's controllers share one engine
 # A dispatch's own cost beside its rounds. Issue 13 took the host's part (~1% at 32 rounds);
 # measured on XLA:CPU in the engine it is ~1.3-1.4 ms (`../controller_host/`, s29-s30), and
 # what the replay says at B >= 2 depends on it (`sequence.py --dispatch-ms`).
@@ -60,6 +60,32 @@ def catchup_ms(profile, bucket, tokens):
     return -(-tokens // c["chunk"]) * float(np.interp(bucket, profile.batch_sizes, c["ms"]))
 
 
+class _Row:
+    """What `DispatchPolicy` reads of a request: its id, its stop strings (none here) and
+    the tokens the host has of it (`host[index]`)."""
+
+    params = SimpleNamespace(stop=())
+
+    def __init__(self, index: int, request_id: int, host: np.ndarray):
+        self.index, self.request_id, self._host = index, request_id, host
+
+    @property
+    def tokens(self):
+        return range(int(self._host[self.index]))
+
+
+@dataclasses.dataclass
+class _Dispatch:
+    """A dispatch in flight: its rows (`snapshot`), rounds and K as `DispatchPolicy` reads
+    them, and what its rounds accepted (`out`: (running rows, accepted) a round) at `ms` a round."""
+
+    snapshot: list
+    rounds: int
+    k: int
+    out: list
+    ms: float
+
+
 def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
     """Simulated ms for one generate of these rows (agreement rows, per-row budgets)."""
     lat = ctl_latency(profile)
@@ -68,45 +94,22 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
     pos = np.zeros(n, int)  # tokens emitted on the device
     host = np.zeros(n, int)  # tokens the host has processed
     done = np.zeros(n, bool)  # finished, as the host knows
-    # admission prefills the draft only where the controller would speculate (`SpecEngine._draft_now`)
-    if ctl.mode == "goodput":
-        draft_now = ctl.held_k(n, request_ids=list(ids), remaining=budgets.tolist()) > 0
-    else:
-        draft_now = ctl.spec.schedule_k(n) > 0
+    rows = [_Row(i, ids[i], host) for i in range(n)]
+    # the engine's own dispatch policy (a variant's controller may carry a subclass: `sequence.py --variants`)
+    policy = getattr(ctl, "dispatch_policy", DispatchPolicy)(ctl, MAX_K, None, lambda r: int(budgets[r.index]))
+    # admission prefills the draft only where the controller would speculate
+    draft_now = policy.draft_at_admission(n, rows, refilled=False)
     lag = np.zeros(n, int) if draft_now else np.array(prompt_lens)  # positions the draft has not taken in
-    # a variant's controller may carry its own count of equal choices, or keep a held K's
-    # rounds to lone rows (`sequence.py --variants`)
-    stable_decisions = getattr(ctl, "stable_decisions", E.STABLE_DECISIONS)
-    held_rounds = getattr(ctl, "held_rounds", True)
-    hist = collections.deque(maxlen=stable_decisions)
     inflight, prefilled, t = None, True, 0.0
     while (~done).any() or inflight:
         live = np.flatnonzero(~done)
+        live_rows = [rows[i] for i in live]
         dispatched = None
-        finishing = inflight is not None and all(
-            i in inflight["rows"] and budgets[i] - host[i] <= inflight["rounds"] for i in live)
-        if len(live) and not finishing:
+        if len(live) and not policy.finishes_in_flight(live_rows, inflight):
             b = len(live)
             context = int(max(prompt_lens[i] + host[i] for i in live))
-            k = int(ctl.choose_k(b, context_len=context, request_ids=[ids[i] for i in live],
-                                 remaining=[int(budgets[i] - host[i]) for i in live]))
-            hist.append(k)
-            settled = getattr(ctl, "settled", None)
-            fixed = bool(settled and settled(b, k, context))
-            # `DispatchPolicy._holds` (a variant may keep it to lone rows, as before s30)
-            holds = k > 0 and ctl.mode == "goodput" and ctl.current_k == k and (b == 1 or held_rounds)
-            stable = fixed or holds or (len(hist) == stable_decisions and all(x == k for x in hist))
-            if prefilled:
-                rounds = 1
-            elif b == 1 and (fixed or holds):
-                rounds = MAX_ROUNDS if fixed else E.ADAPTIVE_ROUNDS
-            elif not stable:
-                rounds = 1
-            else:
-                pending = 0 if inflight is None else inflight["rounds"] * (inflight["k"] + 1)
-                room = min(budgets[i] - host[i] for i in live) - pending
-                most = MAX_ROUNDS if fixed else E.HELD_ROUNDS if holds else E.ADAPTIVE_ROUNDS
-                rounds = int(np.clip(-(-room // (k + 1)), 1, most))
+            k = policy.choose_k(live_rows, b, context, refilled=False)
+            rounds = policy.rounds(live_rows, k, False, inflight, b, context, after_prefill=prefilled)
             prefilled = False
             bucket = bucket_for(b, BUCKETS)
             step_ms = float(lat.itl(bucket, lat.cached_context_key(context))[k])
@@ -127,16 +130,15 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
                 rounds_out.append((running, acc))
                 t += step_ms
             t += DISPATCH_MS
-            dispatched = {"rows": set(live.tolist()), "rounds": rounds, "k": k, "out": rounds_out, "ms": step_ms}
+            dispatched = _Dispatch(live_rows, rounds, k, rounds_out, step_ms)
         if inflight:
-            for running, acc in inflight["out"]:
-                ctl.observe(inflight["k"], acc, step_time_s=inflight["ms"] / 1e3,
-                            request_ids=[ids[i] for i in running])
+            for running, acc in inflight.out:
+                ctl.observe(inflight.k, acc, step_time_s=inflight.ms / 1e3, request_ids=[ids[i] for i in running])
                 for i, a in zip(running, acc):
                     host[i] = min(host[i] + a + 1, budgets[i])
                 if trace is not None:
-                    trace.append((inflight["k"], len(running), float(np.mean(acc))))
-            for i in inflight["rows"]:
+                    trace.append((inflight.k, len(running), float(np.mean(acc))))
+            for i in (r.index for r in inflight.snapshot):
                 if host[i] >= budgets[i] and not done[i]:
                     done[i] = True
                     forget = getattr(ctl, "forget_request", None)

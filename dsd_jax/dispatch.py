@@ -134,9 +134,14 @@ class DispatchPolicy:
         if not stable:
             return 1
         most = MAX_ROUNDS if fixed and not strings else HELD_ROUNDS if held else ADAPTIVE_ROUNDS
+        return int(np.clip(-(-self._room(live, inflight) // (k + 1)), 1, most))
+
+    def _room(self, live: list[Request], inflight: Any) -> int:
+        """Tokens every live row may still produce once the dispatch in flight is done, at
+        the fewest: their remaining budgets less what that dispatch may emit (K + 1 a round).
+        (The replay prices other rules: `benchmarks/results/replay/dispatch_variants.py`.)"""
         pending = 0 if inflight is None else inflight.rounds * (inflight.k + 1)
-        room = min(self.remaining(r) for r in live) - pending
-        return int(np.clip(-(-room // (k + 1)), 1, most))
+        return min(self.remaining(r) for r in live) - pending
 
     def _holds(self, k: int) -> bool:
         """Whether K > 0 is what a goodput controller holds (`Controller.current_k`), not a

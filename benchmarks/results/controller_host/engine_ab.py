@@ -43,6 +43,11 @@ and after it (`DispatchPolicy._holds`, s29):
 
     python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4] [units_b8]
 
+`held0` pairs dynamic under the dispatch policy before s31's held K = 0 (`HeldZeroWaits`: a
+held K = 0 waits for three equal choices and runs 8 rounds) and after, plain decoding beside:
+
+    python benchmarks/results/controller_host/engine_ab.py held0 [units_b1] [units_b2] [units_b4] [units_b8] [units_b16]
+
 `lowk` pairs dynamic with the small fixed Ks the profile ranks best at B=4-8: plain decoding
 (`vanilla`, K=0 every round), static-1 and static-2:
 
@@ -133,6 +138,15 @@ class HeldWaitsWithSeveralRows(DispatchPolicy):
         return self._lone and super()._holds(k)
 
 
+class HeldZeroWaits(DispatchPolicy):
+    """The dispatch policy before s31: only a K > 0 a goodput controller holds is stable at
+    once; a held K = 0 (never `settled` under the makespan objective) waits for three equal
+    choices and runs ADAPTIVE_ROUNDS."""
+
+    def _holds(self, k):
+        return k != 0 and super()._holds(k)
+
+
 class OneRound(DispatchPolicy):
     """Every dispatch runs one round: what a dispatch costs beside its rounds."""
 
@@ -156,6 +170,11 @@ def controllers(mode: str, arg: str, buckets) -> dict:
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
         ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        return ctls
+    if mode == "held0":  # dynamic under the dispatch policy before s31's held K = 0 and after
+        ctls["dynamic-s30"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "lowk":  # where B=4-8's best static K is small: dynamic against K = 0, 1, 2
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
@@ -200,18 +219,31 @@ def controllers(mode: str, arg: str, buckets) -> dict:
     return ctls
 
 
-POLICIES = {"dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
+# dispatches each configuration ran: `DispatchPolicy.rounds` is asked once a dispatch
+DISPATCHES: collections.Counter = collections.Counter()
+_RUNNING = [None]  # the configuration running now
+_policy_rounds = DispatchPolicy.rounds
+
+
+def _counted_rounds(self, *args, **kwargs):
+    DISPATCHES[_RUNNING[0]] += 1
+    return _policy_rounds(self, *args, **kwargs)
+
+
+DispatchPolicy.rounds = _counted_rounds
+
+POLICIES = {"dynamic-s30": HeldZeroWaits, "dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
 
 
 def main():
-    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch", "latency", "held", "lowk") \
+    mode, arg = (sys.argv[1], sys.argv[2] if sys.argv[1] == "spin" else None) if sys.argv[1] in ("spin", "ks", "lone", "stable", "dispatch", "latency", "held", "lowk", "held0") \
         else ("old", sys.argv[1])
     first = 3 if mode == "spin" else 2
     units = {b: int(sys.argv[i]) if len(sys.argv) > i else n
-             for i, (b, n) in enumerate(((1, 96), (2, 48), (4, 24), (8, 0)), first)}
+             for i, (b, n) in enumerate(((1, 96), (2, 48), (4, 24), (8, 0), (16, 0)), first)}
     units = {b: n for b, n in units.items() if n > 0}
     target, draft, tok = builtin()
-    buckets = [1, 2, 4, 8] if 8 in units else [1, 2, 4]  # bucket 8 only when asked: more to compile
+    buckets = [1, 2, 4] + [b for b in (8, 16) if b <= max(units)]  # buckets 8 and 16 only when asked: more to compile
     ctls = controllers(mode, arg, buckets)
     spec = SpecConfig(method="draft_model", num_speculative_tokens=6, dynamic=DynamicConfig(objective="makespan"))
     engine = SpecEngine(target, draft, spec, max_batch_size=buckets[-1], max_seq_len=448, batch_buckets=buckets,
@@ -223,18 +255,27 @@ def main():
     pairs = [(names[2], names[1]), (names[1], "static-4"), (names[2], "static-4")]
     if mode == "ks":
         pairs = [(a, "static-4") for a in names[1:]] + [("dynamic-max4", "dynamic")]
+    if mode == "held0":  # dynamic under the dispatch policy before s31's held K = 0 and after
+        ctls["dynamic-s30"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
+        return ctls
     if mode == "lowk":
         pairs = [("dynamic", ref) for ref in names if ref != "dynamic"]
+    if mode == "held0":
+        pairs += [("dynamic-s30", "vanilla"), ("dynamic", "vanilla")]
     start = 0
     for b, n in units.items():
         walls = collections.defaultdict(list)
         host = collections.defaultdict(float)
         rounds = collections.Counter()
         hist = collections.defaultdict(collections.Counter)
+        DISPATCHES.clear()
         for u in range(n):
             group = [ids[i % len(ids)] for i in range(start + u * b, start + (u + 1) * b)]
             for name in names[u % len(names):] + names[:u % len(names)]:
                 engine.controller = ctls[name]
+                _RUNNING[0] = name
                 engine._policy.__class__ = POLICIES.get(name, DispatchPolicy)
                 engine.stats.reset()
                 engine.reset_prefix_cache()
@@ -250,7 +291,8 @@ def main():
             h = hist[name]
             total = sum(h.values())
             print(f"  {name}: median {b * 64 / np.median(walls[name]):.1f} tok/s, controller "
-                  f"{host[name] * 1e3 / rounds[name]:.3f} ms a round over {rounds[name]} rounds, K "
+                  f"{host[name] * 1e3 / rounds[name]:.3f} ms a round over {rounds[name]} rounds, "
+                  f"{DISPATCHES[name] / n:.1f} dispatches a unit, K "
                   + " ".join(f"K{k}:{100 * v / total:.0f}%" for k, v in sorted(h.items())))
         for a, ref in pairs:
             r = paired_ratio(walls[ref], walls[a])  # speed a / ref = ref's wall / a's, per unit

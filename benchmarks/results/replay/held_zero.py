@@ -1,0 +1,55 @@
+"""Dynamic with a held K = 0 stable at once (s31, `DispatchPolicy._holds`) against the rule
+before (a held K = 0 waited for three equal choices and ran 8 rounds a dispatch: under the
+makespan objective it is never `settled`), at a dispatch's measured cost on XLA:CPU:
+
+    PYTHONPATH=. python held_zero.py sweep.json rollout.json ../bench_full_s28.profile.json --dispatch-ms 1.35
+
+Prints K = 0's time over each configuration's: the sweep in random orders as `sequence.py`
+does, then the bench's B=16 point and rollout as `sim.py` does (4 prompt orders).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import sequence
+import sim
+from dsd_jax.dispatch import DispatchPolicy
+from dsd_jax.profile import Profile
+
+
+class HeldZeroWaits(DispatchPolicy):
+    """The policy before s31: only a K > 0 a goodput controller holds is stable at once."""
+
+    def _holds(self, k):
+        return k != 0 and super()._holds(k)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sweep")
+    ap.add_argument("rollout")
+    ap.add_argument("profile")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    ap.add_argument("--orders", type=int, default=6)
+    ap.add_argument("--dispatch-ms", type=float, default=1.35)
+    args = ap.parse_args()
+    sim.DISPATCH_MS = args.dispatch_ms
+    sweep, rollout = (json.load(open(f)) for f in (args.sweep, args.rollout))
+    profile = Profile.load(args.profile)
+
+    def before():
+        ctl = sim.make_dynamic(profile)
+        ctl.dispatch_policy = HeldZeroWaits
+        return ctl
+    configs = {"static-0": lambda: sim.static_controller(0), "static-1": lambda: sim.static_controller(1),
+               "dynamic-s30": before, "dynamic": lambda: sim.make_dynamic(profile)}
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        print(sequence.summary(sweep, profile, b, args.orders, configs), flush=True)
+    workloads = [sim.Workload(sweep, rollout, batch_sizes=(16,), seed=s) for s in range(4)]
+    for name in ("static-1", "dynamic-s30", "dynamic"):
+        print(f"{name:12s}", sim.summary(sim.speedups(configs[name], workloads, profile)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

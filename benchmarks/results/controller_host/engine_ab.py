@@ -43,8 +43,8 @@ and after it (`DispatchPolicy._holds`, s29):
 
     python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4] [units_b8]
 
-`held0` pairs dynamic under the dispatch policy before s31's held K = 0 (`HeldZeroWaits`: a
-held K = 0 waits for three equal choices and runs 8 rounds) and after, plain decoding beside:
+`held0` pairs dynamic with dynamic under `HeldZero` (a candidate of s31, not shipped: a held
+K = 0 stable at once, as a held K > 0 is), plain decoding beside:
 
     python benchmarks/results/controller_host/engine_ab.py held0 [units_b1] [units_b2] [units_b4] [units_b8] [units_b16]
 
@@ -138,13 +138,16 @@ class HeldWaitsWithSeveralRows(DispatchPolicy):
         return self._lone and super()._holds(k)
 
 
-class HeldZeroWaits(DispatchPolicy):
-    """The dispatch policy before s31: only a K > 0 a goodput controller holds is stable at
-    once; a held K = 0 (never `settled` under the makespan objective) waits for three equal
-    choices and runs ADAPTIVE_ROUNDS."""
+class HeldZero(DispatchPolicy):
+    """A candidate (s31): a held K = 0 (never `settled` under the makespan objective, so it
+    waits for three equal choices and runs ADAPTIVE_ROUNDS) stable at once too, as a held
+    K > 0 is: several rows run HELD_ROUNDS."""
 
     def _holds(self, k):
-        return k != 0 and super()._holds(k)
+        if k == 0 and self.agreement is None:
+            ctl = self.controller
+            return getattr(ctl, "mode", None) == "goodput" and getattr(ctl, "current_k", None) == 0
+        return super()._holds(k)
 
 
 class OneRound(DispatchPolicy):
@@ -171,9 +174,9 @@ def controllers(mode: str, arg: str, buckets) -> dict:
         capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
         ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
-    if mode == "held0":  # dynamic under the dispatch policy before s31's held K = 0 and after
-        ctls["dynamic-s30"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+    if mode == "held0":  # dynamic as it is and under `HeldZero`
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic-held0"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "lowk":  # where B=4-8's best static K is small: dynamic against K = 0, 1, 2
@@ -232,7 +235,7 @@ def _counted_rounds(self, *args, **kwargs):
 
 DispatchPolicy.rounds = _counted_rounds
 
-POLICIES = {"dynamic-s30": HeldZeroWaits, "dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
+POLICIES = {"dynamic-held0": HeldZero, "dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
 
 
 def main():
@@ -255,15 +258,15 @@ def main():
     pairs = [(names[2], names[1]), (names[1], "static-4"), (names[2], "static-4")]
     if mode == "ks":
         pairs = [(a, "static-4") for a in names[1:]] + [("dynamic-max4", "dynamic")]
-    if mode == "held0":  # dynamic under the dispatch policy before s31's held K = 0 and after
-        ctls["dynamic-s30"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+    if mode == "held0":  # dynamic as it is and under `HeldZero`
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
+        ctls["dynamic-held0"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "lowk":
         pairs = [("dynamic", ref) for ref in names if ref != "dynamic"]
     if mode == "held0":
-        pairs += [("dynamic-s30", "vanilla"), ("dynamic", "vanilla")]
+        pairs += [("dynamic", "vanilla"), ("dynamic-held0", "vanilla")]
     start = 0
     for b, n in units.items():
         walls = collections.defaultdict(list)

@@ -1,6 +1,7 @@
-"""Dynamic with a held K = 0 stable at once (s31, `DispatchPolicy._holds`) against the rule
-before (a held K = 0 waited for three equal choices and ran 8 rounds a dispatch: under the
-makespan objective it is never `settled`), at a dispatch's measured cost on XLA:CPU:
+"""Dynamic with a held K = 0 stable at once (`HeldZero`, a candidate of s31, not shipped)
+against the policy as it is (a held K = 0 waits for three equal choices and runs 8 rounds a
+dispatch: under the makespan objective it is never `settled`), at a dispatch's measured
+cost on XLA:CPU:
 
     PYTHONPATH=. python held_zero.py sweep.json rollout.json ../bench_full_s28.profile.json --dispatch-ms 1.35
 
@@ -18,11 +19,14 @@ from dsd_jax.dispatch import DispatchPolicy
 from dsd_jax.profile import Profile
 
 
-class HeldZeroWaits(DispatchPolicy):
-    """The policy before s31: only a K > 0 a goodput controller holds is stable at once."""
+class HeldZero(DispatchPolicy):
+    """The policy with a held K = 0 stable at once too, as a held K > 0 is (`_holds`)."""
 
     def _holds(self, k):
-        return k != 0 and super()._holds(k)
+        if k == 0 and self.agreement is None:
+            ctl = self.controller
+            return getattr(ctl, "mode", None) == "goodput" and getattr(ctl, "current_k", None) == 0
+        return super()._holds(k)
 
 
 def main():
@@ -38,16 +42,16 @@ def main():
     sweep, rollout = (json.load(open(f)) for f in (args.sweep, args.rollout))
     profile = Profile.load(args.profile)
 
-    def before():
+    def held_zero():
         ctl = sim.make_dynamic(profile)
-        ctl.dispatch_policy = HeldZeroWaits
+        ctl.dispatch_policy = HeldZero
         return ctl
     configs = {"static-0": lambda: sim.static_controller(0), "static-1": lambda: sim.static_controller(1),
-               "dynamic-s30": before, "dynamic": lambda: sim.make_dynamic(profile)}
+               "dynamic": lambda: sim.make_dynamic(profile), "dynamic-held0": held_zero}
     for b in (int(x) for x in args.batch_sizes.split(",")):
         print(sequence.summary(sweep, profile, b, args.orders, configs), flush=True)
     workloads = [sim.Workload(sweep, rollout, batch_sizes=(16,), seed=s) for s in range(4)]
-    for name in ("static-1", "dynamic-s30", "dynamic"):
+    for name in ("static-1", "dynamic", "dynamic-held0"):
         print(f"{name:12s}", sim.summary(sim.speedups(configs[name], workloads, profile)), flush=True)
 
 

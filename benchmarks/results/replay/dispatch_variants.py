@@ -76,17 +76,9 @@ def main():
               "dynamic": lambda: sim.make_dynamic(profile)}
     rules = {"": None, "+oracle": room_policy(True, False), "+bucketed": room_policy(False, True),
              "+bucketed-oracle": room_policy(True, True)}
-
-    def under(make, policy):
-        def f():
-            ctl = make()
-            if policy is not None:
-                ctl.dispatch_policy = policy
-            return ctl
-        return f
     pure = sim._Dispatch
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        configs = {name + rule: under(make, policy) for name, make in makers.items() for rule, policy in rules.items()}
+        configs = {name + rule: sim.with_policy(make, policy) for name, make in makers.items() for rule, policy in rules.items()}
         print(sequence.summary(sweep, profile, b, args.orders, configs), flush=True)
         sim._Dispatch = SharedTiming
         print("  shared timing: " + sequence.summary(sweep, profile, b, args.orders, {

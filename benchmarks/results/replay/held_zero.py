@@ -41,13 +41,9 @@ def main():
     sim.DISPATCH_MS = args.dispatch_ms
     sweep, rollout = (json.load(open(f)) for f in (args.sweep, args.rollout))
     profile = Profile.load(args.profile)
-
-    def held_zero():
-        ctl = sim.make_dynamic(profile)
-        ctl.dispatch_policy = HeldZero
-        return ctl
+    dynamic = lambda: sim.make_dynamic(profile)  # noqa: E731
     configs = {"static-0": lambda: sim.static_controller(0), "static-1": lambda: sim.static_controller(1),
-               "dynamic": lambda: sim.make_dynamic(profile), "dynamic-held0": held_zero}
+               "dynamic": dynamic, "dynamic-held0": sim.with_policy(dynamic, HeldZero)}
     for b in (int(x) for x in args.batch_sizes.split(",")):
         print(sequence.summary(sweep, profile, b, args.orders, configs), flush=True)
     workloads = [sim.Workload(sweep, rollout, batch_sizes=(16,), seed=s) for s in range(4)]

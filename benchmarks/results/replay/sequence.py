@@ -84,11 +84,7 @@ def variant(profile, spec: str):
         else:
             fields[name] = float(value)
 
-    def make():
-        ctl = sim.make_dynamic(profile, **fields)
-        ctl.dispatch_policy = type("Variant", (VariantPolicy,), dispatch)  # what `sim.run_unit` dispatches with
-        return ctl
-    return make
+    return sim.with_policy(lambda: sim.make_dynamic(profile, **fields), type("Variant", (VariantPolicy,), dispatch))
 
 
 def configs(profile, old: bool, variants=()):

@@ -46,6 +46,17 @@ def make_dynamic(profile, max_k=6, **dynamic):
     return Controller(spec, profile, 64, batch_buckets=BUCKETS)
 
 
+def with_policy(make, policy):
+    """A factory of `make()`'s controller that `run_unit` dispatches under `policy` (a
+    `DispatchPolicy` subclass; None: the engine's own)."""
+    def make_under():
+        ctl = make()
+        if policy is not None:
+            ctl.dispatch_policy = policy
+        return ctl
+    return make_under
+
+
 def static_controller(k):
     """The bench's static-K controller (K = 0: plain decoding's)."""
     spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")

@@ -258,11 +258,6 @@ def main():
     pairs = [(names[2], names[1]), (names[1], "static-4"), (names[2], "static-4")]
     if mode == "ks":
         pairs = [(a, "static-4") for a in names[1:]] + [("dynamic-max4", "dynamic")]
-    if mode == "held0":  # dynamic as it is and under `HeldZero`
-        ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
-        ctls["dynamic-held0"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
-        ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
-        return ctls
     if mode == "lowk":
         pairs = [("dynamic", ref) for ref in names if ref != "dynamic"]
     if mode == "held0":

@@ -24,7 +24,7 @@ STABLE_DECISIONS = 3  # equal K choices in a row before a dispatch may run sever
 # probes): it gets a say every ADAPTIVE_ROUNDS rounds. A choice the controller is `settled` on
 # may run MAX_ROUNDS (32): for plain decoding at B=1 that was 0.9% [0.2, 1.5] faster than 8.
 ADAPTIVE_ROUNDS = 8
-# Rounds a dispatch of several live rows may run at the K > 0 a goodput controller holds
+# Rounds a dispatch of several live rows may run at the K a goodput controller holds
 # (`DispatchPolicy._holds`): with no wait for equal choices and 16 rounds, dynamic ran 1.5%
 # [0.4, 2.7] faster at B=2, 1.9% [0.2, 3.7] at B=4 (the same in a second run) and 2.7%
 # [0.3, 5.0] at B=8 on XLA:CPU, where a dispatch costs ~1 ms beside its rounds
@@ -110,9 +110,9 @@ class DispatchPolicy:
 
         Stable: a controller `settled` on K (every mode's K but goodput's follows the batch
         size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
-        lone row may run past its limit (the dispatch ends with it). The K > 0 a goodput
-        controller holds (`_holds`) is stable at once: a lone row runs ADAPTIVE_ROUNDS,
-        past its limit too, several rows HELD_ROUNDS with the length rule. Any other choice
+        lone row may run past its limit (the dispatch ends with it). The K a goodput
+        controller holds (`_holds`, K = 0 too) is stable at once: a lone row runs
+        ADAPTIVE_ROUNDS, past its limit too, several rows HELD_ROUNDS with the length rule. Any other choice
         is stable once the last STABLE_DECISIONS were this K, and gets a say every
         ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
         interval in choices, so fewer, longer dispatches would probe less often (with lone
@@ -144,15 +144,17 @@ class DispatchPolicy:
         return min(self.remaining(r) for r in live) - pending
 
     def _holds(self, k: int) -> bool:
-        """Whether K > 0 is what a goodput controller holds (`Controller.current_k`), not a
-        probe off a held K = 0: the choice is then stable at once (a lone row runs
-        ADAPTIVE_ROUNDS, several rows HELD_ROUNDS). Short dispatches cost rounds on XLA:CPU
-        (dynamic's K=4 rounds at B=1 took 10.3 ms in dispatches of 1-8 rounds, static-4's
-        9.8 in 32; 1.8% [0.8, 2.7] faster at B=1 with the lone-row rule, s29; 1.5-2.0% at
-        B=2-4 with several rows', s30: `benchmarks/results/controller_host/`), and the
-        probes at a held K = 0 keep their one-round dispatches and their spacing in
-        choices. Not under several processes: their controllers keep their own state."""
-        if k == 0 or self.agreement is not None:
+        """Whether K is what a goodput controller holds (`Controller.current_k`), not a
+        probe off it: the choice is then stable at once (a lone row runs ADAPTIVE_ROUNDS,
+        several rows HELD_ROUNDS). Short dispatches cost rounds on XLA:CPU (dynamic's K=4
+        rounds at B=1 took 10.3 ms in dispatches of 1-8 rounds, static-4's 9.8 in 32; 1.8%
+        [0.8, 2.7] faster at B=1 with the lone-row rule, s29; 1.5-2.0% at B=2-4 with
+        several rows', s30: `benchmarks/results/controller_host/`). A held K = 0 too (s32):
+        under the makespan objective it is never `settled` (its row moves as the budgets
+        shrink), so it waited for three equal choices and ran 8 rounds a dispatch where
+        plain decoding runs 32 (B=16: 11.8 dispatches a unit -> 5.3, speed +0.3% [-0.9,
+        +1.5]). Probes keep their one-round dispatches and their spacing in choices. Not under several processes: their controllers keep their own state."""
+        if self.agreement is not None:
             return False
         ctl = self.controller
         return getattr(ctl, "mode", None) == "goodput" and getattr(ctl, "current_k", None) == k

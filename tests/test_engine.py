@@ -884,11 +884,11 @@ def test_goodput_settled_on_k0_runs_long_dispatches_but_not_across_processes(pai
 
 
 def test_the_k_goodput_holds_needs_no_three_equal_choices(pair):
-    """At the K > 0 a goodput controller holds a dispatch needs no three equal choices: a
-    lone row runs past its length limit (the dispatch ends with it), ADAPTIVE_ROUNDS at
-    once; several rows run up to HELD_ROUNDS within the length rule. A probe (a K the
-    controller does not hold), a queue, the dispatch after a prefill, stop strings and
-    several processes keep the rule before it."""
+    """At the K a goodput controller holds (K = 0 too) a dispatch needs no three equal
+    choices: a lone row runs past its length limit (the dispatch ends with it),
+    ADAPTIVE_ROUNDS at once; several rows run up to HELD_ROUNDS within the length rule. A
+    probe (a K the controller does not hold), a queue, the dispatch after a prefill, stop
+    strings and several processes keep the rule before it."""
     from dsd_jax.config import DynamicConfig
     from dsd_jax.controller import Controller
     from dsd_jax.dispatch import ADAPTIVE_ROUNDS, HELD_ROUNDS, DispatchPolicy
@@ -920,6 +920,11 @@ def test_the_k_goodput_holds_needs_no_three_equal_choices(pair):
     policy.begin_run()
     assert policy.rounds(one, 1, False, None, 1, 3, False) == 1
     assert policy.rounds(two_long, 1, False, None, 2, 3, False) == 1
+    # the held K=0 itself (not `settled`: the goodput row beats it, as a makespan row may)
+    assert not eng.controller.settled(2, 0, 3)
+    assert policy.rounds(one, 0, False, None, 1, 3, False) == ADAPTIVE_ROUNDS
+    assert policy.rounds(two_long, 0, False, None, 2, 3, False) == HELD_ROUNDS
+    assert policy.rounds(two, 0, False, None, 2, 3, False) == 3  # 3 tokens left, 1 a round
     eng.controller._cur = 1
     apart = DispatchPolicy(eng.controller, eng.max_k, object(), eng._budget)  # as under jax.distributed
     assert apart.rounds(one, 1, False, None, 1, 3, False) == 1

@@ -43,8 +43,10 @@ and after it (`DispatchPolicy._holds`, s29):
 
     python benchmarks/results/controller_host/engine_ab.py stable [units_b1] [units_b2] [units_b4] [units_b8]
 
-`held0` pairs dynamic with dynamic under `HeldZero` (a candidate of s31, not shipped: a held
-K = 0 stable at once, as a held K > 0 is), plain decoding beside:
+`held0` pairs dynamic (since s32 a held K = 0 is stable at once, as a held K > 0 is) with
+dynamic under the policy before (`HeldZeroWaits`), plain decoding beside
+(`engine_held0_s32.log` ran before the change, with the candidate as "dynamic-held0" and the
+policy before as "dynamic"):
 
     python benchmarks/results/controller_host/engine_ab.py held0 [units_b1] [units_b2] [units_b4] [units_b8] [units_b16]
 
@@ -138,16 +140,13 @@ class HeldWaitsWithSeveralRows(DispatchPolicy):
         return self._lone and super()._holds(k)
 
 
-class HeldZero(DispatchPolicy):
-    """A candidate (s31): a held K = 0 (never `settled` under the makespan objective, so it
-    waits for three equal choices and runs ADAPTIVE_ROUNDS) stable at once too, as a held
-    K > 0 is: several rows run HELD_ROUNDS."""
+class HeldZeroWaits(DispatchPolicy):
+    """The dispatch policy before s32: only a held K > 0 is stable at once; a held K = 0 (never
+    `settled` under the makespan objective) waits for three equal choices and runs
+    ADAPTIVE_ROUNDS."""
 
     def _holds(self, k):
-        if k == 0 and self.agreement is None:
-            ctl = self.controller
-            return getattr(ctl, "mode", None) == "goodput" and getattr(ctl, "current_k", None) == 0
-        return super()._holds(k)
+        return k > 0 and super()._holds(k)
 
 
 class OneRound(DispatchPolicy):
@@ -174,9 +173,9 @@ def controllers(mode: str, arg: str, buckets) -> dict:
         capped = SpecConfig(method="draft_model", num_speculative_tokens=4, dynamic=DynamicConfig(objective="makespan"))
         ctls["dynamic-max4"] = Controller(capped, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         return ctls
-    if mode == "held0":  # dynamic as it is and under `HeldZero`
+    if mode == "held0":  # dynamic under the policy before s32 and as it is
+        ctls["dynamic-s31"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         ctls["dynamic"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
-        ctls["dynamic-held0"] = Controller(spec, Profile.load(PROFILE), buckets[-1], batch_buckets=buckets)
         ctls["vanilla"] = Controller(SpecConfig(method="none"), None, buckets[-1], batch_buckets=buckets)
         return ctls
     if mode == "lowk":  # where B=4-8's best static K is small: dynamic against K = 0, 1, 2
@@ -235,7 +234,7 @@ def _counted_rounds(self, *args, **kwargs):
 
 DispatchPolicy.rounds = _counted_rounds
 
-POLICIES = {"dynamic-held0": HeldZero, "dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
+POLICIES = {"dynamic-s31": HeldZeroWaits, "dynamic-s29": HeldWaitsWithSeveralRows, "dynamic-before": WithoutLoneRowRule, "dynamic-held-stable": HeldIsStable, "static-4-1round": OneRound}  # else DispatchPolicy
 
 
 def main():
@@ -261,7 +260,7 @@ def main():
     if mode == "lowk":
         pairs = [("dynamic", ref) for ref in names if ref != "dynamic"]
     if mode == "held0":
-        pairs += [("dynamic", "vanilla"), ("dynamic-held0", "vanilla")]
+        pairs += [("dynamic-s31", "vanilla"), ("dynamic", "vanilla")]
     start = 0
     for b, n in units.items():
         walls = collections.defaultdict(list)

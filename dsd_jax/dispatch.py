@@ -112,9 +112,9 @@ class DispatchPolicy:
         size alone; goodput holding K = 0 where it runs no probe) may run MAX_ROUNDS, and a
         lone row may run past its limit (the dispatch ends with it). The K a goodput
         controller holds (`_holds`, K = 0 too) is stable at once: a lone row runs
-        ADAPTIVE_ROUNDS, past its limit too, several rows HELD_ROUNDS with the length rule. Any other choice
-        is stable once the last STABLE_DECISIONS were this K, and gets a say every
-        ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
+        ADAPTIVE_ROUNDS, past its limit too, several rows HELD_ROUNDS with the length rule.
+        Any other choice is stable once the last STABLE_DECISIONS were this K, and gets a
+        say every ADAPTIVE_ROUNDS, with the length rule: the goodput controller counts its probe
         interval in choices, so fewer, longer dispatches would probe less often (with lone
         rows running on, dynamic held K=0 in 25% of its B=1 steps, not 16%; `fixed_k_rounds/`;
         counted in steps instead, probes cost B=16-64 6-7%: `probe_steps/`).
@@ -153,7 +153,8 @@ class DispatchPolicy:
         under the makespan objective it is never `settled` (its row moves as the budgets
         shrink), so it waited for three equal choices and ran 8 rounds a dispatch where
         plain decoding runs 32 (B=16: 11.8 dispatches a unit -> 5.3, speed +0.3% [-0.9,
-        +1.5]). Probes keep their one-round dispatches and their spacing in choices. Not under several processes: their controllers keep their own state."""
+        +1.5]). Probes keep their one-round dispatches and their spacing in choices. Not
+        under several processes: their controllers keep their own state."""
         if self.agreement is not None:
             return False
         ctl = self.controller

@@ -152,8 +152,8 @@ class DispatchPolicy:
         several rows', s30: `benchmarks/results/controller_host/`). A held K = 0 too (s32):
         under the makespan objective it is never `settled` (its row moves as the budgets
         shrink), so it waited for three equal choices and ran 8 rounds a dispatch where
-        plain decoding runs 32 (B=16: 11.8 dispatches a unit -> 5.3; speed +0.3% [-0.9,
-        1.5] in one A/B, +2.9% [1.6, 4.4] in another). Probes keep their one-round
+        plain decoding runs 32 (B=16: 11.8 dispatches a unit -> 5.3; speed +0.3% to +0.8%
+        in three A/Bs, +2.9% [1.6, 4.4] in a fourth). Probes keep their one-round
         dispatches and their spacing in choices. Not under several processes: their
         controllers keep their own state."""
         if self.agreement is not None:

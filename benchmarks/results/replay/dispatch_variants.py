@@ -64,11 +64,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("sweep")
     ap.add_argument("profile")
-    ap.add_argument("--batch-sizes", default="2,4,8")
-    ap.add_argument("--orders", type=int, default=6)
-    ap.add_argument("--dispatch-ms", type=float, default=1.35)
-    args = ap.parse_args()
-    sim.DISPATCH_MS = args.dispatch_ms
+    args = sim.parse_replay_args(ap, "2,4,8")
     sweep = json.load(open(args.sweep))
     profile = Profile.load(args.profile)
     makers = {"static-0": lambda: sim.static_controller(0), "static-1": lambda: sim.static_controller(1),

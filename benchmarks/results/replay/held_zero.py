@@ -33,11 +33,7 @@ def main():
     ap.add_argument("sweep")
     ap.add_argument("rollout")
     ap.add_argument("profile")
-    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
-    ap.add_argument("--orders", type=int, default=6)
-    ap.add_argument("--dispatch-ms", type=float, default=1.35)
-    args = ap.parse_args()
-    sim.DISPATCH_MS = args.dispatch_ms
+    args = sim.parse_replay_args(ap, "1,2,4,8,16,32,64")
     sweep, rollout = (json.load(open(f)) for f in (args.sweep, args.rollout))
     profile = Profile.load(args.profile)
     dynamic = lambda: sim.make_dynamic(profile)  # noqa: E731

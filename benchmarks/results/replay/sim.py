@@ -57,6 +57,19 @@ def with_policy(make, policy):
     return make_under
 
 
+def parse_replay_args(ap, batch_sizes: str):
+    """Adds what every sweep replay in random orders takes, --batch-sizes (default
+    `batch_sizes`), --orders (6) and --dispatch-ms (1.35: a dispatch's cost in the engine on
+    XLA:CPU, `../controller_host/`), parses the command line and prices dispatches at it."""
+    global DISPATCH_MS
+    ap.add_argument("--batch-sizes", default=batch_sizes)
+    ap.add_argument("--orders", type=int, default=6)
+    ap.add_argument("--dispatch-ms", type=float, default=1.35)
+    args = ap.parse_args()
+    DISPATCH_MS = args.dispatch_ms
+    return args
+
+
 def static_controller(k):
     """The bench's static-K controller (K = 0: plain decoding's)."""
     spec = SpecConfig(method="draft_model", num_speculative_tokens=k) if k else SpecConfig(method="none")

@@ -395,8 +395,10 @@ class SpecEngine:
     def _check_idle(self, what: str, harm: str = "its remaining tokens would come from the new "
                     "weights over the old weights' KV cache, a completion of neither policy") -> None:
         if self._run_lock.locked():
-            raise RuntimeError(f"{what} while a stream() is running: {harm}. Exhaust or close the "
-                               "stream (.close(), or leave its for loop) first")
+            raise RuntimeError(f"{what} while a stream() or generate() run is under way (a "
+                               f"ThreadedEngine's or SpecRollout's too): {harm}. Let it finish "
+                               "(a ThreadedEngine: .join()) or close the stream (.close(), or leave "
+                               "its for loop) first")
 
     def new_state(self):
         """A fresh device state (every slot free) in the engine's layout."""

@@ -45,6 +45,7 @@ class RolloutMemory:
     def add(self, prompt: Sequence[int], completion: Sequence[int], noise_seed: int | None = None) -> None:
         """Stores one finished completion of `prompt` (empty completions are skipped), with the
         seed its noise was drawn from (`RequestOutput.noise_seed`; the engine passes it)."""
+        completion = tuple(int(t) for t in completion)  # not `not completion`: a numpy array's truth
         if not completion:
             return
         key = tuple(int(t) for t in prompt)
@@ -54,4 +55,4 @@ class RolloutMemory:
             while len(self._store) > self.max_prompts:
                 self._store.popitem(last=False)
         self._store.move_to_end(key)
-        stored.append((tuple(int(t) for t in completion), None if noise_seed is None else int(noise_seed)))
+        stored.append((completion, None if noise_seed is None else int(noise_seed)))

@@ -131,7 +131,9 @@ class SamplingParams:
     probability 0, before everything else); None: every id. Distinct, non-empty, at most
     `MAX_ALLOWED_TOKEN_IDS` (4096), inside the vocabulary (checked by the engine).
     `n`: completions of the prompt (group sampling, as GRPO draws G per prompt). The
-    prompt is prefilled once; completion g draws from seed `seed + g`, or from an
+    prompt is prefilled once per admission (siblings admitted later, when the group has
+    more completions than free slots, share it as any prompt does: `share_prefixes`, 32
+    tokens or more); completion g draws from seed `seed + g`, or from an
     engine-assigned seed of its own. With a seed, completion g equals a single request
     with seed `seed + g` under `SpecConfig(acceptance="drafter_invariant")` (every output
     is token-identical to plain sampling with its seed). Under the default "rejection"

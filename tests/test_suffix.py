@@ -68,6 +68,16 @@ def test_rollout_memory_is_bounded():
         RolloutMemory(per_prompt=0)
 
 
+def test_rollout_memory_takes_numpy_completions():
+    """A rollout's tokens are numpy arrays: `not completion` raised on two or more tokens and
+    dropped a lone token 0 as empty."""
+    m = RolloutMemory()
+    m.add(np.array([9, 8]), np.array([0], np.int32))
+    m.add([9, 8], np.array([5, 6, 7]))
+    m.add([9, 8], np.array([], np.int32))  # empty: skipped
+    assert m.references([9, 8]) == [[0], [5, 6, 7]]
+
+
 @pytest.mark.parametrize("bad", [None, float("inf"), float("nan"), "8", True, 2.5, 2.0, 0])
 def test_rollout_memory_sizes_must_be_positive_integers(bad):
     for name in ("max_prompts", "per_prompt"):

@@ -340,6 +340,18 @@ def test_bad_rollout_config_values_are_named(rollout, field, value, match):
         rollout.generate(PROMPTS, config(**{field: value}))
 
 
+def test_prompt_errors_name_the_callers_index(rollout, monkeypatch):
+    """The engine sees one prompt per run of equal ones: its errors counted runs, so the
+    fourth prompt after a repeated one was "prompt 2"."""
+    tokenize = rollout._tokenize
+    monkeypatch.setattr(rollout, "_tokenize", lambda text: {"oops": [BOS, 999], "": []}[text]
+                        if text in ("oops", "") else tokenize(text))
+    with pytest.raises(ValueError, match=r"prompt 3 has token ids outside the policy's vocabulary \[0, 32\)"):
+        rollout.generate(["w3 w4", "w3 w4", "w5", "oops"], config())
+    with pytest.raises(ValueError, match=r"prompt 3 is empty"):
+        rollout.generate(["w3 w4", "w3 w4", "w5", ""], config())
+
+
 def test_an_eagle3_head_is_a_draft_as_is(policy, rollout):
     """draft= an EAGLE-3 head: not taken for a Tunix module; the default method is "eagle3",
     and greedy output equals the suffix rollout's (both lossless)."""

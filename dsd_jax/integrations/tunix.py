@@ -315,6 +315,16 @@ class SpecRollout(base_rollout.BaseRollout):
         bos = self._tokenizer.bos_id()
         return [int(t) for t in self._tokenizer.dedup_bos_ids(([bos] if bos else []) + ids)]
 
+    def _check_prompts(self, ids: list[list[int]]) -> None:
+        """Each prompt checked under the caller's index: the engine sees one prompt per run of
+        equal ones (`_group_runs`), so its messages would count runs."""
+        vocab = self.engine.target_config.vocab_size
+        for i, p in enumerate(ids):
+            if not p:
+                raise ValueError(f"prompt {i} is empty (no tokens)")
+            if min(p) < 0 or max(p) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside the policy's vocabulary [0, {vocab})")
+
     def _check_config(self, cfg) -> None:
         """The RolloutConfig fields the engine reads, checked under their own names (the
         engine's messages would name its fields, and a grouped run's index for a prompt's)."""
@@ -349,6 +359,7 @@ class SpecRollout(base_rollout.BaseRollout):
         cfg = rollout_config
         self._check_config(cfg)
         ids = [self._tokenize(p) for p in prompts]
+        self._check_prompts(ids)
         longest = max(len(p) for p in ids)
         width = cfg.max_prompt_length
         if width is None or width < longest:  # vanilla's rule: no truncation, a wider block

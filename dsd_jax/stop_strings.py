@@ -37,35 +37,44 @@ class Match(NamedTuple):
 
 class Text:
     """A completion's text as it grows: `text` is the decoded text of its first `read`
-    tokens, settled (no incomplete character at its end). Each call decodes the new tokens
-    with `CONTEXT_TOKENS` before them, not the whole completion: a scan per dispatch then
-    costs what the dispatch added, not what the completion holds."""
+    tokens, settled (no incomplete character at its end); `searched` counts the characters
+    of the completion's text already searched (or, `SamplingParams.min_tokens`, where no
+    match counts), which may run past `text` into characters settled before a last,
+    incomplete one. Each call decodes the new tokens with `CONTEXT_TOKENS` before them, not
+    the whole completion: a scan per dispatch then costs what the dispatch added, not what
+    the completion holds."""
 
     def __init__(self):
-        self.text, self.read = "", 0
+        self.text, self.read, self.searched = "", 0, 0
 
     def upto(self, decode: Callable[[list[int]], str], tokens: Sequence[int], n: int) -> tuple[str, bool]:
-        """(the text of the first n >= `read` tokens, whether it is settled); changes nothing."""
+        """(the text of the first n >= `read` tokens without an incomplete last character,
+        whether it had none); changes nothing."""
         start = max(0, self.read - CONTEXT_TOKENS)
         before = decode(list(tokens[start:self.read])) if start < self.read else ""
         whole = decode(list(tokens[start:n]))
         settled = not whole.endswith(INCOMPLETE)
         return self.text + whole[len(before):].rstrip(INCOMPLETE), settled
 
-    def extend(self, decode: Callable[[list[int]], str], tokens: Sequence[int]) -> None:
-        """Reads every token of `tokens` (the whole completion so far) it has not read; the
-        text stays as it was while the last character is incomplete."""
+    def extend(self, decode: Callable[[list[int]], str], tokens: Sequence[int]) -> str:
+        """Reads `tokens` (the whole completion so far) and counts their text as searched:
+        the text up to its incomplete last character, if any, which is returned. `text` and
+        `read` move only to a settled end (the next token may complete that character)."""
         text, settled = self.upto(decode, tokens, len(tokens))
         if settled:
             self.text, self.read = text, len(tokens)
+        self.searched = max(self.searched, len(text))
+        return text
 
 
 def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], at_least: int,
          stops: Sequence[str], text: Text, include: bool) -> Match | None:
-    """Looks for `stops` in the completion `tokens` and reads what `text` has not read of it
-    into `text`. A match must end past the text read before: that text was searched by an
-    earlier scan, or (`SamplingParams.min_tokens`, as vLLM) is the first tokens' text, where
-    no match counts.
+    """Looks for `stops` in the completion `tokens` and reads them into `text`. A match must
+    end past the text searched before: that text was searched by an earlier scan, or
+    (`SamplingParams.min_tokens`, as vLLM) is the first tokens' text, where no match counts.
+    A last character still incomplete (a byte-level tokenizer's multi-byte character split
+    between tokens) is left for the next scan; the text before it is searched now, so a
+    match is found in the dispatch whose token completes it.
 
     Returns the match that completes first, or None. Of two strings completed by the same
     token, the one that ends first in the text wins (then the one listed first). The kept
@@ -73,11 +82,11 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], at_least: in
     first min_tokens). `decode` is the tokenizer's (called on the new tokens and a few
     before them; again once per halving of the new tokens when a string is found)."""
     before = copy.copy(text)  # what earlier scans read
-    searched, read = len(before.text), before.read
-    text.extend(decode, tokens)
+    searched, read = before.searched, before.read
+    current = text.extend(decode, tokens)
     best = None
     for s in stops:
-        i = text.text.find(s, max(0, searched - len(s) + 1))  # may straddle the old end
+        i = current.find(s, max(0, searched - len(s) + 1))  # may straddle the old end
         if i >= 0 and (best is None or i + len(s) < best[0] + len(best[1])):
             best = (i, s)
     if best is None:
@@ -87,7 +96,7 @@ def scan(decode: Callable[[list[int]], str], tokens: Sequence[int], at_least: in
     def holds(n: int) -> bool:  # the first n tokens' text already holds the match
         return before.upto(decode, tokens, n)[0][i:i + len(s)] == s
 
-    lo, hi = max(at_least, read), text.read  # holds(hi): the match is in the text read
+    lo, hi = max(at_least, read), len(tokens)  # holds(hi): the match is in `current`
     while lo < hi:  # the fewest tokens whose text holds it (prefix texts grow monotonically)
         mid = (lo + hi) // 2
         if holds(mid):

@@ -92,6 +92,26 @@ def test_scan_waits_for_an_incomplete_character():
     assert hit == Match(cut + 2, 2, "\u6f22") and tok.decode(ids[:hit.keep]).endswith("\u6f22")
 
 
+def test_a_match_before_an_incomplete_character_is_found_at_once():
+    """A dispatch whose tokens complete "STOP" and end one byte into a CJK character: the
+    text before that character is searched now. It was left for the next dispatch, whose
+    tokens could no longer be cut back: the completion kept 7 tokens where vLLM keeps 5."""
+    from tokenizers import Tokenizer
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
+    ids = tok.encode("x = 1 STOP \u6f22 y").ids
+    need = next(n for n in range(1, len(ids) + 1) if "STOP" in tok.decode(ids[:n]))
+    cut = next(j for j, i in enumerate(ids) if tok.decode([i]) == "\ufffd") + 1
+    assert cut > need
+    text = Text()
+    assert _scan(tok.decode, ids[:cut], ["STOP"], text=text) == Match(need, 6, "STOP")
+    # under min_tokens the first tokens' text, up to the incomplete character, is not searched
+    text = Text()
+    text.extend(tok.decode, ids[:cut])
+    assert text.read < cut and text.searched == len("x = 1 STOP ")
+    assert _scan(tok.decode, ids, ["STOP"], at_least=cut + 1, text=text) is None
+
+
 def test_scan_with_the_builtin_tokenizer():
     from tokenizers import Tokenizer
     from dsd_jax.models.builtin import BUILTIN_DIR

@@ -309,6 +309,20 @@ _KEY_ALIASES = {
 NGRAM_MODEL = "[ngram]"  # vLLM V0's `speculative_model` for prompt lookup
 
 
+def _fill_lookup_sizes(kw: dict, v0: bool) -> None:
+    """vLLM's n-gram sizes in a speculative config: a bound not given (or null) is the other
+    one (vLLM V0's spelling: a missing minimum is 1), and with neither method "ngram" looks
+    up 5-grams only (vLLM's defaults; `SpecConfig`'s own are 1 and 3)."""
+    lo, hi = kw.pop("prompt_lookup_min", None), kw.pop("prompt_lookup_max", None)
+    if lo is None and hi is None:
+        lo = hi = 5 if kw.get("method") == "ngram" else None
+    elif lo is None:
+        lo = 1 if v0 else hi
+    elif hi is None:
+        hi = lo
+    kw.update({k: v for k, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)) if v is not None})
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """What to speculate with and how K is chosen (vLLM `speculative_config` names).
@@ -471,7 +485,9 @@ class SpecConfig:
         Accepts `speculative_disable_by_batch_size`, `speculative_model`,
         `num_speculative_tokens_per_bs` and vLLM V0's `ngram_prompt_lookup_max/min` as
         aliases, and V0's model "[ngram]" as method "ngram";
-        `"method": null` (or no method) means "draft_model". Unknown keys are errors.
+        `"method": null` (or no method) means "draft_model". N-gram sizes as vLLM fills
+        them (`_fill_lookup_sizes`: one bound given is both; method "ngram" with neither,
+        5 and 5). Unknown keys are errors.
         """
         if not isinstance(d, Mapping):
             raise ValueError(f"speculative config must be a dict, got {_show(d)}")
@@ -490,12 +506,15 @@ class SpecConfig:
             given[canon] = k
         if "method" in kw and kw["method"] is None:
             del kw["method"]
+        if kw.get("method") == NGRAM_MODEL:  # vLLM's spelling of "ngram" too
+            kw["method"] = "ngram"
         if kw.get("model") == NGRAM_MODEL:  # vLLM V0: prompt lookup, not a model path
             if kw.get("method", "ngram") != "ngram":
                 raise ValueError(f"model {NGRAM_MODEL!r} means method 'ngram' (vLLM V0), but "
                                  f"method {kw['method']!r} was given")
             del kw["model"]
             kw["method"] = "ngram"
+        _fill_lookup_sizes(kw, v0=any(k.startswith("ngram_prompt_lookup") for k in d))
         if "dynamic" in kw and kw["dynamic"] is not None and not isinstance(kw["dynamic"], Mapping):
             raise ValueError(f"dynamic must be a dict (or null), got {_show(kw['dynamic'])}")
         return cls(**kw)

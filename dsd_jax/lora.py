@@ -17,6 +17,7 @@ the program compiles once (`SpecRollout` runs a first sync when it is built).
 from __future__ import annotations
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -114,9 +115,9 @@ class LoraWeights:
     are kept, so give it buffers of its own on the engine's devices."""
 
     def __init__(self, mapping: param_mapping.ParamMapping, alpha: float, state, base):
+        if isinstance(alpha, (bool, str)) or not isinstance(alpha, numbers.Real) or not 0 < alpha < float("inf"):
+            raise ValueError(f"lora_alpha must be a positive number, got {alpha!r}")  # also NaN, "16"
         alpha = float(alpha)
-        if not 0 < alpha < float("inf"):
-            raise ValueError(f"lora_alpha must be a positive number, got {alpha!r}")
         self.mapping, self.alpha = mapping, alpha
         named, _ = param_mapping.flatten(state)
         _, adapters = split(named)

@@ -26,7 +26,8 @@ losses or weights stop the run before they are checkpointed.
 `--resume` continues the head in DIR: its config and draft vocabulary (an explicit
 `--draft-vocab`/`--intermediate` must agree), and, from `train_state/`, its weights,
 optimizer state and step, so the LR schedule (`--lr`, `--warmup`, the planned steps;
-override them by passing them) and the data order go on where the run stopped;
+override them by passing them) and the data order (its seed saved; another `--seed` is
+refused) go on where the run stopped;
 `--steps` is the total planned step count, as in the first run. `train_log.json` keeps
 the earlier runs' records under `previous_runs`. A head without a saved training state
 (an older one) resumes with a fresh optimizer and a new schedule from step 0, with a note.
@@ -270,7 +271,8 @@ def main(argv=None):
                          "(0: no limit, needs --steps)")
     ap.add_argument("--steps", type=positive_int, default=None,
                     help="planned steps (the LR schedule; with --resume, the total count)")
-    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--seed", type=nonneg_int, default=None,
+                    help="the head's initialisation and the data order (default 0; --resume: the run's own)")
     ap.add_argument("--batch", type=positive_int, default=4)
     ap.add_argument("--seq-len", type=positive_int, default=256)
     ap.add_argument("--ttt-steps", type=positive_int, default=4)
@@ -382,7 +384,7 @@ def main(argv=None):
             ap.error(f"--draft-vocab {draft_vocab} must be in 1..{tcfg.vocab_size} (the target's vocabulary)")
         cfg = head_config(tcfg, draft_vocab, args.intermediate or DEFAULTS["intermediate"])
         d2t = draft_vocabulary(stream, cfg.vocab_size, cfg.draft_vocab_size)
-        head = Eagle3Head(cfg, rngs=nnx.Rngs(args.seed))
+        head = Eagle3Head(cfg, rngs=nnx.Rngs(args.seed or 0))
         head.d2t.set_value(jnp.asarray(d2t))
         # warm start in the target's output space: its final norm and (tied) embedding rows
         head.norm.set_value(target.final_norm[...])
@@ -429,12 +431,18 @@ def main(argv=None):
         ap.error("--minutes 0 needs --steps")
     train_step = make_train_step(t_graph, h_graph, h_rest, opt, aux_layers, args.ttt_steps,
                                  jnp.asarray(d2t))
-    if start:  # the data order of an uninterrupted run: skip the batches already drawn
-        rng = np.random.default_rng(args.seed)
-        for _ in range(start):
-            rng.integers(0, len(stream) - L, size=args.batch)
-    else:
-        rng = np.random.default_rng(args.seed + (1 if args.resume else 0))
+    # the data order: a new schedule on resumed weights draws batches of its own (seed + 1);
+    # a resumed run goes on with its own order (the data seed it saved), skipping what it drew
+    seed = args.seed if args.seed is not None else int(state_info.get("seed", 0)) if start else 0
+    data_seed = seed + (1 if args.resume else 0)
+    if start:
+        if seed != int(state_info.get("seed", 0)):
+            ap.error(f"--resume: the run in {out} was started with --seed {state_info.get('seed', 0)}; "
+                     f"--seed {seed} would change its data order (leave --seed out, or pass --new-schedule)")
+        data_seed = int(state_info.get("data_seed", seed))  # saved since 2026-12-01; before, its seed
+    rng = np.random.default_rng(data_seed)
+    for _ in range(start):
+        rng.integers(0, len(stream) - L, size=args.batch)
 
     def next_batch():
         offs = rng.integers(0, len(stream) - L, size=args.batch)
@@ -463,7 +471,7 @@ def main(argv=None):
         # head it resumed, or one --overwrite asked to replace)
         save_eagle3(nnx.merge(h_graph, h_params, h_rest), out, dtype="bfloat16", overwrite=True)
         save_train_state(out, h_params, opt_state, {"step": done, "planned_steps": planned, "lr": lr,
-                                                    "warmup": warmup, "seed": args.seed})
+                                                    "warmup": warmup, "seed": seed, "data_seed": data_seed})
         record["planned_steps"], record["steps_done"] = planned, done
         record["log"] = lines[-300:]
         atomic_write(out / LOG_FILE, lambda f: f.write(json.dumps(record, indent=1) + "\n"))

@@ -161,6 +161,23 @@ def test_direct_construction_validates():
         SpecConfig(num_speculative_tokens_per_batch_size=[[1, 2, 3]], num_speculative_tokens=2)
 
 
+@pytest.mark.parametrize("given, sizes", [
+    ({"method": "ngram"}, (5, 5)),
+    ({"method": "ngram", "prompt_lookup_min": 5}, (5, 5)),
+    ({"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": None}, (4, 4)),
+    ({"method": "ngram", "prompt_lookup_max": None, "prompt_lookup_min": 2}, (2, 2)),
+    ({"speculative_model": "[ngram]", "ngram_prompt_lookup_max": 4}, (1, 4)),  # V0: the minimum 1
+    ({"method": "suffix"}, (1, 3)),  # not vLLM's method: our defaults
+    ({"method": "[ngram]", "prompt_lookup_max": 3}, (3, 3)),  # vLLM's other spelling of the method
+])
+def test_from_dict_fills_ngram_sizes_as_vllm(given, sizes):
+    """vLLM fills a missing (or null) bound from the other and uses 5-grams for "ngram"
+    without either; {"prompt_lookup_min": 5} was refused (min 5 > our default max 3) and
+    null was an error."""
+    spec = SpecConfig.from_dict(given)
+    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == sizes
+
+
 def test_prompt_lookup_max_has_a_ceiling():
     assert SpecConfig(method="ngram", prompt_lookup_max=64).prompt_lookup_max == 64
     for make in (lambda: SpecConfig(method="ngram", prompt_lookup_max=65),

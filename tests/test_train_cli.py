@@ -150,7 +150,7 @@ def tiny_e3(monkeypatch):
     target = models.init_model(models.ModelConfig(**TINY_TARGET), seed=0)
     tok = _load_tokenizer()
     monkeypatch.setattr(te, "builtin", lambda dtype="float32": (target, None, tok))
-    calls = {"steps": [], "stop_after": None}
+    calls = {"steps": [], "batches": [], "stop_after": None}
     make = te.make_train_step
 
     def make_recorded(*a, **k):
@@ -162,6 +162,7 @@ def tiny_e3(monkeypatch):
             adam = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
                     if isinstance(s, optax.ScaleByAdamState)]
             calls["steps"].append((int(adam[0].count), float(lr)))
+            calls["batches"].append(np.asarray(batch).tolist())
             return step(h, t, opt_state, batch, lr)
         return run
 
@@ -234,3 +235,26 @@ def test_eagle3_resume_continues_the_run(tmp_path, capsys, tiny_e3):
     assert "no saved training state" in capsys.readouterr().out
     assert tiny_e3["steps"][0][0] == 0
     assert len(json.loads((split / "train_log.json").read_text())["previous_runs"]) == 2
+
+
+def test_eagle3_resume_continues_a_new_schedules_data_order(tmp_path, capsys, tiny_e3):
+    """A --resume --new-schedule run draws batches of its own (seed + 1); interrupted and
+    resumed, it went on with the first run's order (seed), not its own. Another --seed on
+    a resume is refused: it would change the order."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    te.main(["--out", str(whole), "--steps", "2", "--ckpt-minutes", "0"] + E3)
+    shutil.copytree(whole, split)
+    cool_down = ["--resume", "--new-schedule", "--steps", "4", "--ckpt-minutes", "0"] + E3
+    tiny_e3["batches"].clear()
+    te.main(["--out", str(whole)] + cool_down)
+    uninterrupted = list(tiny_e3["batches"])
+    tiny_e3["batches"].clear()
+    tiny_e3["steps"].clear()
+    tiny_e3["stop_after"] = 2
+    with pytest.raises(KeyboardInterrupt):
+        te.main(["--out", str(split)] + cool_down)
+    tiny_e3["stop_after"] = None
+    err = _usage_error(capsys, te.main, ["--out", str(split), "--resume", "--seed", "3"] + E3)
+    assert "--seed 3 would change its data order" in err
+    te.main(["--out", str(split), "--resume"] + E3)
+    assert tiny_e3["batches"] == uninterrupted and len(uninterrupted) == 4

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -517,9 +518,10 @@ def test_lora_mistakes_are_named_and_change_nothing():
         SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=2.0)
     with pytest.raises(ValueError, match="lora_alpha is given but the policy has no LoRA adapters"):
         SpecRollout(rollout_actor=tiny_llama(0), tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=8.0)
-    with pytest.raises(ValueError, match="lora_alpha must be a positive number"):
-        SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=-1.0,
-                    check=False)
+    for alpha in (-1.0, "16", "sixteen", [16]):  # a string or list failed in float(), or "16" passed
+        with pytest.raises(ValueError, match=rf"lora_alpha must be a positive number, got {re.escape(repr(alpha))}"):
+            SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), lora_alpha=alpha,
+                        check=False)
     r = SpecRollout(rollout_actor=trainer, tokenizer=TOKENIZER, rollout_config=config(), max_batch_size=4,
                     prefill_chunk=16, spec=SpecConfig(method="ngram", num_speculative_tokens=2), lora_alpha=8.0)
     named, _ = param_mapping.flatten(nnx.state(trainer, nnx.LoRAParam))

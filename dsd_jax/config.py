@@ -311,12 +311,10 @@ NGRAM_MODEL = "[ngram]"  # vLLM V0's `speculative_model` for prompt lookup
 
 def _fill_lookup_sizes(kw: dict, v0: bool) -> None:
     """vLLM's n-gram sizes in a speculative config: a bound not given (or null) is the other
-    one (vLLM V0's spelling: a missing minimum is 1), and with neither method "ngram" looks
-    up 5-grams only (vLLM's defaults; `SpecConfig`'s own are 1 and 3)."""
+    one (vLLM V0's spelling: a missing minimum is 1). With neither, `SpecConfig`'s own (1 and
+    3; vLLM's are 5 and 5): a dict naming no size builds what `SpecConfig(**dict)` builds."""
     lo, hi = kw.pop("prompt_lookup_min", None), kw.pop("prompt_lookup_max", None)
-    if lo is None and hi is None:
-        lo = hi = 5 if kw.get("method") == "ngram" else None
-    elif lo is None:
+    if lo is None and hi is not None:
         lo = 1 if v0 else hi
     elif hi is None:
         hi = lo
@@ -486,8 +484,8 @@ class SpecConfig:
         `num_speculative_tokens_per_bs` and vLLM V0's `ngram_prompt_lookup_max/min` as
         aliases, and V0's model "[ngram]" as method "ngram";
         `"method": null` (or no method) means "draft_model". N-gram sizes as vLLM fills
-        them (`_fill_lookup_sizes`: one bound given is both; method "ngram" with neither,
-        5 and 5). Unknown keys are errors.
+        them (`_fill_lookup_sizes`: one bound given is both; with neither, ours). Unknown
+        keys are errors.
         """
         if not isinstance(d, Mapping):
             raise ValueError(f"speculative config must be a dict, got {_show(d)}")

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import (bad_words, compilation, drafters, inputs, kernels, multihost, prefix_sharing,
+from dsd_jax import (bad_words, compilation, detokenize, drafters, inputs, kernels, multihost, prefix_sharing,
                      stop_strings)
 from dsd_jax.buckets import (bucket_for, chunk_buckets, power_of_two_buckets, prefill_cost, prefill_pieces,
                              usable_chunks)
@@ -632,7 +632,7 @@ class SpecEngine:
         # a max_tokens that does not fit in the slot stops at max_seq_len, finish_reason
         # "length" (as vLLM's max_model_len)
         capped = [i for i, (prompt, sp, _) in enumerate(checked)
-                  if len(prompt) + sp.max_tokens > self.max_seq_len]
+                  if sp.max_tokens is not None and len(prompt) + sp.max_tokens > self.max_seq_len]
         if capped:
             self._warn_once("capped", f"{len(capped)} request(s) (first: prompt {capped[0]}) ask for more "
                             f"tokens than max_seq_len {self.max_seq_len} leaves after the prompt: they "
@@ -736,8 +736,14 @@ class SpecEngine:
                     yield index[req.request_id], new
         remember(memory, requests)
 
+    @property
+    def _decode(self) -> detokenize.Decode:
+        """The tokenizer's decode as the outputs' text needs it (special tokens skipped)."""
+        return detokenize.decoder(self.tokenizer)
+
     def _output(self, r: Request, return_logprobs: bool) -> RequestOutput:
-        text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
+        text = None if self.tokenizer is None else detokenize.completion_text(
+            self._decode, r.prompt, r.tokens, r.ended_by_stop_id, r.params.include_stop_str_in_output)
         if r.text_end is not None:  # a stop string ended it: the text ends there
             text = text[:r.text_end]
         # the n completions of a prompt share one prompt list and one prompt_logprobs list:
@@ -753,8 +759,9 @@ class SpecEngine:
     # ---- the loop -----------------------------------------------------------------------
     def _budget(self, r: Request) -> int:
         """Most tokens request r may produce: its max_tokens, capped by the slot's length
-        (`_warn_capped` says so when a call's max_tokens does not fit)."""
-        return min(r.params.max_tokens, self.max_seq_len - len(r.prompt))
+        (`_warn_capped` says so when a call's max_tokens does not fit; None: the slot's)."""
+        room = self.max_seq_len - len(r.prompt)
+        return room if r.params.max_tokens is None else min(r.params.max_tokens, room)
 
     def _place(self, new: list[Request], shards: list[list[Request]]) -> None:
         """Each new request goes to a data shard, at the end of its packed slots: as many to
@@ -864,7 +871,7 @@ class SpecEngine:
         real = lambda name, fill=0.0: field(lambda r: getattr(r.params, name), fill, np.float32)
         init = SlotInit(rows=field(lambda r: r.slot, self.slots_per_shard), length=field(lambda r: len(r.prompt)),
                         limit=field(lambda r: len(r.prompt) + self._budget(r)),
-                        min_length=field(lambda r: len(r.prompt) + r.params.min_tokens),
+                        min_length=field(lambda r: len(r.prompt) + min(r.params.min_tokens, self._budget(r))),
                         prompt_length=field(lambda r: len(r.prompt)),
                         temperature=real("temperature"), top_k=field(lambda r: r.params.top_k),
                         top_p=real("top_p", 1.0), min_p=real("min_p"),
@@ -1193,7 +1200,7 @@ class SpecEngine:
         if not new:
             return None
         committed, floor = len(r.tokens), r.params.min_tokens
-        decode = self.tokenizer.decode
+        decode = self._decode
         r.tokens += new  # scanned in place, then taken off again: no copy of the completion
         try:
             if len(r.tokens) <= floor:  # as vLLM, no match ends in the first min_tokens' text

@@ -71,9 +71,18 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # RequestOutput's
     text_end: int | None = None  # where the text ends when a stop string ended it
-    stop_text: Text = dataclasses.field(default_factory=Text)  # its text so far, with stop strings
+    stop_text: Text | None = None  # its text so far, with stop strings (read after the prompt's end)
     first_token_time: float | None = None
     finish_time: float | None = None
+
+    def __post_init__(self):
+        if self.stop_text is None:
+            self.stop_text = Text(self.prompt)
+
+    @property
+    def ended_by_stop_id(self) -> bool:
+        """Its last token is the stop id (or end-of-text id) that ended it."""
+        return self.finish_reason == "stop" and not self.stopped_on_host and self.params.include_stop_token
 
     @property
     def stopped_on_host(self) -> bool:

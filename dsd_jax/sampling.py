@@ -96,7 +96,10 @@ class SamplingParams:
     vocabulary size keeps every token, as 0 does). In vLLM's order: min-p keeps the tokens
     at least min_p times as likely as the likeliest (after temperature), top-k then keeps
     every token tied with the k-th, and top-p applies to what top-k kept.
-    `seed` fixes the request's noise (an integer in [0, 2**32); None: the engine assigns one).
+    Greedy ignores the filters: they are reset to off (as vLLM), so a greedy row's
+    logprobs are the full distribution's whatever top_k, top_p or min_p it was given.
+    `seed` fixes the request's noise (an integer in [0, 2**32); None or vLLM's -1: the
+    engine assigns one).
     `stop_token_ids`: token ids that end the completion (a sequence, or one id; a repeated
     id is kept once, at its first place: at most `state.MAX_STOP_IDS` (8) distinct ids).
     `include_stop_token`: whether a matched stop id is part of the returned tokens.
@@ -109,6 +112,7 @@ class SamplingParams:
     temperature and the filters, in the target's distribution and the drafter's alike (so
     the output is an exact sample of that law), and a stop string must end after them.
     At most `max_tokens`; a slot too short for it still ends at max_seq_len ("length").
+    `max_tokens` None (vLLM's): as many as the slot holds after the prompt.
     `ignore_eos` (vLLM's name): leave out the engine's end-of-text ids
     (`SpecEngine.eos_token_ids`, by default its tokenizer's), which otherwise end the
     completion as stop ids do; `stop_token_ids` still apply.
@@ -172,7 +176,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     stop_token_ids: Sequence[int] = ()
     seed: int | None = None
@@ -207,9 +211,12 @@ class SamplingParams:
         set_("min_p", _real("min_p", self.min_p))
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
+        if self.temperature == 0.0:  # vLLM's: greedy takes the argmax of the whole distribution
+            set_("top_k", 0), set_("top_p", 1.0), set_("min_p", 0.0)
+        if self.max_tokens is not None:  # None: what the slot holds (the engine's budget)
+            set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
         set_("min_tokens", _integer("min_tokens", self.min_tokens, 0))
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens "
                              f"({self.max_tokens})")
         set_("repetition_penalty", _real("repetition_penalty", self.repetition_penalty))
@@ -229,6 +236,8 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 set_(name, _integer(f"{name} (top log probabilities per token)", getattr(self, name), 0))
+        if is_integer(self.seed) and int(self.seed) == -1:
+            set_("seed", None)  # vLLM's "no seed"
         if self.seed is not None:  # the device keeps seeds as uint32: refuse, do not wrap
             set_("seed", _integer("seed", self.seed, 0, 2 ** 32 - 1))
         for name in ("include_stop_token", "ignore_eos", "include_stop_str_in_output"):

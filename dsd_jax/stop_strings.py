@@ -3,7 +3,7 @@
 The device ends a row at a stop token id by itself; a string can span tokens and a token
 can hold more than the string, so only text can find it. After each dispatch the engine
 decodes each such request's new tokens (`Text`: with a few before them, not the whole
-completion) and looks for its stop strings in the text not yet searched (plus the overlap
+completion; at first the prompt's last ones, `dsd_jax.detokenize`) and looks for its stop strings in the text not yet searched (plus the overlap
 a string could straddle). The completion then ends with the
 token that completed the first match, as if it had stopped there: the device's rounds
 after it are dropped, and the row's slot is freed like any finished one's.
@@ -18,15 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Callable, NamedTuple, Sequence
 
-# What a byte-level tokenizer decodes an incomplete UTF-8 sequence to. A completion's last
-# characters may be such a placeholder until the next token completes them, so the text
-# searched stops before them.
-INCOMPLETE = "\ufffd"
-# Tokens decoded again before new ones (vLLM's incremental detokenizing): a tokenizer may
-# decode a sequence's first token differently (a leading space dropped), and a character's
-# bytes may be split between tokens; a few tokens of context make the new text read as it
-# does in the whole text.
-CONTEXT_TOKENS = 6
+from dsd_jax.detokenize import CONTEXT_TOKENS, INCOMPLETE, text_after
 
 
 class Match(NamedTuple):
@@ -40,21 +32,20 @@ class Text:
     tokens, settled (no incomplete character at its end); `searched` counts the characters
     of the completion's text already searched (or, `SamplingParams.min_tokens`, where no
     match counts), which may run past `text` into characters settled before a last,
-    incomplete one. Each call decodes the new tokens with `CONTEXT_TOKENS` before them, not
-    the whole completion: a scan per dispatch then costs what the dispatch added, not what
-    the completion holds."""
+    incomplete one. Each call decodes the new tokens with `CONTEXT_TOKENS` before them (of
+    the `prompt`'s at first), not the whole completion: a scan per dispatch then costs what
+    the dispatch added, not what the completion holds."""
 
-    def __init__(self):
+    def __init__(self, prompt: Sequence[int] = ()):
         self.text, self.read, self.searched = "", 0, 0
+        self.prompt_tail = list(prompt[-CONTEXT_TOKENS:])
 
     def upto(self, decode: Callable[[list[int]], str], tokens: Sequence[int], n: int) -> tuple[str, bool]:
         """(the text of the first n >= `read` tokens without an incomplete last character,
         whether it had none); changes nothing."""
-        start = max(0, self.read - CONTEXT_TOKENS)
-        before = decode(list(tokens[start:self.read])) if start < self.read else ""
-        whole = decode(list(tokens[start:n]))
-        settled = not whole.endswith(INCOMPLETE)
-        return self.text + whole[len(before):].rstrip(INCOMPLETE), settled
+        context = (self.prompt_tail + list(tokens[max(0, self.read - CONTEXT_TOKENS):self.read]))[-CONTEXT_TOKENS:]
+        new = text_after(decode, context, tokens[self.read:n])
+        return self.text + new.rstrip(INCOMPLETE), not new.endswith(INCOMPLETE)
 
     def extend(self, decode: Callable[[list[int]], str], tokens: Sequence[int]) -> str:
         """Reads `tokens` (the whole completion so far) and counts their text as searched:

@@ -162,7 +162,7 @@ def test_direct_construction_validates():
 
 
 @pytest.mark.parametrize("given, sizes", [
-    ({"method": "ngram"}, (5, 5)),
+    ({"method": "ngram"}, (1, 3)),  # neither: ours, as SpecConfig(method="ngram") (vLLM's: 5 and 5)
     ({"method": "ngram", "prompt_lookup_min": 5}, (5, 5)),
     ({"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": None}, (4, 4)),
     ({"method": "ngram", "prompt_lookup_max": None, "prompt_lookup_min": 2}, (2, 2)),
@@ -171,9 +171,8 @@ def test_direct_construction_validates():
     ({"method": "[ngram]", "prompt_lookup_max": 3}, (3, 3)),  # vLLM's other spelling of the method
 ])
 def test_from_dict_fills_ngram_sizes_as_vllm(given, sizes):
-    """vLLM fills a missing (or null) bound from the other and uses 5-grams for "ngram"
-    without either; {"prompt_lookup_min": 5} was refused (min 5 > our default max 3) and
-    null was an error."""
+    """vLLM fills a missing (or null) bound from the other: {"prompt_lookup_min": 5} was
+    refused (min 5 > our default max 3) and null was an error."""
     spec = SpecConfig.from_dict(given)
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == sizes
 

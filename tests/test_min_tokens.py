@@ -82,6 +82,13 @@ def test_greedy_completions_hold_no_stop_id_before_min_tokens(pair):
     out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=16, min_tokens=4,
                                                        ignore_eos=True))[0]
     assert out.token_ids == free[0]
+    # max_tokens None (vLLM's: what the slot holds) with a min_tokens past the slot (2**31
+    # overflowed int32 at admission): every stop id banned to the slot's end
+    out = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=None, min_tokens=2 ** 31,
+                                                       stop_token_ids=stops[0]))[0]
+    room = engine.max_seq_len - len(PROMPTS[0])
+    assert out.finish_reason == "length"
+    assert out.token_ids == greedy_reference(target, PROMPTS[0], room, stops[0], room)
 
 
 def test_a_draft_equal_to_the_target_is_still_accepted_whole(pair):

@@ -208,13 +208,25 @@ def test_sampling_params_take_integers_and_refuse_floats_strings_and_bools():
     for kwargs, match in [
             (dict(n=2.0), r"n \(completions per prompt\) must be an integer, got 2.0"),
             (dict(top_k=True), "top_k"), (dict(max_tokens=4.5), "max_tokens"),
-            (dict(seed=2.5), "seed must be an integer, got 2.5"), (dict(seed=-1), "seed"),
+            (dict(seed=2.5), "seed must be an integer, got 2.5"), (dict(seed=-2), "seed"),
             (dict(seed=2 ** 32), "seed"), (dict(stop_token_ids=[1.9]), r"stop_token_ids\[0\].*1.9"),
             (dict(stop_token_ids=[3, True]), r"stop_token_ids\[1\]"),
             (dict(stop_token_ids="5"), "stop_token_ids"), (dict(temperature="0.5"), "temperature"),
             (dict(include_stop_token="False"), "include_stop_token")]:
         with pytest.raises(ValueError, match=match):
             SamplingParams(**kwargs)
+
+
+def test_sampling_params_read_vllms_conventions():
+    """vLLM's seed -1 (no seed), max_tokens None (what the context holds) and greedy's
+    filters reset to off (a greedy row's logprobs were renormalised over its top_k) were
+    refused or kept."""
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=np.int64(-1)).seed is None
+    assert SamplingParams(max_tokens=None, min_tokens=5).max_tokens is None
+    greedy = SamplingParams(temperature=0.0, top_k=5, top_p=0.5, min_p=0.1)
+    assert (greedy.top_k, greedy.top_p, greedy.min_p) == (0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="top_p must be in"):  # still checked
+        SamplingParams(temperature=0.0, top_p=2.0)
 
 
 def test_repeated_stop_ids_count_once():

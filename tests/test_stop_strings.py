@@ -267,3 +267,42 @@ def test_no_stop_string_ends_in_the_first_min_tokens(engine, pair):
     assert (outs[1].token_ids, outs[1].text, outs[1].stop_reason) == (ref[:5], text[:7], straddling)
     free = engine.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=20, stop=letter))[0]
     assert len(free.token_ids) <= 3  # without min_tokens the letter ends it in the first tokens
+
+
+def _words(vocab_size: int, special: int):
+    """A SentencePiece-style (Metaspace) tokenizer: id i reads " w{i}", id `special` is a
+    special token "<sp>"; as a `tokenizers.Tokenizer` and wrapped by transformers."""
+    from tokenizers import Tokenizer, decoders, models as wordlevel, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {f"\u2581w{i}": i for i in range(vocab_size) if i != special} | {"<sp>": special}
+    words = Tokenizer(wordlevel.WordLevel(vocab, unk_token="<sp>"))
+    words.pre_tokenizer, words.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    words.add_special_tokens(["<sp>"])
+    return words, PreTrainedTokenizerFast(tokenizer_object=words)
+
+
+def test_text_reads_as_after_the_prompt_as_vllm_gives_it(engine, pair):
+    """A SentencePiece tokenizer drops a sequence's leading space: decoded alone, the
+    completion lost its first token's space and a stop string starting with it never
+    matched. A transformers tokenizer's special tokens stayed in the text, and a stop id's
+    own text too (vLLM leaves it out unless include_stop_str_in_output)."""
+    engine.controller = FixedK([2])
+    ref = greedy_reference(pair[0], PROMPTS[2], 10)
+    special = next(t for t in ref[1:] if t != ref[0])
+    stop_id = next(t for t in ref[1:] if t not in (ref[0], special))
+    read = lambda ids: "".join(f" w{t}" for t in ids if t != special)  # noqa: E731
+    old = engine.tokenizer
+    try:
+        for engine.tokenizer in _words(pair[0].config.vocab_size, special):
+            out = engine.generate([PROMPTS[2]], SamplingParams(temperature=0.0, max_tokens=10))[0]
+            assert out.token_ids == ref and out.text == read(ref)
+            first = f" w{ref[0]}"
+            out = engine.generate([PROMPTS[2]], SamplingParams(temperature=0.0, max_tokens=10, stop=first))[0]
+            assert (out.token_ids, out.text, out.stop_reason) == (ref[:1], "", first)
+            kept = ref[:ref.index(stop_id) + 1]
+            for include in (False, True):
+                out = engine.generate([PROMPTS[2]], SamplingParams(
+                    temperature=0.0, max_tokens=10, stop_token_ids=[stop_id], include_stop_str_in_output=include))[0]
+                assert out.token_ids == kept and out.text == read(kept if include else kept[:-1])
+    finally:
+        engine.tokenizer = old

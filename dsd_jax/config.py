@@ -178,15 +178,16 @@ class DynamicConfig:
     warmup_steps: number of observed steps with K > 0 before live acceptance
         counts replace the profile's acceptance.
     forgetting: weight of the newest step in the exponential average of the live
-        acceptance, in (0, 1]; 1 keeps only the last step.
+        acceptance, in (0, 1]; 1 keeps only the last step for the drafts it ran (those
+        past its K fade at a quarter of the rate: `acceptance.STALE_FORGETTING`).
     margin: relative goodput gain needed to move off the current K (and off the
         initial K = 0); hysteresis against flapping between near-tied Ks.
     per_request: goodput = sum over requests of each request's own AL_r(K), divided
         by ITL(B, K). A request's acceptance is its own counts (with the same
         forgetting) shrunk toward the global estimate, at draft 1 toward the mean rate
         of recent finished requests once 4 ran drafts; the target weighs as 4 steps.
-    probe_interval: every `probe_interval`-th choice of K (one dispatch, up to 8
-        rounds) may be a probe. While the controller holds K = 0 at a batch size where
+    probe_interval: every `probe_interval`-th choice of K (one dispatch) may be a
+        probe. While the controller holds K = 0 at a batch size where
         the profile's acceptance would speculate (its best K ahead of K = 0 by more
         than `margin`), a probe runs that K instead, so
         live acceptance keeps being measured and can bring speculation back (without

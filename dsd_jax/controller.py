@@ -130,8 +130,9 @@ class Controller:
     Args:
       spec: the `SpecConfig`.
       profile: a `Profile`. In goodput mode it is required; when None, the file at
-        ``spec.dynamic.profile`` is loaded. In other modes it is optional and only
-        used for calibration (predicted vs measured step time).
+        ``spec.dynamic.profile`` is loaded. In other modes it is optional: it calibrates
+        (predicted vs measured step time) and, with batch_buckets, picks the bucket a
+        batch runs in (`serving_bucket`: a larger one it shows faster at every K).
       max_batch_size: the engine's max live batch; the precomputed tables cover
         1..max_batch_size (larger values still work, on a slower path).
       batch_buckets: the engine's compiled batch buckets (sorted). When given, the
@@ -475,13 +476,21 @@ class Controller:
         while `choose_k` keeps holding K = 0 and the prefill is wasted.) `request_ids` and
         `remaining` as for `choose_k`: under the makespan objective the row is the slowest
         live row's, as `choose_k` will decide (registering the requests' rows); the batch
-        mean's row would prefill the drafter for 64 rows where the makespan holds K = 0."""
+        mean's row would prefill the drafter for 64 rows where the makespan holds K = 0.
+        Per request (`per_request`, with `request_ids`), the sum of the requests' own rows:
+        after a hard request the global rates hold K = 0 where a fresh one's speculate."""
         if self.mode == "goodput" and self._objective == "makespan" and None not in (request_ids, remaining):
             row = self._makespan_row(batch_size, context_len, request_ids, remaining)
             if row is None:
                 return 0
             b, key, al, _ = row
             g = self._goodput_row(b, key, al)
+        elif self.mode == "goodput" and self._per_request and request_ids is not None:
+            live = self._live_rows(batch_size, context_len, request_ids)
+            if live is None:
+                return 0
+            b, key, rows = live
+            g = self._goodput_row(b, key, self._row_al(rows).sum(axis=0))
         else:
             g = self.predicted_goodput(batch_size, context_len)
         return self._hold(int(np.argmax(g)), g, self._cur)
@@ -671,7 +680,7 @@ class Controller:
         return {
             "mode": self.mode,
             "steps_observed": self._steps,
-            "spec_steps_observed": self._acc.steps,
+            "spec_steps_observed": sum(self._k_steps[1:]),  # since reset_counts, as the rest
             "using_live_acceptance": self.using_live_acceptance,
             "acceptance": [None if math.isnan(x) else float(x) for x in self._acc.estimate],
             **self._calibration.mape(),

@@ -71,8 +71,9 @@ class DispatchPolicy:
             return True
         ctl = self.controller
         mode = getattr(ctl, "mode", None)
-        if mode == "goodput":
-            return ctl.held_k(batch, **self._makespan_args(live, refilled)) > 0
+        if mode == "goodput":  # priced as `choose_k` will price it: the same context and rows
+            context = max(len(r.prompt) + len(r.tokens) for r in live)
+            return ctl.held_k(batch, context_len=context, **self._controller_args(live, refilled)) > 0
         if mode in ("none", "static", "schedule"):
             return ctl.spec.schedule_k(batch) > 0
         return True
@@ -180,9 +181,13 @@ class DispatchPolicy:
             return {}
         return {"request_ids": [r.request_id for r in live], "remaining": [self.remaining(r) for r in live]}
 
+    def _controller_args(self, live: list[Request], refilled: bool) -> dict:
+        """What `choose_k` and `held_k` read of the live requests: their ids, and their
+        remaining budgets where the makespan objective aims at the last row."""
+        return self._makespan_args(live, refilled) or {"request_ids": [r.request_id for r in live]}
+
     def _controller_k(self, live: list[Request], batch: int, context: int, refilled: bool) -> int:
-        args = self._makespan_args(live, refilled) or {"request_ids": [r.request_id for r in live]}
-        k = int(self.controller.choose_k(batch, context_len=context, **args))
+        k = int(self.controller.choose_k(batch, context_len=context, **self._controller_args(live, refilled)))
         if not 0 <= k <= self._max_k:
             raise ValueError(f"controller chose K={k}, outside 0..{self._max_k}")
         return k

@@ -147,8 +147,8 @@ class LatencyModel:
         self._num_k = num_k
         self._buckets = None if batch_buckets is None else list(batch_buckets)
         # {bucket: larger bucket its batches run in}; among buckets the profile timed itself
-        self.serving = {} if self._buckets is None else serving_buckets(
-            profile.latency_ms, profile.batch_sizes, candidates=self._buckets)
+        self.serving = {} if self._buckets is None else serving_buckets(  # over the Ks the engine runs
+            np.asarray(profile.latency_ms)[..., :num_k], profile.batch_sizes, candidates=self._buckets)
         self._subdiv = context_subdivisions
         self.correction = None
         if forgetting > 0:

@@ -127,6 +127,9 @@ def optimistic_probe(g_opt: np.ndarray, itl: np.ndarray, catchup_ms, one_plus_ma
     (`FOLLOW_UPS`), so live counts replace a pessimistic prior at once (a
     mixed batch under the makespan objective beat K = 0 on its mean row, as the estimate
     knew, and ran chains of 15 where the slowest row made K = 0 the choice)."""
+    if g_opt.shape[-1] == 1:  # K = 0 only (a plain-decoding engine's profile): no probe
+        none = np.zeros(g_opt.shape[:-1], int)
+        return none, none
     beats = g_opt[..., 1:] > g_opt[..., :1] * one_plus_margin
     k = np.where(beats.any(axis=-1), beats.argmax(axis=-1) + 1, 0)
     kk = np.maximum(k, 1)[..., None]

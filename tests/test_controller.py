@@ -395,6 +395,63 @@ def test_held_k_is_the_k_choose_k_would_hold_and_asking_changes_nothing():
     assert (c.choose_k(1), c.choose_k(2), c.held_k(1), c.choose_k(1)) == (0, 1, 1, 1)
 
 
+def test_admission_asks_held_k_at_the_rows_context_and_per_request():
+    """`draft_at_admission` asked `held_k` at the profile's first context and over the
+    global rates, where `choose_k` prices the live rows' context and (per_request) their
+    own rows: at a 4000-token context K=0 wins, and after a hard request a fresh one
+    speculates though the global rates are low; admission now says what `choose_k` does."""
+    from dsd_jax.dispatch import DispatchPolicy
+
+    class Row:
+        tokens = []
+
+        def __init__(self, request_id, prompt_len):
+            self.request_id, self.prompt = request_id, [0] * prompt_len
+
+    lat = [[[10.0, 11.0, 12.0]] * 2, [[40.0, 70.0, 100.0]] * 2]  # verify dominates at 4096
+    p = Profile("cpu", [1, 2], [0, 1, 2], lat, [0.8, 0.6], context_lengths=[128, 4096])
+    spec = goodput_spec(max_k=2, objective="throughput", probe_interval=0, warmup_steps=0)
+    for prompt_len in (100, 4000):
+        policy = DispatchPolicy(Controller(spec, p, max_batch_size=2, batch_buckets=[1, 2]), 2, None,
+                                budget=lambda r: 100)
+        live = [Row("r", prompt_len)]
+        drafted = policy.draft_at_admission(1, live, refilled=False)
+        assert drafted == (policy.choose_k(live, 1, prompt_len, refilled=False) > 0) == (prompt_len == 100)
+    c = Controller(goodput_spec(max_k=2, objective="throughput", per_request=True, probe_interval=0,
+                                warmup_steps=0), p, max_batch_size=2, batch_buckets=[1, 2])
+    for i in range(6):  # six easy requests, then a long hard one: the global rates fall to ~0.05
+        for _ in range(20):
+            c.observe(2, [2], 0.012, request_ids=[f"easy{i}"])
+        c.forget_request(f"easy{i}")
+    for _ in range(60):
+        c.observe(2, [0], 0.012, request_ids=["hard"])
+    c.forget_request("hard")
+    assert c.held_k(1) == 0  # the global row
+    assert c.held_k(1, request_ids=["new"]) == c.choose_k(1, request_ids=["new"]) == 2
+
+
+def test_a_profile_of_k0_alone_holds_k0_without_crashing():
+    """A plain-decoding engine's profile (ks [0], no acceptance) given to a goodput
+    controller: the optimistic probe took an argmax over no K and crashed at the first
+    choice (throughput) or the first probe due (makespan)."""
+    p = Profile("cpu", [1, 2, 4], [0], [[10.0], [12.0], [15.0]], [])
+    for objective in ("throughput", "makespan"):
+        c = Controller(goodput_spec(max_k=4, objective=objective), p, max_batch_size=4, batch_buckets=[1, 2, 4])
+        for _ in range(40):
+            assert c.choose_k(1, request_ids=["a"], remaining=[100]) == 0
+            c.observe(0, [0], 0.01, request_ids=["a"])
+
+
+def test_the_serving_bucket_is_chosen_over_the_ks_the_engine_runs():
+    """Bucket 2 is faster than bucket 1 at K = 0..2, all the engine runs, not at K = 3: a
+    lone row ran bucket 1 because of a K it never runs."""
+    table = [[7.0, 8.0, 9.0, 9.0], [5.0, 6.0, 7.0, 9.5], [6.0, 7.0, 8.0, 10.0]]
+    p = Profile("cpu", [1, 2, 4], [0, 1, 2, 3], table, [0.7, 0.5, 0.3])
+    c = Controller(goodput_spec(max_k=2), p, max_batch_size=4, batch_buckets=[1, 2, 4])
+    assert c.serving_bucket(1) == 2
+    assert Controller(goodput_spec(max_k=3), p, max_batch_size=4, batch_buckets=[1, 2, 4]).serving_bucket(1) == 1
+
+
 def test_acceptance_probes_are_rarer_where_they_cost_more_for_less():
     """B=1: a K=1 step costs 1.2x a K=0 step and would gain 40% (1.7 tokens / 1.2): probes
     every `probe_interval` choices. B=64: it costs 1.6x for a 6.25% gain (1.7 / 80 against

@@ -194,7 +194,7 @@ class WouldSpeculate(FixedK):
         super().__init__(ks)
         self.best_k = best_k
 
-    def held_k(self, batch_size):
+    def held_k(self, batch_size, context_len=None, request_ids=None, remaining=None):
         return self.best_k
 
 
@@ -1095,7 +1095,8 @@ def test_reset_metrics_mid_stream_zeroes_the_counts_and_keeps_what_the_controlle
                 m = engine.metrics()
                 assert (m["steps"], m["tokens"], m["wall_s"]) == (0, 0, 0.0)
                 ctl = m["controller"]
-                assert ctl["steps_observed"] == 0 and ctl["probes"] == 0 and ctl["itl_mape"] is None
+                assert ctl["steps_observed"] == ctl["spec_steps_observed"] == 0  # (the second stayed)
+                assert ctl["probes"] == 0 and ctl["itl_mape"] is None
                 assert set(ctl["k_choices"].values()) == {0} and set(ctl["k_steps"].values()) == {0}
                 np.testing.assert_array_equal(engine.controller.acceptance_estimate(), learnt)
         assert got[0] == greedy_reference(pair[0], [1, 2, 3], 7)

@@ -85,13 +85,14 @@ def catchup_ms(profile, bucket, tokens):
 
 
 class _Row:
-    """What `DispatchPolicy` reads of a request: its id, its stop strings (none here) and
-    the tokens the host has of it (`host[index]`)."""
+    """What `DispatchPolicy` reads of a request: its id, its stop strings (none here), its
+    prompt's length and the tokens the host has of it (`host[index]`)."""
 
     params = SimpleNamespace(stop=())
 
-    def __init__(self, index: int, request_id: int, host: np.ndarray):
+    def __init__(self, index: int, request_id: int, host: np.ndarray, prompt_len: int):
         self.index, self.request_id, self._host = index, request_id, host
+        self.prompt = range(prompt_len)  # its length is what the policy reads
 
     @property
     def tokens(self):
@@ -118,7 +119,7 @@ def run_unit(ctl, agreement, prompt_lens, ids, budgets, profile, trace=None):
     pos = np.zeros(n, int)  # tokens emitted on the device
     host = np.zeros(n, int)  # tokens the host has processed
     done = np.zeros(n, bool)  # finished, as the host knows
-    rows = [_Row(i, ids[i], host) for i in range(n)]
+    rows = [_Row(i, ids[i], host, prompt_lens[i]) for i in range(n)]
     # the engine's own dispatch policy (a variant's controller may carry a subclass: `sequence.py --variants`)
     policy = getattr(ctl, "dispatch_policy", DispatchPolicy)(ctl, MAX_K, None, lambda r: int(budgets[r.index]))
     # admission prefills the draft only where the controller would speculate

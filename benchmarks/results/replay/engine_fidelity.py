@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 
@@ -103,11 +104,17 @@ def main():
     order = np.random.default_rng(100 + args.order).permutation(len(ids))
     for b in batch_sizes:
         n = len(order) // b if args.units is None else min(args.units, len(order) // b)
-        real = engine_units(engine, controller(args.profile, buckets, args.learn), ids, order[:n * b], b, max_tokens)
+        ctl = controller(args.profile, buckets, args.learn)
+        real = engine_units(engine, ctl, ids, order[:n * b], b, max_tokens)
         replayed = []
         sequence.total_ms(controller(args.profile, buckets, False), sweep, order[:n * b], b, profile, trace=replayed)
         print(f"B={b}, order {args.order}, {'latency learning in the engine' if args.learn else 'no latency learning'}:")
-        print(compare(real, [steps for _, _, steps in replayed]), flush=True)
+        print(compare(real, [steps for _, _, steps in replayed]))
+        if args.learn:  # what the engine's step times taught its controller about the profile
+            factors = ctl._latency.correction.factors(b)
+            print(f"  learnt step time / profiled ITL at bucket {b}, K = 0..6: "
+                  + " ".join(f"{x:.3f}" for x in factors))
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

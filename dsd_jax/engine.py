@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import (bad_words, compilation, detokenize, drafters, inputs, kernels, multihost, prefix_sharing,
-                     stop_strings)
+from dsd_jax import (bad_words, compilation, detokenize, drafters, inputs, kernels, multihost,
+                     prefix_sharing, stop_strings)
 from dsd_jax.buckets import (bucket_for, chunk_buckets, power_of_two_buckets, prefill_cost, prefill_pieces,
                              usable_chunks)
 from dsd_jax.config import SpecConfig

@@ -115,8 +115,8 @@ class LoraWeights:
     are kept, so give it buffers of its own on the engine's devices."""
 
     def __init__(self, mapping: param_mapping.ParamMapping, alpha: float, state, base):
-        if isinstance(alpha, (bool, str)) or not isinstance(alpha, numbers.Real) or not 0 < alpha < float("inf"):
-            raise ValueError(f"lora_alpha must be a positive number, got {alpha!r}")  # also NaN, "16"
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < float("inf"):
+            raise ValueError(f"lora_alpha must be a positive number, got {alpha!r}")  # also NaN and "16"
         alpha = float(alpha)
         self.mapping, self.alpha = mapping, alpha
         named, _ = param_mapping.flatten(state)

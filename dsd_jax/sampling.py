@@ -212,7 +212,8 @@ class SamplingParams:
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.temperature == 0.0:  # vLLM's: greedy takes the argmax of the whole distribution
-            set_("top_k", 0), set_("top_p", 1.0), set_("min_p", 0.0)
+            for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
+                set_(name, off)
         if self.max_tokens is not None:  # None: what the slot holds (the engine's budget)
             set_("max_tokens", _integer("max_tokens", self.max_tokens, 1))
         set_("min_tokens", _integer("min_tokens", self.min_tokens, 0))

@@ -3,10 +3,11 @@
 The device ends a row at a stop token id by itself; a string can span tokens and a token
 can hold more than the string, so only text can find it. After each dispatch the engine
 decodes each such request's new tokens (`Text`: with a few before them, not the whole
-completion; at first the prompt's last ones, `dsd_jax.detokenize`) and looks for its stop strings in the text not yet searched (plus the overlap
-a string could straddle). The completion then ends with the
-token that completed the first match, as if it had stopped there: the device's rounds
-after it are dropped, and the row's slot is freed like any finished one's.
+completion; at first the prompt's last ones, `dsd_jax.detokenize`) and looks for its stop
+strings in the text not yet searched (plus the overlap a string could straddle). The
+completion then ends with the token that completed the first match, as if it had stopped
+there: the device's rounds after it are dropped, and the row's slot is freed like any
+finished one's.
 
 As vLLM: the token ids keep every token up to the one that completed the match (earlier
 tokens may already have been streamed: nothing is taken back), and the text ends where

@@ -433,13 +433,15 @@ def main(argv=None):
                                  jnp.asarray(d2t))
     # the data order: a new schedule on resumed weights draws batches of its own (seed + 1);
     # a resumed run goes on with its own order (the data seed it saved), skipping what it drew
-    seed = args.seed if args.seed is not None else int(state_info.get("seed", 0)) if start else 0
+    seed = args.seed
+    if seed is None:  # a resumed run keeps its own
+        seed = int(state_info.get("seed", 0)) if start else 0
     data_seed = seed + (1 if args.resume else 0)
     if start:
         if seed != int(state_info.get("seed", 0)):
             ap.error(f"--resume: the run in {out} was started with --seed {state_info.get('seed', 0)}; "
                      f"--seed {seed} would change its data order (leave --seed out, or pass --new-schedule)")
-        data_seed = int(state_info.get("data_seed", seed))  # saved since 2026-12-01; before, its seed
+        data_seed = int(state_info.get("data_seed", seed))  # a state saved without it: its seed
     rng = np.random.default_rng(data_seed)
     for _ in range(start):
         rng.integers(0, len(stream) - L, size=args.batch)

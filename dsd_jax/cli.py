@@ -294,6 +294,10 @@ def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
         mesh = None if args.mesh is None else make_mesh(*args.mesh)
     except ValueError as e:
         _fail(cmd, "--mesh", str(e))
+    vocab = target.config.vocab_size
+    for flag in ("top_logprobs", "prompt_logprobs"):  # named here, not as the engine's max_logprobs
+        if (getattr(args, flag, None) or 0) > vocab:
+            _fail(cmd, "--" + flag.replace("_", "-"), f"at most the vocabulary's {vocab} ids, got {getattr(args, flag)}")
     try:
         return SpecEngine(target, draft if _needs_draft(spec) else None, spec,
                           max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
@@ -346,14 +350,15 @@ def _random_prompts_note() -> None:
           "your workload's) or --acceptance a1,a2,...", file=sys.stderr)
 
 
-def _acceptance_prompts(cmd: str, args, tokenizer, source: str) -> list[list[int]] | None:
-    """--prompts, else the built-in held-out prompts for the built-in pair, else None (random)."""
+def _acceptance_prompts(cmd: str, args, tokenizer, source: str, vocab: int) -> list[list[int]] | None:
+    """--prompts (their ids in the target's vocabulary, checked before the timing), else the
+    built-in held-out prompts for the built-in pair, else None (random)."""
     if args.prompts:
         if args.num_prompts is not None:
             _fail(cmd, "--num-prompts", "counts the built-in held-out prompts; with --prompts every prompt "
                   "of the file is used")
         raw, where = loading.read_prompts("--prompts", args.prompts, args.prompt_format, with_lines=True)
-        return loading.encode_prompts(raw, tokenizer, flag="--prompts", names=where)
+        return loading.encode_prompts(raw, tokenizer, vocab, flag="--prompts", names=where)
     if source != "builtin":
         if args.num_prompts is not None:
             _fail(cmd, "--num-prompts", "counts the built-in held-out prompts, used only with the built-in "
@@ -385,20 +390,23 @@ def _synthetic_models(cmd: str, args):
         _fail(cmd, "--draft-synthetic", f"{args.draft_synthetic} is a {family[args.draft_synthetic]} "
               f"model with another tokenizer than {args.synthetic}'s; pick a draft of the same family")
     dtype = args.dtype = "bfloat16" if args.dtype in (None, "auto") else args.dtype
+    tokenizer = loading.load_tokenizer_flag(args.tokenizer) if args.tokenizer else None  # for text --prompts
     target = synthetic(args.synthetic, dtype=dtype, seed=0)
     draft = None if args.draft_synthetic is None else synthetic(args.draft_synthetic, dtype=dtype, seed=1)
-    return target, draft, None, "synthetic"
+    return target, draft, tokenizer, "synthetic"
 
 
 def cmd_profile(args) -> int:
     cmd = "profile"
     outputs = [("--out", args.out)]
-    _check_outputs(cmd, args, outputs, [("--prompts", args.prompts)])
+    _check_outputs(cmd, args, outputs, [("--prompts", None if args.prompts == "-" else args.prompts)])
     _check_backend(cmd, args)
     if args.acceptance is not None:
         _unused_acceptance_flags(cmd, args, "--acceptance gives the acceptance")
-    if args.prompts:
+    if args.prompts and args.prompts != "-":  # "-": stdin, as generate reads it
         loading.existing_file("--prompts", args.prompts)
+    if args.prompt_format != "auto" and not args.prompts:  # ignored, it would mislead
+        _fail(cmd, "--prompt-format", "says how to read --prompts, and no --prompts is given")
     spec = _load_spec(cmd, args)
     if (args.target or args.hf_target) and args.acceptance is None and not args.prompts and spec.max_k > 0:
         _random_prompts_note()  # before minutes of loading, where Ctrl-C still costs nothing
@@ -434,7 +442,8 @@ def cmd_profile(args) -> int:
         if source == "synthetic" and spec.max_k > 0:
             print("dsd-jax profile: note: random weights accept nothing meaningful; pass --acceptance "
                   "a1,a2,... (e.g. a published per-position curve)", file=sys.stderr)
-        prompts = _acceptance_prompts(cmd, args, tokenizer, source) if spec.max_k > 0 else None
+        prompts = (_acceptance_prompts(cmd, args, tokenizer, source, target.config.vocab_size)
+                   if spec.max_k > 0 else None)
 
     engine = _make_engine(cmd, args, target, draft, tokenizer, spec)
     from dsd_jax.profiler import format_profile, profile_engine
@@ -614,11 +623,9 @@ def _resume_keeps(cmd: str, args, partial: str | None) -> list[str]:
     if partial is None:
         _fail(cmd, "--resume", f"--out {args.out!r} is written in place (a device or FIFO), so no run of it "
               "can be resumed")
-    if args.overwrite:
-        _fail(cmd, "--resume", "--overwrite starts the run over and --resume continues it; give one of them")
     if not os.path.exists(partial) and os.path.exists(args.out):
         _fail(cmd, "--resume", f"{args.out!r} exists and no run of it is unfinished ({partial!r} is not "
-              "there): nothing to resume; pass --overwrite to generate it again")
+              "there): nothing to resume; to generate it again, pass --overwrite without --resume")
     return [partial, records.settings_path(args.out)] + ([args.out] if os.path.exists(partial) else [])
 
 
@@ -714,7 +721,8 @@ def cmd_generate(args) -> int:
 
     sampling = _sampling(cmd, args, tokenizer, len(prompts), target.config.vocab_size)
     settings = _run_settings(args, sampling)
-    first = records.resumable(args.out, settings, prompts, _RECORD_FLAGS_ADDED) if args.resume else 0
+    first = (records.resumable(args.out, settings, prompts, _RECORD_FLAGS_ADDED,
+                               [p.get("prompt") for p in raw_prompts]) if args.resume else 0)
     if first == len(prompts):  # every record was kept: nothing to generate, no engine
         _generate_records(args, None, raw_prompts, prompts, sampling, settings, first)
         if args.stats or args.trace:
@@ -881,7 +889,8 @@ def _add_generate(sub) -> None:
     g.add_argument("--resume", action="store_true",
                    help="continue an interrupted --out FILE run: keep the records in FILE.partial (each "
                         "checked against its prompt, the flags against those the run started with) and "
-                        "generate the prompts after them (request i is seeded --seed + i either way)")
+                        "generate the prompts after them (request i is seeded --seed + i either way); "
+                        "with --overwrite, an existing --stats or --trace file is replaced")
     _add_overwrite_flag(g, "--out, --stats or --trace")
     g.set_defaults(func=cmd_generate)
 

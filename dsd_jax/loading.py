@@ -81,6 +81,13 @@ def output_file(flag: str, path: str) -> str:
     if e is not None:
         raise ArgumentError(flag, f"cannot write a file in the directory of {path!r} ({parent!r}): "
                             f"{e.strerror or e}") from e
+    try:  # a legal path whose name is too long failed only when written, after the run
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(os.path.basename(path))) > name_max:
+        raise ArgumentError(flag, f"{path!r}: the file name is longer than the {name_max} bytes its "
+                            "file system allows")
     return path
 
 
@@ -207,7 +214,8 @@ def _builtin_pair(dtype: str):
                             "(dsd_jax.models.save checkpoints) or --hf-target/--hf-draft") from e
 
 
-def _tokenizer_file(path: str):
+def load_tokenizer_flag(path: str):
+    """--tokenizer's tokenizer.json, or an error naming the flag."""
     existing_file("--tokenizer", path)
     try:
         from tokenizers import Tokenizer
@@ -264,7 +272,7 @@ def load_models(options):
         hf = bool(hf_draft)
         draft = _load_checkpoint("--hf-draft" if hf else "--draft", hf_draft or draft_dir, hf, dtype)
     if tokenizer_path:
-        tokenizer = _tokenizer_file(tokenizer_path)
+        tokenizer = load_tokenizer_flag(tokenizer_path)
     return target, draft, tokenizer, source
 
 

@@ -111,9 +111,11 @@ def check_settings(out: str, settings: dict, added: dict | None = None) -> None:
         _check_settings(out, settings, set(settings), added)
 
 
-def resumable(out: str, settings: dict, prompts: list, added: dict | None = None) -> int:
+def resumable(out: str, settings: dict, prompts: list, added: dict | None = None,
+              texts: list | None = None) -> int:
     """How many records of an interrupted `--out` run can be kept: those in its partial file,
-    each checked against its prompt (`prompts`: token-id lists), after checking that the run
+    each checked against its prompt (`prompts`: token-id lists; `texts`: each prompt's text,
+    None for token ids, as a record's "prompt" holds it), after checking that the run
     was started with `settings`. A last line the kill tore (no newline) is cut from the file;
     any other line that is not a record is an error. 0 when there is no partial file. Raises
     `loading.ArgumentError` (flag --resume) naming what does not match. added: as
@@ -129,9 +131,11 @@ def resumable(out: str, settings: dict, prompts: list, added: dict | None = None
         raise loading.ArgumentError("--resume", f"{partial!r} holds {len(kept)} records and --prompts "
                                     f"{len(prompts)} prompts: it is another run's")
     for i, rec in enumerate(kept):
-        if rec.get("prompt_token_ids") != list(prompts[i]):
+        differs = ("prompt_token_ids" if rec.get("prompt_token_ids") != list(prompts[i]) else
+                   "prompt" if texts is not None and rec.get("prompt") != texts[i] else None)
+        if differs:  # ("prompt": the same ids from another text, or from a JSONL file of ids)
             raise loading.ArgumentError("--resume", f"record {i + 1} of {partial!r} is not for prompt {i + 1} "
-                                        "of --prompts (its prompt_token_ids differ): it is another run's, or "
+                                        f"of --prompts (its {differs} differ): it is another run's, or "
                                         "--prompts changed")
     with loading.writing("--out", partial):
         os.truncate(partial, size)

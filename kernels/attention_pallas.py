@@ -90,7 +90,9 @@ def resolve_platform(platform: str | None, interpret=False) -> str:
     if platform not in ("gpu", "tpu"):
         raise ValueError(
             f"no Pallas variant for platform {platform!r}: pass platform='gpu' or 'tpu' "
-            "(with interpret=True to run it on CPU), or use the XLA reference")
+            "(with interpret=True to run it on CPU), or use the XLA reference (a SpecEngine: "
+            "backend='interpret' runs the Pallas kernels interpreted on CPU, slow; 'xla' or 'auto' "
+            "the XLA reference)")
     return platform
 
 

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import stat
+import uuid
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -153,7 +154,8 @@ def atomic_write(path: str | os.PathLike, write: Callable, mode: str = "w") -> N
             write(f)
         return
     path = os.path.realpath(os.fspath(path))
-    tmp = f"{path}.tmp{os.getpid()}"
+    # a short name of its own: the path's name plus a suffix could pass the file system's limit
+    tmp = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)

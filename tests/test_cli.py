@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from dsd_jax import DynamicConfig, RequestOutput, SamplingParams, SpecConfig, SpecEngine, cli, models, records
+from dsd_jax import DynamicConfig, RequestOutput, SamplingParams, SpecConfig, SpecEngine, cli, loading, models, records
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.profiler import device_kind, model_fingerprint
 from conftest import scaled
@@ -702,6 +703,39 @@ def test_profile_refuses_flags_no_run_uses(files, compilation_cache, tmp_path, c
     assert "recording a_1..a_2 = [0.5, 0.3]; the other 1 value(s) are past K" in capsys.readouterr().err
 
 
+def test_profile_and_generate_flags_are_read_or_refused_before_the_work(files, tmp_path, monkeypatch):
+    """(CLI audit) profile --synthetic dropped --tokenizer, then asked for one; --prompts ids
+    outside the vocabulary failed after the latency table was timed, unnamed; --prompt-format
+    without --prompts was ignored; --prompts - (stdin) was "no such file"; --top-logprobs
+    past the vocabulary failed as the engine's max_logprobs; an output name too long for the
+    file system failed once the run was done."""
+    def engine_reached(*a, **k):
+        raise SystemExit("engine")
+    monkeypatch.setattr(cli, "_make_engine", engine_reached)
+    out = str(tmp_path / "p.json")
+    synth = ["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "tiny-llama-draft", "--max-seq-len", "64",
+             "--max-batch-size", "2", "--no-progress", "--out", out]
+    assert _err(synth + ["--tokenizer", files.tokenizer, "--prompts", files.txt]) == "engine"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_token_ids": [1, 2]}\n{"prompt_token_ids": [3, 99999999]}\n')
+    m = _err(synth + ["--prompts", str(bad)])
+    assert m.startswith("dsd-jax profile: error: --prompts: ") and "line 2" in m and "outside [0," in m, m
+    m = _err(synth + ["--acceptance", "0.5", "--prompt-format", "jsonl"])
+    assert "--prompt-format: says how to read --prompts, and no --prompts is given" in m
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(open(files.jsonl, "rb").read()), encoding="utf-8"))
+    assert _err(synth + ["--prompts", "-"]) == "engine"
+    monkeypatch.undo()
+    gen = ["generate", "--target", files.target, "--prompts", files.jsonl, "--speculative-config",
+           '{"method": "none"}', *ENGINE_FLAGS]
+    m = _err(gen + ["--top-logprobs", "1000"])
+    assert m.startswith("dsd-jax generate: error: --top-logprobs: at most the vocabulary's 64 ids"), m
+    m = _err(gen + ["--stats", str(tmp_path / ("x" * 252 + ".json"))])  # 257 bytes
+    assert m.startswith("dsd-jax generate: error: --stats: ") and "file name is longer than" in m, m
+    longest = tmp_path / ("x" * 250 + ".json")  # 255: its temporary file's name was longer
+    loading.atomic_write(longest, lambda f: f.write("ok"))
+    assert longest.read_text() == "ok" and sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", longest.name]
+
+
 def test_backend_and_temperature_errors_name_cli_flags(files, capsys):
     m = _err(["profile", "--temperatures", "0.5,-1"], capsys)
     assert "--temperatures" in m and "numbers >= 0" in m
@@ -841,7 +875,6 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     """Prompts on stdin were decoded, and records written to stdout encoded, with the locale's
     encoding: bytes that are not UTF-8 read as another text (or a UnicodeDecodeError
     traceback), and a completion outside a latin-1 locale failed the write after the run."""
-    import io
     from dsd_jax import loading
 
     def stdin(data: bytes):  # a latin-1 locale's stdin
@@ -1030,17 +1063,33 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
         # and, from before --no-share-prefixes, for prompts sharing their beginnings
         msg = _err(argv(out, "--resume", "--no-share-prefixes"))
         assert msg.count("(now") == 1 and "share_prefixes True (now False)" in msg, msg
-    assert "--resume" in _err(argv(out, "--resume", "--overwrite"))
     assert "give its --out" in _err([a for a in argv(out) if a not in ("--out", str(out))] + ["--resume"])
 
+    # an existing --stats: refused, and with --overwrite replaced (it was refused either way:
+    # "--overwrite starts the run over"); the resumed records are kept whatever --overwrite says
     stats = tmp_path / "stats.json"
-    assert cli.main(argv(out, "--resume", "--stats", str(stats))) == 0
+    stats.write_text("earlier")
+    assert "pass --overwrite to replace it" in _err(argv(out, "--resume", "--stats", str(stats)))
+    assert cli.main(argv(out, "--resume", "--overwrite", "--stats", str(stats))) == 0
     assert out.read_text() == whole.read_text()
     assert json.loads(stats.read_text())["tokens"] == 2 * 8  # the two prompts after the kept record
     stats.unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "whole.jsonl"]
     m = _err(argv(out, "--resume"))  # finished: nothing to resume
-    assert "nothing to resume" in m and "--overwrite" in m
+    assert "nothing to resume" in m and "--overwrite without --resume" in m
+
+    # records of the same ids from other texts (here the JSONL file's ids, "prompt" null) are
+    # another run's: the resumed file would mix both
+    text_out = tmp_path / "text.jsonl"
+    text_argv = lambda *more: [a if a != files.jsonl else files.txt for a in argv(text_out, *more)]  # noqa: E731
+    with monkeypatch.context() as m:
+        m.setattr(records.InOrder, "__call__", stop_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(text_argv("--tokenizer", files.tokenizer))
+    msg = _err([a if a != files.txt else files.jsonl for a in text_argv("--resume", "--tokenizer", files.tokenizer)])
+    assert "record 1" in msg and "its prompt differ" in msg, msg
+    for name in ("text.jsonl.partial", "text.jsonl.partial.settings.json"):
+        (tmp_path / name).unlink()
 
     # a partial file of other prompts is refused, not appended to
     other = tmp_path / "other.jsonl"

@@ -296,8 +296,9 @@ def _make_engine(cmd: str, args, target, draft, tokenizer, spec, profile=None):
         _fail(cmd, "--mesh", str(e))
     vocab = target.config.vocab_size
     for flag in ("top_logprobs", "prompt_logprobs"):  # named here, not as the engine's max_logprobs
-        if (getattr(args, flag, None) or 0) > vocab:
-            _fail(cmd, "--" + flag.replace("_", "-"), f"at most the vocabulary's {vocab} ids, got {getattr(args, flag)}")
+        asked = getattr(args, flag, None) or 0
+        if asked > vocab:
+            _fail(cmd, "--" + flag.replace("_", "-"), f"at most the vocabulary's {vocab} ids, got {asked}")
     try:
         return SpecEngine(target, draft if _needs_draft(spec) else None, spec,
                           max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,

@@ -135,7 +135,7 @@ def resumable(out: str, settings: dict, prompts: list, added: dict | None = None
                    "prompt" if texts is not None and rec.get("prompt") != texts[i] else None)
         if differs:  # ("prompt": the same ids from another text, or from a JSONL file of ids)
             raise loading.ArgumentError("--resume", f"record {i + 1} of {partial!r} is not for prompt {i + 1} "
-                                        f"of --prompts (its {differs} differ): it is another run's, or "
+                                        f"of --prompts (its {differs} field differs): it is another run's, or "
                                         "--prompts changed")
     with loading.writing("--out", partial):
         os.truncate(partial, size)

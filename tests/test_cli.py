@@ -1087,7 +1087,7 @@ def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypat
         with pytest.raises(KeyboardInterrupt):
             cli.main(text_argv("--tokenizer", files.tokenizer))
     msg = _err([a if a != files.txt else files.jsonl for a in text_argv("--resume", "--tokenizer", files.tokenizer)])
-    assert "record 1" in msg and "its prompt differ" in msg, msg
+    assert "record 1" in msg and "its prompt field differs" in msg, msg
     for name in ("text.jsonl.partial", "text.jsonl.partial.settings.json"):
         (tmp_path / name).unlink()
 

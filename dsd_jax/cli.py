@@ -112,7 +112,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def _mesh_shape(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+    if len(parts) != 2 or not all(p.isdecimal() and int(p) >= 1 for p in parts):
         raise argparse.ArgumentTypeError(f"expected DATAxMODEL with positive integers (e.g. 1x4), got {text!r}")
     return int(parts[0]), int(parts[1])
 

@@ -44,7 +44,7 @@ from dsd_jax.request import Request, RequestOutput, engine_seed, references_seed
 from dsd_jax.programs import Programs
 from dsd_jax.sampling import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, SamplingParams, allowed_array,
                               bias_arrays, distinct_token_ids)
-from dsd_jax.sharding import DATA, Placement, memory_report
+from dsd_jax.sharding import DATA, Placement, heads_of, memory_report
 from dsd_jax.state import MAX_STOP_IDS, init_state
 from dsd_jax.step import SlotInit, StepOptions, swap_batches, unpack_prompt_logprobs, unpack_rounds
 
@@ -61,8 +61,7 @@ class _Dispatch(NamedTuple):
 
 
 def _placement(mesh, target, draft, max_batch_size: int) -> Placement:
-    placement = Placement(mesh, target.config.num_kv_heads,
-                          None if draft is None else draft.config.num_kv_heads)
+    placement = Placement(mesh, heads_of(target.config), None if draft is None else heads_of(draft.config))
     data = placement.sizes[DATA]
     if max_batch_size % data:
         raise ValueError(f"max_batch_size {max_batch_size} must be a multiple of the mesh's 'data' "

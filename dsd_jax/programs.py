@@ -69,7 +69,7 @@ class Programs:
         self.max_k = max_k
         self.prefill_rows = tuple(prefill_rows)
         self.prefill_chunks = tuple(prefill_chunks)
-        place = self.placement = placement or Placement(None, 0, None)
+        place = self.placement = placement or Placement(None, (0, 0), None)
         self.data = data = place.sizes[DATA]
         # XLA:CPU meshes: every program call waits for its outputs (`_Waited`)
         self.waits_each_call = place.mesh is not None and place.mesh.size > 1 and place.device.platform == "cpu"

@@ -1,12 +1,13 @@
 """Where every array lives on a `jax.sharding` mesh with axes "data" and "model".
 
 Megatron-style tensor parallelism on "model": q/k/v and gate/up are split by columns
-(heads), o and down by rows, so each layer needs one all-reduce after o and one after
-down; the embedding is split by vocabulary rows and the LM head by vocabulary columns
-(the logits stay split by vocabulary; sampling reduces over it). K/V projections and
-the KV cache are split by KV heads when their count divides the axis, and replicated
-otherwise (Qwen2.5-7B has 4 KV heads under tensor parallel 8): each device then holds
-every KV head its query heads need. Slots (the first axis of the decode state) are
+(whole heads for q/k/v), o and down by rows, so each layer needs one all-reduce after o
+and one after down; the embedding is split by vocabulary rows and the LM head by
+vocabulary columns (the logits stay split by vocabulary; sampling reduces over it). q and
+o are split only when the query heads divide the axis (a split inside a head would make
+attention gather its halves), K/V projections and the KV cache only when the KV heads do
+(Qwen2.5-7B has 4 KV heads under tensor parallel 8): otherwise replicated, so each
+device holds every head its share of the work needs. Slots (the first axis of the decode state) are
 split on "data". A dimension the axis does not divide stays replicated, so any model
 runs on any mesh; `memory_report` shows what that costs.
 
@@ -25,9 +26,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 DATA, MODEL = "data", "model"
 
 # parameter name -> which axis of its array is split on "model"
-_COLUMNS = {"wq", "bq", "w_gate", "w_up", "lm_head"}  # last axis (output features)
+_COLUMNS = {"w_gate", "w_up", "lm_head"}  # last axis (output features)
+_Q_COLUMNS = {"wq", "bq"}  # last axis, only when the query heads divide the axis
 _KV_COLUMNS = {"wk", "wv", "bk", "bv"}  # last axis, only when the KV heads divide the axis
-_ROWS = {"wo", "w_down", "embed"}  # first axis (input features; vocabulary for embed)
+_Q_ROWS = {"wo"}  # first axis, only when the query heads divide the axis
+_ROWS = {"w_down", "embed"}  # first axis (input features; vocabulary for embed)
 
 
 def axis_sizes(mesh: Mesh | Mapping[str, int] | None) -> dict[str, int]:
@@ -61,13 +64,20 @@ def _param_name(path) -> str:
     return names[-1] if names else ""
 
 
-def param_spec(name: str, shape, num_kv_heads: int, sizes: Mapping[str, int]) -> P:
-    """PartitionSpec of the parameter `name` (a leaf name of `models.Transformer`)."""
+def heads_of(config) -> tuple[int, int] | None:
+    """(query heads, KV heads) of a model config, or None without one."""
+    return None if config is None else (config.num_heads, config.num_kv_heads)
+
+
+def param_spec(name: str, shape, heads: tuple[int, int], sizes: Mapping[str, int]) -> P:
+    """PartitionSpec of the parameter `name` (a leaf name of `models.Transformer`) of a
+    model with `heads` = (query heads, KV heads)."""
     m = sizes.get(MODEL, 1)
+    q_whole, kv_whole = heads[0] % m == 0, heads[1] % m == 0
     split = None
-    if name in _COLUMNS or (name in _KV_COLUMNS and num_kv_heads % m == 0):
+    if name in _COLUMNS or (name in _Q_COLUMNS and q_whole) or (name in _KV_COLUMNS and kv_whole):
         split = len(shape) - 1
-    elif name in _ROWS:
+    elif name in _ROWS or (name in _Q_ROWS and q_whole):
         split = 0
     if split is None or m == 1 or shape[split] % m:
         return P()
@@ -76,10 +86,10 @@ def param_spec(name: str, shape, num_kv_heads: int, sizes: Mapping[str, int]) ->
     return P(*spec)
 
 
-def param_specs(params, num_kv_heads: int, sizes: Mapping[str, int]):
+def param_specs(params, heads: tuple[int, int], sizes: Mapping[str, int]):
     """The PartitionSpec tree of a model's `nnx.state` (or its abstract shapes)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: param_spec(_param_name(path), x.shape, num_kv_heads, sizes), params)
+        lambda path, x: param_spec(_param_name(path), x.shape, heads, sizes), params)
 
 
 def _slots_spec(shape, sizes, model_axis: int | None = None, model_dim: int = 1) -> P:
@@ -142,10 +152,14 @@ class Placement:
     programs it always did.
     """
 
-    def __init__(self, mesh: Mesh | None, target_kv_heads: int, draft_kv_heads: int | None):
+    def __init__(self, mesh: Mesh | None, target_heads: tuple[int, int],
+                 draft_heads: tuple[int, int] | None):
+        """target_heads, draft_heads: (query heads, KV heads) of each model (`heads_of`),
+        draft_heads None without a draft model."""
         self.mesh = auto_axes(mesh)
         self.sizes = axis_sizes(mesh)
-        self.kv_heads = {"target": target_kv_heads, "draft": draft_kv_heads}
+        self.heads = {"target": target_heads, "draft": draft_heads}
+        self.kv_heads = {role: None if h is None else h[1] for role, h in self.heads.items()}
         # where the engine's arrays go, fixed at construction: a later `jax.default_device`
         # around a call must not move them, nor change what the engine says it runs on
         self.device = default_device() if self.mesh is None else self.mesh.devices.flat[0]
@@ -157,7 +171,7 @@ class Placement:
     def param_shardings(self, params, role: str):
         if self.mesh is None or params is None:
             return None
-        return named(self.mesh, param_specs(params, self.kv_heads[role], self.sizes))
+        return named(self.mesh, param_specs(params, self.heads[role], self.sizes))
 
     def state_shardings(self, state):
         if self.mesh is None:
@@ -227,7 +241,7 @@ def memory_report(target_cfg, draft_cfg, spec, sizes: Mapping[str, int], max_bat
         if cfg is None:
             return 0
         params = _abstract_params(cfg)
-        return per_device_bytes(params, param_specs(params, cfg.num_kv_heads, sizes), sizes)
+        return per_device_bytes(params, param_specs(params, heads_of(cfg), sizes), sizes)
 
     def drafter_bytes(name):
         part = getattr(state.drafter, name, None)

@@ -270,8 +270,9 @@ def test_bad_paths_are_clear_errors(files, tmp_path, capsys):
     assert "--target" in m and "not both" in m
     m = _err(["profile", "--context-lengths", "8,x"], capsys)
     assert "--context-lengths" in m
-    m = _err(["generate", "--mesh", "4"], capsys)
-    assert "--mesh" in m and "DATAxMODEL" in m
+    for mesh in ("4", "\u00b2x2"):  # a superscript two is a digit to str.isdigit, not to int()
+        m = _err(["generate", "--mesh", mesh], capsys)
+        assert "--mesh" in m and "DATAxMODEL" in m, mesh
     m = _err(["generate", "--target", files.target, "--draft", files.draft, "--prompts", files.jsonl,
               "--mesh", "1x64"])
     assert "--mesh" in m and "needs 64 devices" in m

@@ -7,6 +7,7 @@ backend, and this suite runs on one.
 """
 
 import jax
+from jax.sharding import PartitionSpec as P
 import pytest
 
 from dsd_jax import SpecConfig, models
@@ -219,16 +220,28 @@ def test_memory_report_from_abstract_shapes():
 def test_meshes_are_taken_in_auto_mode_and_other_values_refused():
     from dsd_jax.sharding import Placement, make_mesh
     auto = make_mesh(1, 1)
-    assert Placement(auto, 2, None).mesh is auto
+    assert Placement(auto, (4, 2), None).mesh is auto
     explicit = jax.make_mesh((1, 1), ("data", "model"))
-    assert set(Placement(explicit, 2, None).mesh.axis_types) == {jax.sharding.AxisType.Auto}
+    assert set(Placement(explicit, (4, 2), None).mesh.axis_types) == {jax.sharding.AxisType.Auto}
     with pytest.raises(TypeError, match=r"mesh must be a jax.sharding.Mesh .*got tuple"):
-        Placement((1, 4), 2, None)
+        Placement((1, 4), (4, 2), None)
 
 
 def test_kv_heads_that_do_not_divide_the_axis_are_replicated():
-    # Qwen2.5-7B: 4 KV heads under tensor parallel 8
-    assert param_spec("wk", (3584, 512), 4, {"model": 8}) == param_spec("norm", (3584,), 4, {"model": 8})
-    assert param_spec("wk", (3584, 512), 4, {"model": 4}).count("model") == 1
-    assert param_spec("wq", (3584, 3584), 4, {"model": 8})[1] == "model"
-    assert param_spec("wo", (3584, 3584), 4, {"model": 8})[0] == "model"
+    # Qwen2.5-7B: 28 query heads, 4 KV heads under tensor parallel 8 (KV) and 4 (both)
+    qwen = (28, 4)
+    assert param_spec("wk", (3584, 512), qwen, {"model": 8}) == P()
+    assert param_spec("wk", (3584, 512), qwen, {"model": 4}).count("model") == 1
+    assert param_spec("wq", (3584, 3584), qwen, {"model": 4})[1] == "model"
+    assert param_spec("wo", (3584, 3584), qwen, {"model": 4})[0] == "model"
+    assert param_spec("w_up", (3584, 18944), qwen, {"model": 8})[1] == "model"
+
+
+def test_query_heads_are_never_split_inside_a_head():
+    """28 query heads of 128 over 8: 3584 columns divide by 8, but 3.5 heads a device would
+    split a head, so q and o are replicated (the MLP and the vocabulary are still split)."""
+    qwen = (28, 4)
+    for name, shape in (("wq", (3584, 3584)), ("bq", (3584,)), ("wo", (3584, 3584))):
+        assert param_spec(name, shape, qwen, {"model": 8}) == P(), name
+    assert param_spec("w_down", (18944, 3584), qwen, {"model": 8})[0] == "model"
+    assert param_spec("lm_head", (3584, 152064), qwen, {"model": 8})[1] == "model"

@@ -871,7 +871,8 @@ def _add_generate(sub) -> None:
                    help="a word the completion may not contain (repeat the flag for more; vLLM's "
                         "bad_words): its last token is banned where the rest of it was just generated")
     g.add_argument("--ignore-eos", action="store_true",
-                   help="do not stop at the tokenizer's end-of-text token")
+                   help="do not stop at the tokenizer's end-of-text tokens, nor (with --hf-target) at the "
+                        "checkpoint's own eos_token_id")
     g.add_argument("--logprobs", action="store_true", help="write per-token logprobs")
     g.add_argument("--top-logprobs", type=int, metavar="N",
                    help="write each token's N likeliest tokens with their raw logprobs, and its own "

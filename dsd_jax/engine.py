@@ -119,7 +119,7 @@ class SpecEngine:
     `controller`: any object with
     `choose_k(batch_size, context_len=None, request_ids=None)` and `observe(...)`, and
     optionally `settled(batch_size, k, context_len)` (sure to choose k again until the
-    batch changes: dispatches may then run up to 32 rounds, not 8), `end_run()` (a run
+    batch changes: dispatches may then run up to 32 rounds, not 8 or 16), `end_run()` (a run
     ended: the choice for a dispatch it dropped is never observed) and `use_temperature(t)`
     (a run starts whose requests' median temperature is t); by default built from
     `spec` and `profile` (a `Profile` or a profile JSON path; default the spec's
@@ -496,7 +496,8 @@ class SpecEngine:
     def metrics(self) -> dict:
         """`stats` as a dict, with the controller's calibration (predicted vs measured).
 
-        "steps" and "k_hist" count rounds (a dispatch runs up to 8, or 32 when settled);
+        "steps" and "k_hist" count rounds (a dispatch runs up to 8, 16 at a K the controller
+        holds over several rows, or 32 when settled; `dispatch.py`);
         the controller's "k_choices" counts dispatches (one choice of K each) and its
         "k_steps" rounds again. "tokens" counts emitted tokens, including a stop token
         that `include_stop_token=False` then drops from the output. "compile_s" is what the

@@ -394,11 +394,12 @@ def _random_prompts(vocab: int, n: int = 8, length: int = 16, seed: int = 0) -> 
     return [rng.integers(0, vocab, size=length).tolist() for _ in range(n)]
 
 
-def _measure_acceptance(engine, prompts, temperature: float, max_tokens: int) -> tuple[list[float], int]:
+def _measure_acceptance(engine, prompts, temperature: float, max_tokens: int,
+                        seed: int = 0) -> tuple[list[float], int]:
     rec = _AcceptanceRecorder(engine.max_k)
     with engine._stand_in(rec):
-        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i, ignore_eos=True)
-                  for i in range(len(prompts))]
+        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=(seed + i) % 2 ** 32,
+                                 ignore_eos=True) for i in range(len(prompts))]
         engine.generate(prompts, params)
     return rec.acceptance(), rec.rows
 
@@ -449,6 +450,8 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
     progress: ``progress(done, total)`` after each latency cell and each acceptance run.
     latency_temperature: sampling temperature of the synthetic rows (0 = greedy; > 0
         also times the noise generation of sampling).
+    seed: seeds the synthetic rows, the random prompts and the sampled acceptance runs
+        (prompt i's request: seed + i).
     acceptance: a_1..a_max_k to record instead of measuring them (e.g. a published
         per-position curve, for models with random weights): the acceptance runs are
         skipped and `prompts`/`temperatures` are not used.
@@ -548,7 +551,7 @@ def profile_engine(engine, *, context_lengths: Sequence[int] = (128,), repeats: 
             raise ValueError("prompts must not be empty")
         by_temp = {}
         for t in temperatures:
-            a, rows = _measure_acceptance(engine, prompts, t, int(acceptance_max_tokens))
+            a, rows = _measure_acceptance(engine, prompts, t, int(acceptance_max_tokens), seed)
             by_temp[str(t)] = a
             rows_observed[str(t)] = rows
             done += 1

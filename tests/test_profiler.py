@@ -333,3 +333,23 @@ def test_paired_cells_leave_out_untimed_reps():
     timed = np.array([[10.0, 15.0], [12.0, 24.0], [11.0, 22.0]])  # [rep, K]
     cut = np.concatenate([timed, np.full((2, 2), np.nan)])
     assert prof_lib.paired_cells(cut).tolist() == prof_lib.paired_cells(timed).tolist() == [11.0, 22.0]
+
+
+def test_sampled_acceptance_runs_follow_the_seed():
+    """Request i of a sampled acceptance run is seeded seed + i (`dsd-jax profile --seed`
+    reached only the synthetic rows and the random prompts)."""
+    import contextlib
+
+    class Recording:
+        max_k = 2
+
+        def _stand_in(self, controller):
+            return contextlib.nullcontext()
+
+        def generate(self, prompts, params):
+            self.seeds = [p.seed for p in params]
+
+    engine = Recording()
+    with pytest.raises(RuntimeError, match="no speculative step"):  # nothing ran: only the seeds matter
+        prof_lib._measure_acceptance(engine, [[1], [2], [3]], 1.0, 4, seed=2 ** 32 - 2)
+    assert engine.seeds == [2 ** 32 - 2, 2 ** 32 - 1, 0]

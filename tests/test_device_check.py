@@ -216,8 +216,6 @@ def test_time_budget_skips_sections(tmp_path):
     res = json.loads((tmp_path / "device_check.json").read_text())
     assert res["kernels"]["error"].startswith("skipped") and res["timings"]["error"].startswith("skipped")
     assert res["settings"]["profile_pair"] == ["qwen3-8b", "qwen3-0.6b"]
-    with pytest.raises(SystemExit, match="TARGET,DRAFT"):
-        dc.main(["--out", str(tmp_path), "--e2e-pair", "llama-3.1-8b"])
     with pytest.raises(ValueError, match="unknown sections"):
         dc.run(str(tmp_path), dc.Settings.cpu_smoke(), sections=("kernel",))
     assert "## kernels: ERROR skipped" in (tmp_path / "device_check.txt").read_text()
@@ -499,3 +497,129 @@ ENTRY %main (x: f32[2]) -> f32[2] {
         loop, params = dc.bare_loop(init_model(tiny_config(num_layers=layers), seed=0))
         counts.append(dc.kernel_launches(loop.lower(params, jnp.zeros((2,), jnp.int32)).compile().as_text()))
     assert counts[2] - counts[1] == counts[1] - counts[0] > 0, counts
+
+
+def _no_run(*args, **kw):
+    raise AssertionError("a section ran")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--profile-buckets", "2,2"], "--profile-buckets: profile buckets must be distinct positive"),
+    (["--profile-buckets", "0"], "--profile-buckets: profile buckets must be distinct positive"),
+    (["--profile-buckets", "1,x"], "--profile-buckets: need comma-separated integers"),
+    (["--profile-contexts", "0"], "--profile-contexts: context lengths must be positive"),
+    (["--profile-pair", "llama-3.1-8b,nope"], "--profile-pair: unknown synthetic model 'nope'"),
+    (["--e2e-pair", "llama-3.1-8b"], "--e2e-pair: needs TARGET,DRAFT"),
+    (["--e2e-pair", "llama-3.1-8b,"], "--e2e-pair: needs TARGET,DRAFT"),
+    (["--sections", ","], "--sections: no section"),
+    (["--sections", "kernel"], "--sections: unknown 'kernel'"),
+    (["--sections", "kernels,kernels"], "--sections: a section twice"),
+    (["--cpu"], "unrecognized arguments: --cpu"),  # no abbreviation of --cpu-smoke (the script's CPU switch)
+    (["--cpu-s"], "unrecognized arguments: --cpu-s"),
+])
+def test_flags_are_checked_before_anything_runs(tmp_path, monkeypatch, capsys, argv, message):
+    """A bad flag is a usage error (exit 2, naming it) before any section starts: they had
+    failed inside their section (after minutes of device time) or as tracebacks, and an empty
+    --sections wrote nothing and exited 0."""
+    from dsd_jax.device_check import command
+    monkeypatch.setattr(command, "run", _no_run)
+    with pytest.raises(SystemExit) as e:
+        dc.main(["--cpu-smoke", "--out", str(tmp_path / "dc"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "dc").exists()
+
+
+def test_smoke_profile_fits_its_contexts():
+    """--cpu-smoke --profile-contexts 64 had kept max_seq_len 22 and failed in the profile."""
+    assert dc.Settings.cpu_smoke().profile_max_seq_len == 22  # the e2e engine's: one compile for both
+    assert dc.Settings.cpu_smoke(profile_contexts=(16, 64)).profile_max_seq_len >= 64
+    assert dc.Settings.cpu_smoke(profile_max_seq_len=30).profile_max_seq_len == 30
+
+
+def test_earlier_results_are_kept_unless_overwrite(tmp_path, monkeypatch, capsys):
+    """An --out folder with an earlier run's outputs is refused up front (the first section
+    had rewritten its device_check.json), unless --overwrite; an --out that is a file is a
+    usage error, not a traceback."""
+    from dsd_jax.device_check import command
+    monkeypatch.setattr(command, "run", _no_run)
+    for name in ("device_check.json", "profile.json"):
+        out = tmp_path / name.split(".")[0]
+        out.mkdir()
+        (out / name).write_text('{"earlier": true}')
+        with pytest.raises(SystemExit) as e:
+            dc.main(["--cpu-smoke", "--out", str(out), "--sections", "kernels"])
+        assert e.value.code == 2 and f"{name}' exists; pass --overwrite" in capsys.readouterr().err
+        assert (out / name).read_text() == '{"earlier": true}'
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        dc.main(["--cpu-smoke", "--out", str(tmp_path / "file"), "--sections", "kernels"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--out: " in err and "exists and is not a directory" in err
+    monkeypatch.setattr(command, "run", lambda *a, **kw: {"kernels": {"passed": 0, "total": 0}})
+    assert dc.main(["--cpu-smoke", "--out", str(tmp_path / "device_check"), "--sections", "kernels",
+                    "--overwrite"]) == 0
+
+
+def test_exit_status_says_whether_anything_failed(tmp_path, monkeypatch, capsys):
+    """Exit 1 when a correctness check failed or a section (or an item in one) raised, after
+    the results and the report are written; a section or item cut by the time budget is no
+    failure."""
+    from dsd_jax.device_check import command
+    bad = {"backend": "interpret", "attention": [{"case": "c0", "rel_err": float("nan"), "tol": 1e-5,
+                                                  "nan_match": False, "ok": False}],
+           "rejection": [], "passed": 0, "total": 1, "skipped": 0}
+    monkeypatch.setattr(command, "check_kernels", lambda s, deadline=None: bad)
+    out = tmp_path / "dc"
+    assert dc.main(["--cpu-smoke", "--out", str(out), "--sections", "kernels"]) == 1
+    assert json.loads((out / "device_check.json").read_text())["kernels"]["attention"][0]["ok"] is False
+    captured = capsys.readouterr()
+    assert "-> FAIL" in captured.out and "FAILED kernels: c0" in captured.err
+    assert dc.failures({"kernels": {"attention": [{"case": "c", "ok": True}, {"skipped": dc.SKIPPED}]},
+                        "timings": {"error": "skipped: 9 s of the 1 s budget used", "skipped": dc.SKIPPED},
+                        "e2e": {"synthetic": {"skipped": dc.SKIPPED}, "tokens_identical": False}}) == []
+    assert dc.failures({"timings": {"error": "RuntimeError: boom"}}) == ["timings: RuntimeError: boom"]
+    assert dc.failures({"timings": {"attention": [{"xla": {"error": "OOM"}}]}}) == ["timings.attention[0].xla: OOM"]
+    assert dc.failures({"e2e": {"synthetic": {"tokens_identical": False}}}) == [
+        "e2e.synthetic: tokens differ across backends"]
+
+
+def test_results_are_strict_json_written_whole(tmp_path):
+    """A kernel's NaN error is null in device_check.json (a bare NaN is not JSON) and "nan" in
+    the report; a write that fails leaves the earlier file whole (it had been truncated)."""
+    res = {"mode": "cpu-smoke", "kernels": {"backend": "interpret", "passed": 0, "total": 1, "skipped": 0,
+                                            "attention": [{"case": "c0", "rel_err": float("nan"), "tol": 1e-5,
+                                                           "nan_match": False, "ok": False}],
+                                            "rejection": []},
+           "inf": [np.float32("inf"), 1.5]}
+    dc.write_results(res, str(tmp_path))
+
+    def strict(c):
+        raise ValueError(c)
+    saved = json.loads((tmp_path / "device_check.json").read_text(), parse_constant=strict)
+    assert saved["kernels"]["attention"][0]["rel_err"] is None and saved["inf"] == [None, 1.5]
+    assert "rel err nan (tol 1e-05)" in (tmp_path / "device_check.txt").read_text()
+    assert "rel err - (tol" in dc.format_report(saved)  # the report also reads back from the JSON
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("killed mid-write")
+    before = (tmp_path / "device_check.json").read_text()
+    with pytest.raises(RuntimeError):
+        dc.write_results({**res, "late": Unprintable()}, str(tmp_path))
+    assert (tmp_path / "device_check.json").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["device_check.json", "device_check.txt"]
+
+
+def test_hardware_peaks_by_exact_device_kind():
+    """Peaks of a device kind known exactly; others unknown (no floors), not a substring's:
+    "NVIDIA H100 NVL" had an H100 SXM's 3.35 TB/s, a GH200 the H200's 4.8, an A100 40GB 2.0."""
+    assert dc.hardware_peaks("NVIDIA H200") == (4.8e12, 990e12)
+    assert dc.hardware_peaks("NVIDIA H100 80GB HBM3") == (3.35e12, 990e12)
+    assert dc.hardware_peaks("NVIDIA A100-SXM4-40GB")[0] == 1.555e12
+    assert dc.hardware_peaks("NVIDIA A100-SXM4-80GB")[0] == 2.039e12
+    for kind in ("NVIDIA H100 NVL", "NVIDIA GH200 480GB", "NVIDIA H200 NVL", "TPU v5 lite", "cpu"):
+        assert dc.hardware_peaks(kind) is None, kind
+    info = {"device_kind": "NVIDIA H100 NVL", "platform": "gpu", "hbm_bytes_per_s": None}
+    assert "peak HBM bandwidth UNKNOWN for this device kind" in dc.format_report({"device": info})
+    info = {**info, "device_kind": "NVIDIA H200", "hbm_bytes_per_s": 4.8e12}
+    assert "peak HBM 4.80 TB/s" in dc.format_report({"device": info})

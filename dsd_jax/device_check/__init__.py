@@ -1,7 +1,10 @@
 """Validate and time everything on one accelerator: `python benchmarks/device_check.py --out DIR`.
 
-Four sections, each writing into DIR/device_check.json (rewritten after every section, so a
-run cut short keeps what it finished) and DIR/device_check.txt (the report):
+Four sections, each writing into DIR/device_check.json (rewritten whole after every section,
+so a run cut short keeps what it finished; a NaN or infinite number is written as null) and
+DIR/device_check.txt (the report). A DIR holding an earlier run's outputs is refused unless
+``--overwrite``; every flag is checked before anything runs; the exit status is 1 when
+anything failed (`failures`), after everything is written:
 
 - ``kernels``: the Pallas kernels (backend "pallas", not interpret) against their XLA
   references on the same device, with the cases and tolerances of `tests/test_kernels.py`
@@ -56,8 +59,8 @@ from .floor import (
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
-from .report import format_report, write_results
-from .command import build_parser, main, run, section_deadline
+from .report import format_report, json_safe, write_results
+from .command import build_parser, failures, main, run, section_deadline
 
 __all__ = [
     "ATTN_CASES", "BF16", "F32", "FLOOR_RESERVE_S", "PROFILE_COMPILE_SHARE", "PROFILE_RESERVE_S",
@@ -70,5 +73,5 @@ __all__ = [
     "ZeroDrafts", "bare_loop", "bare_step", "draft_share_point", "floor_point", "kernel_launches",
     "format_floor", "kv_bytes", "fused_projections", "time_bare_forwards", "weight_bytes",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
-    "format_report", "write_results", "build_parser", "main", "run", "section_deadline"
+    "format_report", "json_safe", "write_results", "build_parser", "failures", "main", "run", "section_deadline"
 ]

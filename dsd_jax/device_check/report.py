@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+
+import numpy as np
+
+from dsd_jax.loading import atomic_write
 
 from .floor import format_floor
 from .settings import SECTIONS, SKIPPED
@@ -26,8 +31,11 @@ def _verdict(gap: dict) -> str:
 
 def format_report(results: dict) -> str:
     info = results.get("device", {})
+    bw = info.get("hbm_bytes_per_s")
+    peak = (f", peak HBM {bw / 1e12:.2f} TB/s" if bw else
+            ", peak HBM bandwidth UNKNOWN for this device kind (no floors, no fractions of them)" if info else "")
     lines = [f"device_check: {info.get('device_kind')} ({info.get('platform')}), jax {info.get('jax')}, "
-             f"mode {results.get('mode')}", ""]
+             f"mode {results.get('mode')}{peak}", ""]
     failed = {n: results[n]["error"] for n in SECTIONS
               if isinstance(results.get(n), dict) and "error" in results[n]}
     for name, err in failed.items():
@@ -41,7 +49,7 @@ def format_report(results: dict) -> str:
                      + (f", {k['skipped']} skipped ({SKIPPED})" if k.get("skipped") else ""))
         for r in k.get("attention", []):
             lines.append(f"  attention {r.get('case', '?')}: " + (
-                f"rel err {r['rel_err']:.2e} (tol {r['tol']:.0e}), NaN match {r['nan_match']} -> "
+                f"rel err {_fmt(r['rel_err'], '.2e')} (tol {r['tol']:.0e}), NaN match {r['nan_match']} -> "
                 f"{'OK' if r['ok'] else 'FAIL'}" if "rel_err" in r else _not_run(r)))
         for r in k.get("rejection", []):
             lines.append(f"  rejection {r.get('case', '?')}: " + (
@@ -154,9 +162,24 @@ def format_report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def json_safe(x):
+    """`x` with every non-finite float (a failing kernel's NaN error) as None, JSON's null:
+    a bare NaN or Infinity is not JSON, and strict readers (jq, JSON.parse) refuse the file."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
 def write_results(results: dict, out_dir: str) -> None:
+    """DIR/device_check.json (non-finite numbers as null, `json_safe`) and DIR/device_check.txt,
+    each written whole or not at all (`atomic_write`): a run its call's time limit kills keeps
+    what the last write saved, never half a file."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "device_check.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    with open(os.path.join(out_dir, "device_check.txt"), "w") as f:
-        f.write(format_report(results))
+    text = json.dumps(json_safe(results), indent=1, default=str, allow_nan=False)
+    atomic_write(os.path.join(out_dir, "device_check.json"), lambda f: f.write(text))
+    report = format_report(results)  # from the results as they are: a NaN error reads "nan" there
+    atomic_write(os.path.join(out_dir, "device_check.txt"), lambda f: f.write(report))

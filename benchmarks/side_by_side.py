@@ -4,10 +4,12 @@ paired confidence intervals and the goodput model's prediction.
 
     python benchmarks/side_by_side.py --out DIR [--batch-sizes 1,2,4,8] [--max-seq-lens 256,4096]
         [--max-tokens 128] [--repeats N] [--max-k 4] [--hf-batch-sizes 1] [--torch-threads N] [--quick]
+        [--overwrite]
 
 (``--quick``: B = 1, 2 at max_seq_len 256, 12 tokens, K <= 2, 2 repeats; about 2 minutes
-on 2 CPU cores, mostly compiling.) Output: DIR/results.json, DIR/results.png and the
-table on stdout; exit status 1 when an engine configuration was not lossless.
+on 2 CPU cores, mostly compiling.) Output: DIR/results.json, DIR/results.png (an existing
+one is refused before the run unless --overwrite) and the table on stdout; exit status 1
+when an engine configuration was not lossless.
 
 The workload, its method and its report are `dsd_jax.bench.side_by_side`; this script
 only reads the flags. It stays a script rather than a `dsd-jax bench` workload because
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from dsd_jax.bench import side_by_side
+from dsd_jax.loading import ArgumentError, check_outputs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--torch-threads", type=int, help="torch CPU threads for hf-assisted (default: torch's)")
     ap.add_argument("--compilation-cache-dir", help="persistent XLA compilation cache")
     ap.add_argument("--quick", action="store_true", help="tiny settings: a smoke test of the pipeline")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an existing DIR/results.json or DIR/results.png (default: refuse, before the run)")
     return ap.parse_args(argv)
 
 
@@ -59,7 +64,13 @@ def main(argv=None, log: Callable = print) -> dict:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SystemExit(f"--out {out} is an existing file, not a directory")
-    doc = side_by_side.run_builtin(settings_from(args), out, compilation_cache_dir=args.compilation_cache_dir,
+    settings = settings_from(args)
+    try:  # before the run (an hour at the defaults): an earlier run's results are not lost
+        check_outputs([("--out", str(out / name)) for name in ("results.json", "results.png")],
+                      overwrite=args.overwrite)
+    except ArgumentError as e:
+        raise SystemExit(str(e)) from None
+    doc = side_by_side.run_builtin(settings, out, compilation_cache_dir=args.compilation_cache_dir,
                                    log=log)
     log(side_by_side.format_table(doc))
     log(f"wrote {out / 'results.json'} and {out / 'results.png'}")

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
 from typing import Any
+
+import numpy as np
 
 from dsd_jax.models.layout import atomic_write, writes_through  # re-exported: they live below the model layer
 from dsd_jax.inputs import EOS_CANDIDATES, encode_text, tokenizer_eos_ids
@@ -22,6 +25,19 @@ __all__ = ["ArgumentError", "existing_file", "existing_dir", "output_file", "out
            "atomic_write", "writes_through", "writing", "model_inputs",
            "load_models", "load_eagle3_head", "draft_for", "read_prompts", "encode_prompts", "eos_token_ids",
            "EOS_CANDIDATES"]
+
+
+def json_safe(x):
+    """`x` with every non-finite float (a failing kernel's NaN error, a ratio of nothing) as
+    None, JSON's null: a bare NaN or Infinity is not JSON, and strict readers (jq,
+    JSON.parse) refuse the file."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
 
 
 class ArgumentError(ValueError):

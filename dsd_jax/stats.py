@@ -106,7 +106,13 @@ def _units(logs: np.ndarray, clusters) -> tuple[np.ndarray, np.ndarray]:
     labels = list(clusters)
     if len(labels) != logs.size:
         raise ValueError(f"clusters needs one label per pair, got {len(labels)} for {logs.size} pairs")
-    _, idx = np.unique(np.asarray(labels), return_inverse=True)
+    # ids by first appearance: any hashable label (a tuple, None) is one unit; np.unique on an
+    # array of them fails on tuples ("object too deep") and on None (it sorts)
+    try:
+        ids = {label: i for i, label in enumerate(dict.fromkeys(labels))}
+    except TypeError:
+        raise ValueError("clusters needs hashable labels (a number, a string, a tuple)") from None
+    idx = np.array([ids[label] for label in labels], dtype=np.intp)
     return np.bincount(idx, weights=logs), np.bincount(idx).astype(float)
 
 
@@ -116,8 +122,8 @@ def paired_ratio(a: Sequence[float], b: Sequence[float], n_boot: int = 2000, ci:
 
     a, b: positive numbers of equal length, one entry per interleaved pair (e.g.
     tokens/s of two configurations on the same prompt group in the same repeat).
-    clusters: a label per pair; pairs with one label are one unit of the interval (the
-    repeats of one prompt group). None: every pair is its own unit.
+    clusters: a label per pair (any hashable value); pairs with one label are one unit of
+    the interval (the repeats of one prompt group). None: every pair is its own unit.
     Returns ``{"ratio", "lo", "hi", "n", "pairs", "ci", "method"}``: the geometric mean of
     a[i] / b[i] over every pair, its `ci` confidence interval and how it was made
     ("t" or "bootstrap", see the module docstring), ``n`` the number of units. With a

@@ -307,6 +307,19 @@ def test_summary_on_hand_made_rows():
     assert s["sweep"][0]["best_other"] == "static-4" and s["rollout"]["best_other"] == "static-2"
 
 
+def test_best_speedup_is_the_best_configs_own():
+    """best_config is ranked by the paired scores; its speedup is its own on them, not the
+    highest median's (static-2's 160 over one slow pair, ranked below static-1)."""
+    def row(c, tps, pairs):
+        return {**_row(1, c, tps), "tokens_per_s_pairs": pairs, "tokens_per_s_repeats": pairs,
+                "pair_units": [0, 1, 2, 3]}
+
+    rows = [row("vanilla", 100.0, [100.0] * 4), row("static-1", 150.0, [150.0] * 4),
+            row("static-2", 160.0, [60.0, 160.0, 160.0, 160.0])]
+    e = bench.summarize(rows)["sweep"][0]
+    assert e["best_config"] == "static-1" and e["best_speedup_vs_vanilla"] == pytest.approx(1.5)
+
+
 def test_paired_intervals_on_hand_made_rows():
     """Interleaved pairs share the machine's drift: a 10% gain under 30% drift is resolved, a
     config equal to vanilla is not."""
@@ -494,6 +507,39 @@ def test_output_checks_come_before_the_run(tmp_path):
                         configs=["vanilla", "dynamic", "eagle3-dynamic"]))
     with pytest.raises(ArgumentError, match="--target"):  # past the checks
         bench.main(args(json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png")))
+
+
+def _unloadable_args(tmp_path, **kw):
+    """`bench.main`'s flags with a --target that names no directory: getting past the flag
+    checks fails on it, before any model loads."""
+    import types
+    base = dict(quick=True, target=str(tmp_path / "no_model"), configs=["vanilla", "static-1"], json=None,
+                plot=None, profile=None, eagle3_profile=None, overwrite=False)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def test_min_units_below_fresh_repeats_is_refused_before_loading(tmp_path):
+    """Below FRESH_MIN_REPEATS repeats no repeat takes groups of its own, so --min-units would
+    be ignored: an argument error naming both flags; --quick's own min_units (0) is not one."""
+    from dsd_jax.loading import ArgumentError
+    with pytest.raises(ArgumentError, match=r"--min-units: .*--repeats 3 or more; this run has 2 repeats "
+                                            r"\(--quick's\)"):
+        bench.main(_unloadable_args(tmp_path, min_units=6))
+    with pytest.raises(ArgumentError, match=r"--min-units: .*this run has 2 repeats: give --repeats 3"):
+        bench.main(_unloadable_args(tmp_path, quick=False, min_units=18, repeats=2))
+    for ok in (dict(), dict(min_units=0), dict(min_units=6, repeats=3), dict(quick=False, repeats=2)):
+        with pytest.raises(ArgumentError, match="--target"):
+            bench.main(_unloadable_args(tmp_path, **ok))
+
+
+def test_eagle3_max_batch_below_every_batch_size_is_refused_before_loading(tmp_path):
+    from dsd_jax.loading import ArgumentError
+    e3 = dict(configs=["vanilla", "eagle3-static-1"], batch_sizes=[4, 16])
+    with pytest.raises(ArgumentError, match=r"--eagle3-max-batch: 2 is below every batch size of the run "
+                                            r"\(4, 16, 64\)"):  # --quick's rollout: 64 requests
+        bench.main(_unloadable_args(tmp_path, eagle3_max_batch=2, **e3))
+    with pytest.raises(ArgumentError, match="--target"):
+        bench.main(_unloadable_args(tmp_path, eagle3_max_batch=4, **e3))
 
 
 def test_controllers_are_sized_per_data_shard_and_profiles_checked_against_the_mesh(tiny_pair):

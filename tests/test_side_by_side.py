@@ -134,3 +134,98 @@ def test_settings_and_arguments(tmp_path):
         script.settings_from(script.parse_args(["--out", "x", "--repeats", "0"]))
     assert sbs.config_names(3) == ["floor", "vanilla", "static-1", "static-2", "static-3", "dynamic", "hf-assisted"]
     assert models.save_hf  # the exporter hf-assisted uses
+
+
+def _cell(outputs_per_repeat, info=None):
+    from dsd_jax.bench.runner import Cell
+    cell = Cell()
+    for rep, outs in enumerate(outputs_per_repeat):
+        cell.add(rep, 0.1 + 0.01 * rep, outs, info)
+    return cell
+
+
+def test_lossless_is_judged_on_every_repeat():
+    """A configuration whose later repeats differ from vanilla's (or fall short of max_tokens)
+    is not lossless, though its first repeat matched."""
+    from dsd_jax.bench.side_by_side_report import analyse_point, summarize
+
+    def info(k):
+        return {"row_steps": 8, "steps": 8, "k_hist": {k: 8}, "decode_tokens": 8, "decode_s": 0.1,
+                "step_ms": [(k, 1, 10.0, 20)] * 8, "accepted": [0], "proposed": [0], "controller_s": 0.0}
+
+    good, bad, short = [[1, 2, 3, 4, 5, 6, 7, 8]], [[1, 2, 3, 9, 9, 9, 9, 9]], [[1, 2, 3]]
+    cells = {"floor": _cell([good] * 3), "vanilla": _cell([good] * 3, info(0)),
+             "static-1": _cell([good, good, short], info(1)), "dynamic": _cell([good, bad, bad], info(1)),
+             "hf-assisted": _cell([good, bad, good])}
+    p = analyse_point(cells, 1, 8, 1)
+    configs = p["configs"]
+    assert configs["vanilla"]["lossless"] and configs["vanilla"]["all_max_tokens"]
+    dyn = configs["dynamic"]
+    assert not dyn["lossless"] and dyn["mismatched_requests_vs_vanilla"] == 1 and not dyn["matches_floor"]
+    assert not configs["static-1"]["lossless"] and not configs["static-1"]["all_max_tokens"]
+    assert configs["hf-assisted"]["mismatched_requests_vs_vanilla"] == 1
+    summ = summarize([{"max_seq_len": 32, "batch_size": 1, **p}])
+    assert summ["lossless"] is False and summ["hf_mismatched_requests"] == 1
+
+
+def test_prompt_groups_are_distinct_at_any_settings(monkeypatch):
+    """ceil(rows / B) groups of B may take more prompts than rows_per_point (B = 3, 4 rows:
+    two groups, six prompts): run_builtin fetches them all, and run refuses groups that would
+    repeat a prompt (the intervals resample them as independent draws), before any compile."""
+    s = sbs.make_settings(False, batch_sizes="1,3", rows_per_point=4)
+    fetched = []
+
+    class Fetched(Exception):
+        pass
+
+    def builtin_prompts(n, n_profile, tokenizer):
+        fetched.append(n)
+        raise Fetched
+
+    monkeypatch.setattr(sbs.models, "builtin", lambda: (None, None, None))
+    monkeypatch.setattr(sbs, "builtin_prompts", builtin_prompts)
+    with pytest.raises(Fetched):
+        sbs.run_builtin(s, "unused")
+    assert fetched == [6]
+    with pytest.raises(ValueError, match="batch size 3 takes 2 prompt groups of 3, 6 distinct prompts, but 4"):
+        sbs.run(None, None, [[i + 1] for i in range(4)], [], s, log=lambda m: None)
+
+
+def test_existing_results_are_refused_before_the_run_unless_overwrite(tmp_path, monkeypatch):
+    """--out DIR holding an earlier results.json or results.png is refused before the run
+    (an hour at the defaults) unless --overwrite; results are written whole or not at all,
+    as strict JSON (a non-finite number as null)."""
+    class Ran(Exception):
+        pass
+
+    def run_builtin(*a, **kw):
+        raise Ran
+
+    monkeypatch.setattr(sbs, "run_builtin", run_builtin)
+    for name in ("results.json", "results.png"):
+        out = tmp_path / name.replace(".", "_")
+        out.mkdir()
+        (out / name).write_text("an earlier run")
+        with pytest.raises(SystemExit, match=f"--out: '.*{name}' exists; pass --overwrite to replace it"):
+            script.main(["--out", str(out), "--quick"])
+        with pytest.raises(Ran):
+            script.main(["--out", str(out), "--quick", "--overwrite"])
+    with pytest.raises(Ran):  # nothing there yet
+        script.main(["--out", str(tmp_path / "new"), "--quick"])
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "results.json").write_text("an earlier run")
+    with pytest.raises(TypeError):  # a write failing half way
+        sbs.write_results({"settings": {"bad": object()}, "points": []}, out)
+    assert (out / "results.json").read_text() == "an earlier run" and sorted(p.name for p in out.iterdir()) == [
+        "results.json"]
+    doc = {"settings": {"nan": float("nan")}, "summary": {},
+           "points": [{"max_seq_len": 64, "batch_size": 1, "groups": 1, "profile_acceptance": [float("inf"), 0.5],
+                       "configs": {"vanilla": {"tokens_per_s": 10.0, "vs_vanilla": None}}}]}
+    sbs.write_results(doc, out)
+
+    def refuse(name):
+        raise AssertionError(f"{name} in results.json")
+    on_disk = json.loads((out / "results.json").read_text(), parse_constant=refuse)
+    assert on_disk["settings"]["nan"] is None and on_disk["points"][0]["profile_acceptance"] == [None, 0.5]
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"

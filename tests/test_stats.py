@@ -111,6 +111,18 @@ def test_clusters_count_groups_and_few_groups_get_a_t_interval():
         stats.paired_ratio(a, b, clusters=groups[:-1])
 
 
+def test_any_hashable_cluster_label_is_a_unit():
+    """Tuples (a (repeat, group) key) and None are labels like any other: the same units as
+    integer labels give the same interval, here a bootstrap, where the units' order matters."""
+    a, b, groups = _grouped(8, 3, 1.1, 0.05, 0.02, seed=2)
+    res = stats.paired_ratio(a, b, clusters=groups)
+    assert res["n"] == 8 and res["method"] == "bootstrap"
+    assert stats.paired_ratio(a, b, clusters=[(x, "group") for x in groups]) == res
+    assert stats.paired_ratio(a, b, clusters=[None if x == 0 else x for x in groups]) == res
+    with pytest.raises(ValueError, match="hashable labels"):
+        stats.paired_ratio(a, b, clusters=[[x] for x in groups])
+
+
 def test_two_to_four_units_get_a_t_interval():
     """A bootstrap of 2 units is [min, max] stretched (93% coverage); t is exact for normal
     log-ratios: 2000 seeded datasets of 2 pairs cover the true ratio about 95% of the time."""

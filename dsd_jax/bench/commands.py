@@ -11,8 +11,9 @@ import jax
 from dsd_jax.bench.profiles import shipped_profile
 from dsd_jax.bench.report import check_plot_path, format_hist, format_table, summarize, write_json, write_plot
 from dsd_jax.bench.run import run_bench
-from dsd_jax.bench.settings import config_list, has_dynamic, int_list, methods_of, mode, with_method
-from dsd_jax.bench.workloads import sweep_prompts
+from dsd_jax.bench.settings import (config_list, eagle3_max_batch_error, has_dynamic, int_list, methods_of, mode,
+                                    with_method)
+from dsd_jax.bench.workloads import FRESH_MIN_REPEATS, sweep_prompts
 from dsd_jax.loading import ArgumentError, check_outputs, load_eagle3_head, load_models, model_inputs, writing
 from dsd_jax.sampling import SamplingParams
 
@@ -91,6 +92,21 @@ def _check_flags_apply(args, configs) -> None:
                                 "--configs" + (" or --method eagle3 (or both)" if "eagle3" in what else ""))
 
 
+def _check_sweep_flags(args, quick: bool, configs, batch_sizes) -> None:
+    """Before any model is loaded: a --min-units the run would ignore, an --eagle3-max-batch
+    below every batch size (`run_bench` would refuse it only once the models are loaded)."""
+    min_units, repeats = getattr(args, "min_units", None), getattr(args, "repeats", None) or mode(quick)["repeats"]
+    if min_units and repeats < FRESH_MIN_REPEATS:  # (--quick's own min_units is 0)
+        raise ArgumentError("--min-units", f"adds prompt groups only where each repeat takes groups of its own, "
+                            f"at --repeats {FRESH_MIN_REPEATS} or more; this run has {repeats} repeats"
+                            + ("" if getattr(args, "repeats", None) else " (--quick's)")
+                            + f": give --repeats {FRESH_MIN_REPEATS} or more, or no --min-units")
+    why = eagle3_max_batch_error(getattr(args, "eagle3_max_batch", None), configs,
+                                 int_list("batch_sizes", batch_sizes), mode(quick)["rollout_requests"])
+    if why:
+        raise ArgumentError("--eagle3-max-batch", why)
+
+
 def _profiles(args, quick: bool, configs, source: str) -> tuple:
     """(draft-model profile, EAGLE-3 profile) the run reads: the flags', else for the built-in
     pair's dynamic configuration the shipped one (None: measured in the run)."""
@@ -144,6 +160,7 @@ def main(args) -> int:
     _check_paths(args, outputs)
     d = mode(quick)
     batch_sizes = getattr(args, "batch_sizes", None) or d["batch_sizes"]
+    _check_sweep_flags(args, quick, configs, batch_sizes)
     rows_per_point, rollout_units = getattr(args, "rows_per_point", None), getattr(args, "rollout_units", None)
     min_units = getattr(args, "min_units", None)
     try:  # before any model loads

@@ -194,6 +194,17 @@ def prefill_chunk_for(prompt_len: int) -> int:
     return min(256, 1 << max(4, (prompt_len - 1).bit_length()))
 
 
+def eagle3_max_batch_error(e3: int | None, configs, batch_sizes, rollout_requests: int) -> str | None:
+    """Why an eagle3_max_batch `e3` does not fit the run (None: it does): below every batch
+    size (the rollout's `rollout_requests` among them; 0: no rollout) the eagle3 configurations
+    asked for would never run. `dsd-jax bench` checks it before loading any model."""
+    sizes = list(batch_sizes) + ([rollout_requests] if rollout_requests else [])
+    if e3 is None or "eagle3" not in methods_of(configs) or int(e3) >= min(sizes):
+        return None
+    return (f"{e3} is below every batch size of the run ({', '.join(map(str, sizes))}): the eagle3 "
+            "configurations would never run")
+
+
 def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Settings:
     """`Settings` from `run_bench`'s keyword arguments (`given`; None: the mode's default).
     Without a max_seq_len the run takes the profile's (`profile_seq_len`): step latency
@@ -222,9 +233,9 @@ def resolve(quick: bool, given: dict, profile_seq_len: int | None = None) -> Set
         if v is not None and int(v) < 1:
             raise ValueError(f"{name} must be >= 1 or None, got {v!r}")
     configs = config_list(pick["configs"])
-    if e3 is not None and "eagle3" in methods_of(configs) and int(e3) < min(batch_sizes + [n_roll or max_batch]):
-        raise ValueError(f"eagle3_max_batch {e3} is below every batch size of the run: the eagle3 "
-                         "configurations would never run")
+    why = eagle3_max_batch_error(e3, configs, batch_sizes, n_roll)
+    if why:
+        raise ValueError(f"eagle3_max_batch {why}")
     return Settings(quick=bool(quick), configs=configs, batch_sizes=batch_sizes,
                     workloads=workloads, rollout_requests=n_roll, rollout_max_tokens=roll_cap, max_seq_len=seq,
                     batch_buckets=_buckets(given.get("batch_buckets"), d["batch_buckets"], batch_sizes, max_batch),

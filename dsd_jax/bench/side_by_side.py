@@ -50,7 +50,7 @@ from dsd_jax.bench.environment import environment
 from dsd_jax.bench.runner import Runner, run_interleaved
 from dsd_jax.bench.settings import int_list, prefill_chunk_for
 from dsd_jax.bench.side_by_side_report import analyse_point, format_table, is_engine, summarize, write_results
-from dsd_jax.bench.workloads import Point, group_count, prompt_groups
+from dsd_jax.bench.workloads import Point, check_distinct_groups, group_count, prompt_groups, sweep_prompts
 from dsd_jax.sampling import SamplingParams
 
 __all__ = ["FULL", "QUICK", "config_names", "is_engine", "make_settings", "make_floor", "HFAssisted", "run",
@@ -180,9 +180,9 @@ def _profiled_runner(target, draft, prompts, profile_prompts, *, max_seq_len: in
     runner.warmup()
     ctx = min(max_seq_len, prompt_len + max_tokens // 2)
     log(f"  profiling the draft-model engine (context {ctx}) for the dynamic controller ...")
-    runner.profiles["draft_model"] = profile_engine(runner.spec, context_lengths=(ctx,), repeats=profile_repeats, warmup_reps=2,
-                                    prompts=profile_prompts, acceptance_max_tokens=min(max_tokens, 64),
-                                    temperatures=(0.0,))
+    runner.profiles["draft_model"] = profile_engine(runner.spec, context_lengths=(ctx,), repeats=profile_repeats,
+                                                    warmup_reps=2, prompts=profile_prompts,
+                                                    acceptance_max_tokens=min(max_tokens, 64), temperatures=(0.0,))
     return runner
 
 
@@ -233,9 +233,12 @@ HF_SKIPPED = ("hf-assisted (transformers' assisted generation takes one sequence
 
 def run(target, draft, prompts: list[list[int]], profile_prompts: list[list[int]], settings: dict, *,
         hf: bool = True, compilation_cache_dir: str | None = None, log: Callable = print) -> dict:
-    """The whole comparison for token-id prompts; returns the results document."""
+    """The whole comparison for token-id prompts; returns the results document. Too few
+    prompts for every point's groups to be distinct is a ValueError (`check_distinct_groups`)."""
     t_start = time.perf_counter()
     s = settings
+    # the intervals resample prompt groups as independent draws: none may repeat a prompt
+    check_distinct_groups(s["batch_sizes"], s["rows_per_point"], len(prompts))
     prompts = [p[:s["prompt_len"]] for p in prompts]
     profile_prompts = [p[:s["prompt_len"]] for p in profile_prompts]
     floor = make_floor(target, max(len(p) for p in prompts))
@@ -277,7 +280,8 @@ def run_builtin(settings: dict, out: str | os.PathLike, *, compilation_cache_dir
     """The comparison on the built-in pair; writes out/results.json and out/results.png."""
     s = settings
     target, draft, tokenizer = models.builtin()
-    prompts, profile_prompts = builtin_prompts(max(s["rows_per_point"], max(s["batch_sizes"])),
+    # every point's groups distinct prompts: ceil(rows / B) groups of B may take more than rows
+    prompts, profile_prompts = builtin_prompts(sweep_prompts(s["batch_sizes"], s["rows_per_point"]),
                                                s["profile_prompts"], tokenizer)
     doc = run(target, draft, prompts, profile_prompts, s, hf=bool(s["hf_batch_sizes"]),
               compilation_cache_dir=compilation_cache_dir, log=log)

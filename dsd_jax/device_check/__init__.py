@@ -59,7 +59,7 @@ from .floor import (
 from .profile import (
     bucket_order, controller_schedule, k_schedule, profile_pair, profile_with_acceptance,
     schedule_ranges)
-from .report import format_report, json_safe, write_results
+from .report import format_report, write_results
 from .command import build_parser, failures, main, run, section_deadline
 
 __all__ = [
@@ -73,5 +73,5 @@ __all__ = [
     "ZeroDrafts", "bare_loop", "bare_step", "draft_share_point", "floor_point", "kernel_launches",
     "format_floor", "kv_bytes", "fused_projections", "time_bare_forwards", "weight_bytes",
     "controller_schedule", "k_schedule", "profile_pair", "profile_with_acceptance", "schedule_ranges",
-    "format_report", "json_safe", "write_results", "build_parser", "failures", "main", "run", "section_deadline"
+    "format_report", "write_results", "build_parser", "failures", "main", "run", "section_deadline"
 ]

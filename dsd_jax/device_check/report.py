@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 
-import numpy as np
-
-from dsd_jax.loading import atomic_write
+from dsd_jax.loading import atomic_write, json_safe
 
 from .floor import format_floor
 from .settings import SECTIONS, SKIPPED
@@ -160,18 +157,6 @@ def format_report(results: dict) -> str:
         if p.get("floor"):
             lines.extend(format_floor(p["floor"]))
     return "\n".join(lines) + "\n"
-
-
-def json_safe(x):
-    """`x` with every non-finite float (a failing kernel's NaN error) as None, JSON's null:
-    a bare NaN or Infinity is not JSON, and strict readers (jq, JSON.parse) refuse the file."""
-    if isinstance(x, dict):
-        return {k: json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
 
 
 def write_results(results: dict, out_dir: str) -> None:

@@ -928,7 +928,8 @@ def _add_bench(sub) -> None:
                         "by the spread of the committed benches"),
     b.add_argument("--min-units", type=nonneg_int, metavar="N",
                    help="pair units a sweep point gets at least, adding prompt groups to each repeat "
-                        "where the held-out prompts hold them (default 18: B=4-32 at 6 repeats; --quick 0)")
+                        "where the held-out prompts hold them (default 18: B=4-32 at 6 repeats; --quick 0); "
+                        "needs --repeats 3 or more, where each repeat takes groups of its own")
     b.add_argument("--rollout-units", type=positive_int, metavar="N",
                    help="rollouts of 64 requests, each with its own prompts and lengths (default 6; --quick 1): "
                         "the rollout's interval resamples them, so 1 gives none")

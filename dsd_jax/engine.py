@@ -262,6 +262,9 @@ class SpecEngine(SlotAdmission):
             # controller sees per-shard batch sizes
             controller = Controller(spec, profile, max_batch_size=per_shard,
                                     batch_buckets=self.batch_buckets)
+            if profile is not None:  # timed with Pallas kernels that then fall back: say so then
+                self.programs.on_fallback = lambda new: profile.check_compatible(
+                    expect_kernel_backends=new._asdict(), source="the engine's profile")
             if spec.dynamic is not None and profile is not None:  # goodput: K from this profile
                 fit = profile.fit_problems(self.max_k, per_shard, max_seq_len, self.batch_buckets[0])
                 for problem in fit:

@@ -15,6 +15,7 @@ import functools
 import math
 import time
 import warnings
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +96,8 @@ class Programs:
         if place.device.platform == "cpu":
             self._maps = MapBudget()
         self._fallback = fallback
+        # called with the new backends after a fallback (the engine re-checks its profile's kernels)
+        self.on_fallback: Callable[[kernels.KernelBackends], None] | None = None
         self._build(opts, drafter)
 
     def _build(self, opts: step_lib.StepOptions, drafter) -> None:
@@ -193,6 +196,8 @@ class Programs:
                 except Exception:  # noqa: BLE001
                     continue
                 _warn_fallback(trial, err, self.placement.device)
+                if self.on_fallback is not None:
+                    self.on_fallback(new)
                 return
             self._build(*saved[:2])
             self._compiled = saved[2]

@@ -58,12 +58,16 @@ def default_platform(device=None) -> str:
 def resolve_backend(backend, kernel: str | None = None, platform: str | None = None) -> str:
     """The backend `kernel` (one of KERNELS) runs on: "auto" is `AUTO`'s entry for
     `platform` (None: `default_platform()`; XLA where it has none); a `KernelBackends`
-    gives that kernel's entry."""
+    gives that kernel's entry, resolved the same way (an "auto" entry is `AUTO`'s; only the
+    string "auto" lets an engine fall back to XLA)."""
     if isinstance(backend, KernelBackends) or backend == "auto":
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if isinstance(backend, KernelBackends):
-        return getattr(backend, kernel)
+        entry = getattr(backend, kernel)
+        if entry not in BACKENDS:  # a typo would otherwise run the Pallas path
+            raise ValueError(f"KernelBackends.{kernel} must be one of {BACKENDS}, got {entry!r}")
+        backend = entry
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -73,10 +77,8 @@ def resolve_backend(backend, kernel: str | None = None, platform: str | None = N
 
 
 def resolve_backends(backend, platform: str | None = None) -> KernelBackends:
-    """Every kernel's backend for a backend string (or a `KernelBackends`, returned as is),
-    "auto" resolved for `platform` (None: `default_platform()`)."""
-    if isinstance(backend, KernelBackends):
-        return backend
+    """Every kernel's backend for a backend string or a `KernelBackends`, "auto" resolved
+    for `platform` (None: `default_platform()`)."""
     return KernelBackends(*(resolve_backend(backend, k, platform) for k in KERNELS))
 
 

@@ -101,6 +101,11 @@ def test_auto_picks_per_kernel_and_platform(platform, expected, monkeypatch):
     assert kernels.resolve_backends("auto")._asdict() == expected
     with pytest.raises(ValueError, match="kernel must be one of"):
         kernels.resolve_backend("auto")
+    # a KernelBackends' entries as the strings: "auto" is the platform's, a typo an error
+    mixed = kernels.KernelBackends("auto", "xla")
+    assert kernels.resolve_backends(mixed) == (expected["attention"], "xla")
+    with pytest.raises(ValueError, match=r"KernelBackends.rejection must be one of .*'interpet'"):
+        kernels.resolve_backend(kernels.KernelBackends("xla", "interpet"), "rejection")
 
 
 def test_cpu_auto_is_xla_and_never_probes(tiny_pair):
@@ -135,3 +140,27 @@ def test_auto_resolves_for_the_engines_device(tiny_pair, monkeypatch):
     eng = make_engine(*tiny_pair, max_batch_size=2, batch_buckets=(2,), num_speculative_tokens=1)
     assert eng.kernel_backends == {"attention": "xla", "rejection": "xla"}
     assert eng.programs._fallback is False
+
+
+def test_a_profile_timed_with_the_fallen_back_kernel_is_flagged(tiny_pair, fake_gpu):
+    """The profile's kernels are checked at construction, before any fallback: once Pallas
+    attention falls back to XLA, a profile timed with it is another kernel's, and says so."""
+    from dsd_jax.profile import Profile, ProfileMismatchWarning
+    bs, ks, ctx = [1, 2], [0, 1, 2], [16, 32]
+    timed = {"attention": "pallas", "rejection": "pallas"}
+    profile = Profile(device_kind=jax.devices()[0].device_kind, batch_sizes=bs, ks=ks, context_lengths=ctx,
+                      latency_ms=[[[1.0 + k for k in ks] for _ in bs] for _ in ctx], acceptance=[0.8, 0.6],
+                      platform="cpu", jax_version=jax.__version__, method="draft_model",
+                      meta={"engine": {"kernel_backends": timed}})
+    target, draft = tiny_pair
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = dsd.SpecEngine(target, draft, dsd.SpecConfig(num_speculative_tokens=2), max_batch_size=2,
+                                max_seq_len=32, prefill_chunk=16, backend="auto", batch_buckets=(2,),
+                                profile=profile)
+        assert not [w for w in caught if "timed with kernels" in str(w.message)]  # it matched then
+        engine.programs.step(1, 2)  # the first program: attention falls back here
+    flagged = [w for w in caught if issubclass(w.category, ProfileMismatchWarning)
+               and "timed with kernels" in str(w.message)]
+    assert engine.kernel_backends == {"attention": "xla", "rejection": "pallas"}
+    assert len(flagged) == 1 and "'attention': 'xla'" in str(flagged[0].message)

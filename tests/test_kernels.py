@@ -249,14 +249,16 @@ def test_rejection_ties_break_to_first_index(platform):
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_rejection_k0_bonus_only(platform):
-    """K = 0 (plain decoding): the token is argmax(log p + g). (The XLA reference returns
-    a [B, 0] token array for K = 0, so compare with the definition instead.)"""
+    """K = 0 (plain decoding): the token is argmax(log p + g), as the XLA reference's."""
     args = rejection_inputs(5, 3, 0, 300)
     n, t = rejection_pallas.rejection_sample(*args, interpret=True, platform=platform,
                                              block_v=128)
     want = jnp.argmax(jnp.log(args[0]) + args[4], axis=-1)
     np.testing.assert_array_equal(np.asarray(n), 0)
     np.testing.assert_array_equal(np.asarray(t), np.asarray(want))
+    n_ref, t_ref = rejection_sample_xla(*args)
+    np.testing.assert_array_equal(np.asarray(n), np.asarray(n_ref))
+    np.testing.assert_array_equal(np.asarray(t), np.asarray(t_ref))
 
 
 def test_rejection_dispatch():

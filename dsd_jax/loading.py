@@ -210,9 +210,18 @@ def output_dir(flag: str, path: str) -> str:
 
 # --------------------------------------------------------------------------- models
 
+# where a checkpoint of each kind goes, for a directory passed to the wrong flag
+_KIND_FLAGS = {"dsd": "--target/--draft", "hf": "--hf-target/--hf-draft",
+               "eagle3": '--speculative-config \'{"method": "eagle3", "model": DIR}\' (or bench --eagle3 DIR)'}
+
+
 def _load_checkpoint(flag: str, path: str, hf: bool, dtype: str):
     from dsd_jax import models
+    from dsd_jax.models.layout import KIND_NAMES, checkpoint_kind
     existing_dir(flag, path)
+    kind = checkpoint_kind(path).kind
+    if kind in _KIND_FLAGS and kind != ("hf" if hf else "dsd"):  # each loader's own error would mislead
+        raise ArgumentError(flag, f"{path!r} holds {KIND_NAMES[kind]}: pass it as {_KIND_FLAGS[kind]}")
     try:
         if hf:
             return models.load_hf(path, dtype=dtype)

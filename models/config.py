@@ -94,6 +94,8 @@ def check_rope_scaling(value, where: str = "rope_scaling") -> tuple[tuple[str, A
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
         if not (_is_real(d[key]) and d[key] > 0):
             raise ValueError(f"{where}: {key} must be a positive finite number, got {_shown(d[key])}")
+        if isinstance(d[key], np.generic):  # a numpy float: a Python one (a saved config.json is JSON)
+            d[key] = float(d[key])
     # rope_inv_freq interpolates between the two wavelength bounds: divides by high - low.
     if not d["high_freq_factor"] > d["low_freq_factor"]:
         raise ValueError(f"{where}: high_freq_factor ({d['high_freq_factor']}) must exceed "
@@ -102,6 +104,8 @@ def check_rope_scaling(value, where: str = "rope_scaling") -> tuple[tuple[str, A
     if not (_is_int(old_len) and old_len > 0):
         raise ValueError(f"{where}: original_max_position_embeddings must be a positive integer, "
                          f"got {_shown(old_len)}")
+    if isinstance(old_len, np.generic):
+        d["original_max_position_embeddings"] = int(old_len)
     return tuple(sorted(d.items()))
 
 
@@ -189,6 +193,8 @@ class ModelConfig:
             if not _is_real(value) or value < 0 or (name == "rope_theta" and value == 0):
                 raise ValueError(f"{name} must be a {'positive' if name == 'rope_theta' else 'non-negative'} "
                                  f"finite number, got {_shown(value)}")
+            if isinstance(value, np.generic):  # a numpy float: a Python one (a saved config.json is JSON)
+                object.__setattr__(self, name, float(value))
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {_shown(getattr(self, name))}")
@@ -247,7 +253,9 @@ class ModelConfig:
             num_layers=hf_field(hf, "num_hidden_layers", int),
             num_heads=num_heads,
             num_kv_heads=hf_field(hf, "num_key_value_heads", int, num_heads, null_default=True),
-            head_dim=hf_field(hf, "head_dim", int, hidden // num_heads, null_default=True),
+            # transformers' Qwen3Config defaults head_dim to 128, not hidden / heads
+            head_dim=hf_field(hf, "head_dim", int, 128 if model_type == "qwen3" else hidden // num_heads,
+                              null_default=True),
         )
         # Features this model family does not implement: refuse rather than load wrong numbers.
         if hf.get("hidden_act", "silu") not in ("silu", "swish"):

@@ -30,14 +30,16 @@ from flax import nnx
 
 from .config import ModelConfig, _is_int
 from .layout import (CONFIG_FILE, GENERATION_CONFIG_FILE, KIND_NAMES, TOKENIZER_FILE, WEIGHTS_FILE,
-                     WEIGHTS_INDEX_FILE, checkpoint_kind)
+                     WEIGHTS_INDEX_FILE, atomic_write, checkpoint_kind)
 from .transformer import Transformer
 
 # Files whose presence means a directory already holds a checkpoint (save_hf, save_eagle3).
-CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TOKENIZER_FILE)
+# a generation_config.json is the checkpoint's too: its stop ids would apply to a model saved over it
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, TOKENIZER_FILE, GENERATION_CONFIG_FILE)
 # Parameter dtypes a checkpoint may store; anything else (int8 codes, bool) cast to float
 # would load as garbage weights.
 FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.bfloat16, np.float16, np.float32, np.float64))
+_READABLE_DTYPES = {"BF16", "F16", "F32", "F64"}  # the same, as safetensors headers name them
 
 # Our per-layer parameter -> (HF name under `model.layers.N.`, transpose?).
 _LAYER_MAP = {
@@ -137,11 +139,25 @@ def _weight_files(path: str) -> dict[str, str]:
             if name not in shards[shard_path]:
                 raise ValueError(f"{index!r} lists tensor {name!r} in {shard!r}, which does not hold it")
             files[name] = shard_path
+        for shard_path, names in shards.items():  # a tensor the index leaves out is not skipped silently
+            unlisted = sorted(n for n in names if files.get(n) != shard_path)
+            if unlisted:
+                raise ValueError(f"shard {shard_path!r} holds tensor(s) {unlisted[:3]} that {index!r} does not "
+                                 "list for it (an extra or duplicate weight): fix the index or the shard")
         return files
     found = sorted(os.listdir(path))
     hint = " (only safetensors checkpoints are supported)" if any(
         f.endswith((".bin", ".pt", ".pth")) for f in found) else ""
     raise FileNotFoundError(f"no {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE} in {path!r}{hint}; found: {found}")
+
+
+def _check_stored_dtype(f, name: str, file: str) -> None:
+    """A tensor stored in a float format numpy cannot read (FP8, FP4) is named as such before
+    reading it: numpy's own error reads like a corrupt file."""
+    dtype = f.get_slice(name).get_dtype()  # from the header: "BF16", "F8_E4M3", ...
+    if dtype.startswith("F") and dtype not in _READABLE_DTYPES:  # (ints, bools: `read_tensor`)
+        raise ValueError(f"tensor {name!r} in {file!r} is stored as {dtype}, not a float dtype this loader "
+                         f"reads ({', '.join(sorted(_READABLE_DTYPES))}): a quantised checkpoint?")
 
 
 class _TensorReader:
@@ -155,6 +171,7 @@ class _TensorReader:
         file = self.files[name]
         if file not in self._open:
             self._open[file] = _open_safetensors(file)
+        _check_stored_dtype(self._open[file], name, file)
         try:
             return self._open[file].get_tensor(name)
         except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
@@ -391,8 +408,9 @@ def save_hf(model: Transformer, directory, tokenizer=None, *, overwrite: bool = 
     Loading it back with `load_hf` gives identical parameters.
 
     overwrite: replace the checkpoint already in `directory` (otherwise a directory holding
-    config.json, model.safetensors or tokenizer.json is an error); a tokenizer.json there
-    is kept unless `tokenizer` is given. A sharded checkpoint, or one of another kind (of
+    config.json, model.safetensors, tokenizer.json or generation_config.json is an error); a
+    tokenizer.json there is kept unless `tokenizer` is given, a generation_config.json removed
+    (its stop ids were the replaced model's). A sharded checkpoint, or one of another kind (of
     `models.save`, an EAGLE-3 head: see `check_out_dir`), is never overwritten.
     """
     from safetensors.numpy import save_file
@@ -405,10 +423,15 @@ def save_hf(model: Transformer, directory, tokenizer=None, *, overwrite: bool = 
         name, transpose = _hf_name(param_path)
         arr = np.asarray(jax.device_get(var.get_value()))
         tensors[name] = np.ascontiguousarray(arr.T if transpose else arr)
-    save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(config, f, indent=2)
-        f.write("\n")
+    text = json.dumps(config, indent=2) + "\n"  # before any write: a config that is not JSON fails here
+    # each file whole or not at all (a failed save leaves the replaced checkpoint's), config.json last
+    # (save_file writes the temporary file by its name: no second copy of the weights in memory)
+    atomic_write(os.path.join(directory, WEIGHTS_FILE),
+                 lambda f: save_file(tensors, f.name, metadata={"format": "pt"}), mode="wb")
+    stale = os.path.join(directory, GENERATION_CONFIG_FILE)
+    if os.path.exists(stale):  # the replaced checkpoint's (overwrite): we write none
+        os.remove(stale)
+    atomic_write(os.path.join(directory, CONFIG_FILE), lambda f: f.write(text))
     if tokenizer is not None:
         tokenizer.save(os.path.join(directory, TOKENIZER_FILE))
     return directory

@@ -421,6 +421,16 @@ def test_unreadable_hf_tokenizer_is_an_error(files, tmp_path):
     assert loading.load_models(types.SimpleNamespace(hf_target=str(hf)))[2] is None
 
 
+def test_a_checkpoint_passed_to_the_wrong_flag_names_the_right_one(files, tmp_path):
+    """Each loader's own error (unknown config fields, a missing tensor) would mislead."""
+    hf = models.save_hf(files.models[0], tmp_path / "hf")
+    m = _err(["generate", "--target", hf, "--draft", files.draft, "--prompts", files.jsonl])
+    assert "--target" in m and "a Hugging Face checkpoint" in m and "--hf-target/--hf-draft" in m
+    m = _err(["generate", "--hf-target", files.target, "--speculative-config", '{"method": "none"}',
+              "--prompts", files.jsonl])
+    assert "--hf-target" in m and "a models.save checkpoint" in m and "--target/--draft" in m
+
+
 def test_prompt_file_with_a_byte_order_mark(tmp_path):
     from dsd_jax import loading
     p = tmp_path / "prompts.txt"

@@ -617,3 +617,61 @@ def test_save_hf_refuses_an_existing_checkpoint(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("x")
     models.save_hf(b, tmp_path / "other")  # unrelated files are not a checkpoint
+
+
+def test_save_hf_over_a_checkpoint_drops_its_generation_config(tmp_path):
+    """The replaced model's generation_config.json (its stop ids) must not apply to the new one."""
+    from models.hf import checkpoint_eos_ids
+    a = models.init_model(models.ModelConfig(**BUILTIN_LIKE), seed=0)
+    out = models.save_hf(a, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    with pytest.raises(ValueError, match=r"already holds a checkpoint .*generation_config\.json"):
+        models.save_hf(a, out)
+    models.save_hf(a, out, overwrite=True)
+    assert not os.path.exists(tmp_path / "ckpt" / "generation_config.json")
+    assert list(checkpoint_eos_ids(out, VOCAB)) == []
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]  # written whole, nothing left behind
+
+
+def test_sharded_checkpoint_with_an_unlisted_tensor_is_an_error(checkpoints, tmp_path):
+    """A shard holding a tensor its index does not list (an extra bias, a second lm_head) is
+    refused as the single-file checkpoint's extra tensor is, not skipped."""
+    path, hf_model = checkpoints["llama"]
+    hf_model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"]["model.layers.0.self_attn.o_proj.weight"]
+    tensors = load_file(tmp_path / shard)
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+    save_file(tensors, tmp_path / shard, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"holds tensor\(s\) \['model\.layers\.0\.self_attn\.o_proj\.bias'\] "
+                                         r"that .* does not list"):
+        load_hf(tmp_path)
+
+
+def test_fp8_weights_are_named_not_called_corrupt(checkpoints, tmp_path):
+    from safetensors.torch import load_file as torch_load, save_file as torch_save
+    d = _copy(checkpoints["llama"][0], tmp_path / "ckpt")
+    tensors = torch_load(d / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    torch_save(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"'{name}' .* stored as F8_E4M3.*a quantised checkpoint\?"):
+        load_hf(d)
+
+
+def test_qwen3_head_dim_defaults_as_transformers():
+    """transformers' Qwen3Config defaults head_dim to 128, not hidden_size / heads."""
+    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2)
+    assert models.ModelConfig.from_hf({**base, "model_type": "qwen3"}).head_dim == 128
+    assert transformers.Qwen3Config(**base).head_dim == 128
+    assert models.ModelConfig.from_hf({**base, "model_type": "llama"}).head_dim == 16
+
+
+def test_numpy_float_settings_save_as_json(tmp_path):
+    """A config built from numpy values saves (it raised after writing part of a checkpoint)."""
+    cfg = models.ModelConfig(**{**BUILTIN_LIKE, "rms_norm_eps": np.float32(1e-5), "rope_theta": np.float64(1e4)})
+    eps = float(np.float32(1e-5))
+    assert type(cfg.rms_norm_eps) is float and json.loads(json.dumps(cfg.to_dict()))["rms_norm_eps"] == eps
+    out = models.save_hf(models.init_model(cfg, seed=0), tmp_path / "ckpt")
+    assert load_hf(out).config.rms_norm_eps == cfg.rms_norm_eps

@@ -4,13 +4,19 @@ A checkpoint is a directory::
 
     path/config.json   the ModelConfig (`ModelConfig.to_dict`), so restore needs only the path
     path/params/       an Orbax checkpoint of the NNX parameter state (a pure nested dict)
-    path/checksums.json  SHA-256 of each parameter's bytes as saved
+    path/checksums.json  SHA-256 of each parameter's bytes as saved, and of config.json's bytes
 
 `restore` checks the saved parameter tree against the one the config implies (names,
 shapes, dtypes) before reading any weights, and names the first mismatch. After reading
-them it checks each parameter against its checksum: Orbax reads a flipped bit in its data
-files back as a different weight without complaint. A checkpoint written before checksums
-were recorded (no checksums.json) restores unchecked.
+them it checks each parameter, and config.json, against its checksum: Orbax reads a flipped
+bit in its data files back as a different weight without complaint, and a flipped bit in the
+config (an rms_norm_eps of 1e-04 for 1e-05) parses as another valid model. A checkpoint
+written before checksums were recorded (no checksums.json, or none for config.json) restores
+without those checks.
+
+`save` has Orbax write the parameters into a staging folder whose full path has no glob
+characters (Orbax globs the whole path when it merges its OCDBT files, and under a path with
+`[` it silently wrote no data), checks them complete, and only then renames them into place.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,6 +42,8 @@ from .transformer import Transformer, init_model
 CHECKSUM_ALGORITHM = "sha256"
 # What Orbax's metadata read needs in params/: without one of these it returns no tree.
 _ORBAX_ENTRIES = ("_METADATA", "manifest.ocdbt", "d/")
+# Read as a pattern by the glob Orbax runs over the full path of the folder it saves into.
+_GLOB_CHARS = "[]*?"
 
 
 def _pure_params(model: Transformer) -> dict:
@@ -70,13 +80,15 @@ def _digests(params: dict) -> dict[str, str]:
     return out
 
 
-def _write_checksums(path: Path, params: dict) -> None:
-    record = {"algorithm": CHECKSUM_ALGORITHM, "parameters": _digests(params)}
+def _write_checksums(path: Path, params: dict, config: bytes) -> None:
+    record = {"algorithm": CHECKSUM_ALGORITHM, "parameters": _digests(params),
+              "config": hashlib.sha256(config).hexdigest()}
     (path / CHECKSUMS_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
-def _read_checksums(path: Path) -> dict[str, str] | None:
-    """The recorded digests, or None for a checkpoint saved without them."""
+def _read_checksums(path: Path) -> tuple[dict[str, str], str | None] | None:
+    """The recorded parameter digests and config.json's digest (None: saved before configs
+    were checksummed), or None for a checkpoint saved without checksums."""
     file = path / CHECKSUMS_FILE
     if not file.exists():
         return None
@@ -85,12 +97,21 @@ def _read_checksums(path: Path) -> dict[str, str] | None:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"corrupt checksum file {file}: {e}") from None
     digests = record.get("parameters") if isinstance(record, dict) else None
+    config = record.get("config") if isinstance(record, dict) else None
     if (not isinstance(record, dict) or record.get("algorithm") != CHECKSUM_ALGORITHM
             or not isinstance(digests, dict)
-            or not all(isinstance(v, str) for v in digests.values())):
+            or not all(isinstance(v, str) for v in digests.values())
+            or not (config is None or isinstance(config, str))):
         raise ValueError(f"corrupt checksum file {file}: expected {{\"algorithm\": "
-                         f"\"{CHECKSUM_ALGORITHM}\", \"parameters\": {{name: hex digest}}}}")
-    return digests
+                         f"\"{CHECKSUM_ALGORITHM}\", \"parameters\": {{name: hex digest}}, "
+                         f"\"config\": hex digest}}")
+    return digests, config
+
+
+def _verify_config_checksum(path: Path, recorded: str | None, config: bytes) -> None:
+    if recorded is not None and hashlib.sha256(config).hexdigest() != recorded:
+        raise ValueError(f"checkpoint {path} is corrupt: {CONFIG_FILE} does not match the checksum "
+                         f"recorded at save ({CHECKSUMS_FILE})")
 
 
 def _verify_checksums(path: Path, recorded: dict[str, str], params: dict) -> None:
@@ -109,6 +130,26 @@ def _verify_checksums(path: Path, recorded: dict[str, str], params: dict) -> Non
 def _checkpointer():
     import orbax.checkpoint as ocp
     return ocp.StandardCheckpointer()
+
+
+def _staging_dir(path: Path) -> Path:
+    """A new folder for Orbax to write into: on `path`'s file system (what it writes is renamed
+    into `path`), with no glob character in its full path (under a `[` Orbax skipped writing its
+    data, with only a logged warning). Inside `path` where its path has none, else in the nearest
+    folder above it without one."""
+    base = next(p for p in (path, *path.parents) if not any(c in str(p) for c in _GLOB_CHARS))
+    if base == path:
+        return Path(tempfile.mkdtemp(prefix=".saving-", dir=path))
+    char = next(c for c in str(path) if c in _GLOB_CHARS)
+    why = (f"cannot save to {path}: its path contains {char!r}, which Orbax reads as a glob pattern, "
+           f"and the staging folder for Orbax cannot be made in {base}, the nearest folder above without one")
+    if os.stat(base).st_dev != os.stat(path).st_dev:
+        raise ValueError(f"{why}: it is on another file system; save to a path without any of "
+                         f"{' '.join(_GLOB_CHARS)}")
+    try:
+        return Path(tempfile.mkdtemp(prefix=".dsd-saving-", dir=base))
+    except OSError as e:
+        raise ValueError(f"{why} ({e}); save to a path without any of {' '.join(_GLOB_CHARS)}") from None
 
 
 def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = None,
@@ -140,14 +181,29 @@ def save(model: Transformer, path: str | os.PathLike, *, dtype: str | None = Non
     if found.kind != "empty" and not overwrite:
         raise FileExistsError(f"checkpoint directory {path} is not empty (pass overwrite=True)")
     path.mkdir(parents=True, exist_ok=True)
-    ckptr = _checkpointer()
+    staging = _staging_dir(path)
     try:
-        ckptr.save(path / PARAMS_DIR, params, force=True)
-        ckptr.wait_until_finished()
+        staged = staging / PARAMS_DIR
+        ckptr = _checkpointer()
+        try:
+            ckptr.save(staged, params, force=True)
+            ckptr.wait_until_finished()
+        finally:
+            ckptr.close()
+        # Orbax reports some failed writes only as a logged warning: check before replacing anything
+        if not ((staged / "_METADATA").is_file() and (staged / "manifest.ocdbt").is_file()
+                and (staged / "d").is_dir()):
+            raise RuntimeError(f"saving to {path} failed: Orbax wrote an incomplete parameter checkpoint "
+                               f"({_metadata_problem(staged)}); nothing in {path} was replaced")
+        old = path / PARAMS_DIR
+        if old.exists() or old.is_symlink():
+            os.replace(old, staging / "replaced")  # removed with the staging folder
+        os.replace(staged, old)
     finally:
-        ckptr.close()
-    _write_checksums(path, params)
-    (path / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+        shutil.rmtree(staging, ignore_errors=True)
+    config = (json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+    _write_checksums(path, params, config)
+    (path / CONFIG_FILE).write_bytes(config)
     return path
 
 
@@ -173,8 +229,8 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None, verify: bool =
 
     dtype: optionally cast the restored parameters ("float32" or "bfloat16"); default:
     the dtype they were saved in.
-    verify: check every parameter against `checksums.json` (one SHA-256 pass over the
-    weights on the host; a corrupt data file is a ValueError naming the parameters).
+    verify: check every parameter, and config.json, against `checksums.json` (one SHA-256 pass
+    over the weights on the host; a corrupt data file is a ValueError naming the parameters).
     """
     path = Path(path).absolute()
     if not path.exists():
@@ -238,7 +294,9 @@ def restore(path: str | os.PathLike, *, dtype: str | None = None, verify: bool =
     finally:
         ckptr.close()
     if recorded is not None:
-        _verify_checksums(path, recorded, pure)
+        # last, so that a hand-edited config's own error (a shape it implies) comes first
+        _verify_config_checksum(path, recorded[1], (path / CONFIG_FILE).read_bytes())
+        _verify_checksums(path, recorded[0], pure)
 
     model = nnx.eval_shape(lambda: init_model(cfg, 0))
     state = nnx.state(model, nnx.Param)

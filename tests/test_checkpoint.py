@@ -414,3 +414,88 @@ def test_atomic_write_writes_through_links_and_devices(tmp_path):
     assert log.read_text() == "earlier\nnew\n"
     piped = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, check=True, timeout=120)
     assert piped.stdout == b"new\n"  # `| cat`: realpath gives /proc/PID/fd/pipe:[...], not a file
+
+
+def test_save_under_a_glob_character_path(tmp_path):
+    """Orbax globs the full path when merging its OCDBT files: under a `[` it skipped writing
+    manifest.ocdbt and d/ (a logged warning only), so save returned an unloadable checkpoint,
+    and with overwrite=True it had already destroyed the good one there."""
+    model = init_model(CFG, seed=1)
+    for name in ("run[1]", "lr=[3e-4]", "a*b?"):
+        path = tmp_path / name / "ckpt"
+        save(model, path)
+        _assert_identical(_params(model), _params(restore(path)))
+        other = init_model(CFG, seed=5)
+        save(other, path, overwrite=True)
+        _assert_identical(_params(other), _params(restore(path)))
+        assert sorted(p.name for p in path.iterdir()) == ["checksums.json", "config.json", "params"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a*b?", "lr=[3e-4]", "run[1]"]  # no staging left
+
+
+def test_incomplete_orbax_save_replaces_nothing(tmp_path, monkeypatch):
+    """A save that Orbax leaves incomplete (as it did under a `[`, warning only) raises
+    before the checkpoint already there is touched."""
+    import shutil
+
+    from dsd_jax.models import checkpoint
+    model = init_model(CFG, seed=1)
+    save(model, tmp_path / "c")
+    before = _files(tmp_path / "c")
+    real = checkpoint._checkpointer
+
+    class Dropping:
+        def __init__(self):
+            self.inner = real()
+
+        def save(self, directory, *args, **kw):
+            self.inner.save(directory, *args, **kw)
+            self.inner.wait_until_finished()
+            shutil.rmtree(directory / "d")
+
+        def wait_until_finished(self):
+            self.inner.wait_until_finished()
+
+        def close(self):
+            self.inner.close()
+
+    monkeypatch.setattr(checkpoint, "_checkpointer", Dropping)
+    with pytest.raises(RuntimeError, match=rf"saving to {tmp_path / 'c'} failed: .*incomplete .*d/ missing"):
+        save(init_model(CFG, seed=5), tmp_path / "c", overwrite=True)
+    assert _files(tmp_path / "c") == before
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["checksums.json", "config.json", "params"]
+    monkeypatch.undo()
+    _assert_identical(_params(model), _params(restore(tmp_path / "c")))
+
+
+def test_flipped_bit_in_the_config_is_named(tmp_path):
+    """checksums.json covered only the weights: rms_norm_eps 1e-05 -> 1e-04 (one bit) restored
+    silently as another model."""
+    save(init_model(CFG.replace(rms_norm_eps=1e-5), seed=1), tmp_path / "c")
+    file = tmp_path / "c" / "config.json"
+    raw = bytearray(file.read_bytes())
+    i = raw.index(b'"rms_norm_eps": 1e-05') + len(b'"rms_norm_eps": 1e-0')
+    raw[i] ^= 0x01
+    file.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"is corrupt: config\.json does not match the checksum "
+                                         r"recorded at save \(checksums\.json\)"):
+        restore(tmp_path / "c")
+    assert restore(tmp_path / "c", verify=False).config.rms_norm_eps == 1e-4
+    # saved before configs were checksummed: restores, its weights still checked
+    checksums = tmp_path / "c" / "checksums.json"
+    record = json.loads(checksums.read_text())
+    del record["config"]
+    checksums.write_text(json.dumps(record))
+    restore(tmp_path / "c")
+    _flip_a_weight_bit(tmp_path / "c")
+    with pytest.raises(ValueError, match=r"is corrupt: parameter\(s\)"):
+        restore(tmp_path / "c")
+
+
+def test_builtin_pair_restores_without_a_config_checksum():
+    """The shipped pair predates config checksums: they are recorded as absent, not an error."""
+    from dsd_jax import models
+    from dsd_jax.models.builtin import BUILTIN_DIR
+    for name in ("target", "draft"):
+        assert "config" not in json.loads((BUILTIN_DIR / name / "checksums.json").read_text())
+    target, draft, _ = models.builtin()
+    assert target.config.num_layers > 0 and draft.config.num_layers > 0

@@ -36,7 +36,7 @@ from flax import nnx
 
 from dsd_jax.sharding import default_device
 from .config import ModelConfig
-from .layout import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, checkpoint_kind
+from .layout import CHECKSUMS_FILE, CONFIG_FILE, PARAMS_DIR, STAGING_PREFIX, checkpoint_kind
 from .transformer import Transformer, init_model
 
 CHECKSUM_ALGORITHM = "sha256"
@@ -139,7 +139,7 @@ def _staging_dir(path: Path) -> Path:
     folder above it without one."""
     base = next(p for p in (path, *path.parents) if not any(c in str(p) for c in _GLOB_CHARS))
     if base == path:
-        return Path(tempfile.mkdtemp(prefix=".saving-", dir=path))
+        return Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=path))
     char = next(c for c in str(path) if c in _GLOB_CHARS)
     why = (f"cannot save to {path}: its path contains {char!r}, which Orbax reads as a glob pattern, "
            f"and the staging folder for Orbax cannot be made in {base}, the nearest folder above without one")

@@ -8,7 +8,7 @@ model module, so that any of them can import it.
 
 Kinds (`checkpoint_kind(path).kind`):
 
-    "empty"        no such path, or an empty directory
+    "empty"        no such path, or an empty directory (but for a crashed save's staging folder)
     "file"         a path that is not a directory
     "dsd"          a `models.save` checkpoint: its config.json (a ModelConfig dict) and params/
     "dsd-partial"  what an interrupted (or damaged) `models.save` leaves: params/ or
@@ -39,6 +39,7 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
+STAGING_PREFIX = ".saving-"  # `models.save`'s folder for Orbax's write, inside the checkpoint
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 KINDS = ("empty", "file", "dsd", "dsd-partial", "hf", "eagle3", "unknown", "other")
@@ -83,7 +84,9 @@ def checkpoint_kind(path: str | os.PathLike) -> Found:
         return Found("empty", "nothing")
     if not path.is_dir():
         return Found("file", "a file, not a directory")
-    entries = sorted(p.name for p in path.iterdir())
+    # a staging folder a crashed `models.save` left behind is not a checkpoint (save removes
+    # its own when it ends; one left would otherwise make the next save need overwrite=True)
+    entries = sorted(p.name for p in path.iterdir() if not (p.name.startswith(STAGING_PREFIX) and p.is_dir()))
     if not entries:
         return Found("empty", "an empty directory")
     dsd = [_shown(n) for n in (PARAMS_DIR, CHECKSUMS_FILE) if _present(path, n)]

@@ -499,3 +499,19 @@ def test_builtin_pair_restores_without_a_config_checksum():
         assert "config" not in json.loads((BUILTIN_DIR / name / "checksums.json").read_text())
     target, draft, _ = models.builtin()
     assert target.config.num_layers > 0 and draft.config.num_layers > 0
+
+
+def test_a_crashed_saves_staging_folder_is_not_a_checkpoint(tmp_path):
+    """A save killed mid-write leaves its staging folder in the directory: the next save
+    still takes it as empty (it had needed overwrite=True), and the checkpoint loads."""
+    from dsd_jax.models.layout import checkpoint_kind
+    path = tmp_path / "c"
+    (path / ".saving-killed" / "params").mkdir(parents=True)
+    assert checkpoint_kind(path).kind == "empty"
+    model = init_model(CFG, seed=1)
+    save(model, path)
+    _assert_identical(_params(model), _params(restore(path)))
+    assert checkpoint_kind(path).kind == "dsd"
+    (tmp_path / "d" / ".saving-notes.txt").parent.mkdir()
+    (tmp_path / "d" / ".saving-notes.txt").write_text("x")  # a file of that name is the user's
+    assert checkpoint_kind(tmp_path / "d").kind == "other"

@@ -285,6 +285,17 @@ class SpecEngine(SlotAdmission):
         self._run_lock = threading.Lock()
 
     @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        # its decode as the outputs' text and stop strings need it (special tokens skipped):
+        # made once a tokenizer, not every dispatch that scans for stop strings
+        self._decode = None if tokenizer is None else detokenize.decoder(tokenizer)
+
+    @property
     def state(self):
         """The device state (`dsd_jax.state.DecodeState`): every slot's caches and settings."""
         return self._state
@@ -736,11 +747,6 @@ class SpecEngine(SlotAdmission):
                 if new:
                     yield index[req.request_id], new
         remember(memory, requests)
-
-    @property
-    def _decode(self) -> detokenize.Decode:
-        """The tokenizer's decode as the outputs' text needs it (special tokens skipped)."""
-        return detokenize.decoder(self.tokenizer)
 
     def _output(self, r: Request, return_logprobs: bool) -> RequestOutput:
         text = None if self.tokenizer is None else detokenize.completion_text(

@@ -30,14 +30,19 @@ Decode = Callable[[list[int]], str]
 
 def decoder(tokenizer) -> Decode:
     """The tokenizer's decode, special tokens skipped (a tokenizer without that switch: its
-    own decode)."""
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
+    own decode). Which of the two is found at the first call, so a tokenizer that only
+    encodes (token-id outputs need no text) is no error until text is asked for."""
+    skip: bool | None = None
 
-    try:
-        decode([])
-    except TypeError:
-        return tokenizer.decode
+    def decode(ids: list[int]) -> str:
+        nonlocal skip
+        if skip is None:
+            try:
+                tokenizer.decode([], skip_special_tokens=True)
+                skip = True
+            except TypeError:
+                skip = False
+        return tokenizer.decode(ids, skip_special_tokens=True) if skip else tokenizer.decode(ids)
     return decode
 
 

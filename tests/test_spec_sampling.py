@@ -59,6 +59,7 @@ SAMPLING = {
 }
 
 
+@pytest.mark.runtime_bound
 @pytest.mark.parametrize("draft_sampling", ["sample", "argmax"])
 def test_sampled_output_matches_target_distribution(small_vocab_pair, draft_sampling):
     target, draft = small_vocab_pair
@@ -322,6 +323,7 @@ def _chi2_p_value(observed, law) -> float:
     return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
+@pytest.mark.runtime_bound
 def test_a_fixed_seed_rl_loop_drafting_from_its_own_rollouts_stays_exact(small_vocab_pair, monkeypatch):
     """An RL loop seeding each prompt the same every epoch, its last rollout as the suffix
     reference: a reference drawn with the request's seed came from the noise that would judge

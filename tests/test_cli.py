@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dsd_jax import DynamicConfig, RequestOutput, SamplingParams, SpecConfig, SpecEngine, cli, loading, models, records
+from dsd_jax.cli import common, generate_command, profile_command
 from dsd_jax.profile import Profile, ProfileMismatchWarning
 from dsd_jax.profiler import device_kind, model_fingerprint
 from conftest import scaled
@@ -219,7 +220,7 @@ def test_builtin_head_for_a_custom_target_is_refused_before_any_model_loads(monk
     def no_loading(*a, **k):
         raise AssertionError("a model was loaded")
     monkeypatch.setattr(loading, "load_models", no_loading)
-    monkeypatch.setattr(cli, "_synthetic_models", no_loading)
+    monkeypatch.setattr(profile_command, "_synthetic_models", no_loading)
     m = _err(["profile", "--synthetic", "llama-3.2-1b", "--method", "eagle3", "--acceptance", "0.5",
               "--out", "unused.json"], capsys)
     assert "built-in EAGLE-3 head was trained for the built-in target" in m, m
@@ -500,15 +501,15 @@ def test_stop_token_ids_count_the_added_end_of_text_ids(files, tmp_path):
                                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
                                  hf_target=None, stop=None, bad_words=None, allowed_token_ids=None,
                                  top_logprobs=None, prompt_logprobs=None)
-    assert cli._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
+    assert generate_command._sampling("generate", args, tok, 1, 64)[0].stop_token_ids == (1, 2, 3, 4, 5, 6, 62, 63)
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 1)) * 2
     with pytest.raises(SystemExit, match=r"10 stop ids: 8 distinct given and 2 end-of-text ids"):
-        cli._sampling("generate", args, tok, 1, 64)
+        generate_command._sampling("generate", args, tok, 1, 64)
     args.ignore_eos = True
-    assert cli._sampling("generate", args, tok, 2, 64)[1].stop_token_ids == tuple(range(1, MAX_STOP_IDS + 1))
+    assert generate_command._sampling("generate", args, tok, 2, 64)[1].stop_token_ids == tuple(range(1, MAX_STOP_IDS + 1))
     args.stop_token_ids = list(range(1, MAX_STOP_IDS + 2))
     with pytest.raises(SystemExit, match=r"--stop-token-ids: 9 stop ids: 9 given; at most 8"):
-        cli._sampling("generate", args, tok, 1, 64)
+        generate_command._sampling("generate", args, tok, 1, 64)
 
 
 def test_penalty_bias_bad_word_and_allowed_flags_reach_every_request_and_are_checked(files, capsys):
@@ -517,7 +518,7 @@ def test_penalty_bias_bad_word_and_allowed_flags_reach_every_request_and_are_che
                                           "-0.5", "--logit-bias", "7=-100, 3=2.5", "--ignore-eos",
                                           "--bad-word", "w5", "--bad-word", " w6",
                                           "--allowed-token-ids", "3,5,3"])
-    sps = cli._sampling("generate", args, Tokenizer.from_file(files.tokenizer), 2, 64)
+    sps = generate_command._sampling("generate", args, Tokenizer.from_file(files.tokenizer), 2, 64)
     assert [(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) for sp in sps] == [
         (1.3, 0.0, -0.5)] * 2
     assert [sp.logit_bias for sp in sps] == [{3: 2.5, 7: -100.0}] * 2
@@ -525,16 +526,16 @@ def test_penalty_bias_bad_word_and_allowed_flags_reach_every_request_and_are_che
     assert [sp.allowed_token_ids for sp in sps] == [(3, 5)] * 2
     args.bad_words = ["w5", "  "]
     with pytest.raises(SystemExit, match=r"invalid sampling flags: bad_words\[1\] is blank"):
-        cli._check_sampling_flags("generate", args)
+        generate_command._check_sampling_flags("generate", args)
     args.bad_words = None
     for bad, why in (("7", "expected ID=BIAS"), ("x=1", "expected ID=BIAS"), ("7=1,7=2", "given twice")):
         assert why in _err(["generate", "--logit-bias", bad], capsys)
     args.presence_penalty = 3.0
     with pytest.raises(SystemExit, match=r"invalid sampling flags: presence_penalty must be in \[-2, 2\]"):
-        cli._check_sampling_flags("generate", args)
+        generate_command._check_sampling_flags("generate", args)
     args.presence_penalty, args.logit_bias = 0.0, {7: 101.0}
     with pytest.raises(SystemExit, match=r"invalid sampling flags: logit_bias\[7\] must be in \[-100, 100\]"):
-        cli._check_sampling_flags("generate", args)
+        generate_command._check_sampling_flags("generate", args)
 
 
 def test_plot_format_is_checked_before_the_run(tmp_path):
@@ -558,7 +559,7 @@ def test_method_fills_in_a_speculative_config_without_one(files, tmp_path):
     cfg.write_text(json.dumps({"num_speculative_tokens": 3}))
     for src in ('{"num_speculative_tokens": 3}', '{"method": null, "num_speculative_tokens": 3}', str(cfg)):
         args = types.SimpleNamespace(method="ngram", speculative_config=src, target="t", hf_target=None)
-        spec = cli._load_spec("generate", args)
+        spec = common.load_spec("generate", args)
         assert spec.method == "ngram" and spec.num_speculative_tokens == 3
     m = _err(["generate", "--target", files.target, "--prompts", files.jsonl, "--method", "ngram",
               "--speculative-config", '{"method": "draft_model"}'])
@@ -722,7 +723,7 @@ def test_profile_and_generate_flags_are_read_or_refused_before_the_work(files, t
     file system failed once the run was done."""
     def engine_reached(*a, **k):
         raise SystemExit("engine")
-    monkeypatch.setattr(cli, "_make_engine", engine_reached)
+    monkeypatch.setattr(profile_command, "make_engine", engine_reached)
     out = str(tmp_path / "p.json")
     synth = ["profile", "--synthetic", "tiny-llama", "--draft-synthetic", "tiny-llama-draft", "--max-seq-len", "64",
              "--max-batch-size", "2", "--no-progress", "--out", out]
@@ -901,12 +902,12 @@ def test_stdin_and_stdout_are_utf8_whatever_the_locale(monkeypatch):
     out = RequestOutput(0, [1, 2], [1], "length", text="\u2192 done")
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
-    records.InOrder(False, [{"prompt": "x = \u2192"}], [[1, 2]], cli._stdout_lines())(0, out)
+    records.InOrder(False, [{"prompt": "x = \u2192"}], [[1, 2]], generate_command._stdout_lines())(0, out)
     rec = json.loads(raw.getvalue().decode("utf-8"))
     assert rec["prompt"] == "x = \u2192" and rec["text"] == "\u2192 done"
     text = io.StringIO()  # a stdout without .buffer (a test's capture) takes text
     monkeypatch.setattr(sys, "stdout", text)
-    records.InOrder(False, [{"prompt": "x"}], [[1, 2]], cli._stdout_lines())(0, out)
+    records.InOrder(False, [{"prompt": "x"}], [[1, 2]], generate_command._stdout_lines())(0, out)
     assert json.loads(text.getvalue())["text"] == "\u2192 done"
 
 
@@ -965,11 +966,11 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch):
     out = RequestOutput(0, [1, 2], [1], "length", text="t")
 
     def generate(args):
-        write = records.InOrder(False, [{"prompt": "p"}] * 3, [[1]] * 3, cli._stdout_lines())
+        write = records.InOrder(False, [{"prompt": "p"}] * 3, [[1]] * 3, generate_command._stdout_lines())
         for i in range(3):
             write(i, out)
         return 0
-    monkeypatch.setattr(cli, "cmd_generate", generate)
+    monkeypatch.setattr(generate_command, "cmd_generate", generate)
     try:
         assert cli.main(["generate"]) == cli.BROKEN_PIPE_STATUS == 141
         broken.write("more\n")
@@ -1003,12 +1004,12 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
     raw, ids = [{"prompt": f"p{i}"} for i in range(4)], [[i] for i in range(4)]
     Engine.dies = True
     with pytest.raises(KeyboardInterrupt):
-        cli._generate_records(args, Engine(), raw, ids, None)
+        generate_command._generate_records(args, Engine(), raw, ids, None)
     assert out.read_text() == "earlier\n"
     assert [json.loads(x)["text"] for x in (tmp_path / "out.jsonl.partial").read_text().splitlines()] == [
         "t0", "t1", "t2"]
     Engine.dies = False
-    cli._generate_records(args, Engine(), raw, ids, None)
+    generate_command._generate_records(args, Engine(), raw, ids, None)
     assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == ["t0", "t1", "t2", "t3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
 
@@ -1016,7 +1017,7 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
         def generate(self, *a, **k):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        cli._generate_records(args, Stopped(), raw, ids, None)
+        generate_command._generate_records(args, Stopped(), raw, ids, None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]  # no empty partial to refuse next time
     # a symlinked --out: the partial file checked up front is the one written, beside the target
     (tmp_path / "link.jsonl").symlink_to(out)
@@ -1140,7 +1141,7 @@ def _settings_of(argv) -> dict:
     """The settings a generate run with `argv` records (no model loaded)."""
     args = cli.build_parser().parse_args(argv)
     sampling = [SamplingParams(stop_token_ids=[])]
-    return cli._run_settings(args, sampling)
+    return generate_command._run_settings(args, sampling)
 
 
 def test_dtype_auto_is_each_checkpoints_own(files, tmp_path):

@@ -87,10 +87,11 @@ def test_where_the_limit_cannot_be_read_nothing_is_checked(monkeypatch, tmp_path
 
 def test_the_cli_says_it_as_an_error_not_a_traceback(monkeypatch):
     from dsd_jax import cli
+    from dsd_jax.cli import bench_commands
 
     def over_the_limit(args):
         raise MapLimitError("compiling program ('step', 3, 64) needs about 1200 more memory maps")
 
-    monkeypatch.setattr(cli, "cmd_demo", over_the_limit)
+    monkeypatch.setattr(bench_commands, "cmd_demo", over_the_limit)
     with pytest.raises(SystemExit, match=r"^dsd-jax demo: error: compiling program .* memory maps$"):
         cli.main(["demo"])

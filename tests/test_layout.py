@@ -32,16 +32,20 @@ def _imported(module: str, is_package: bool, node: ast.AST) -> list[str]:
     return [base] + [f"{base}.{a.name}" for a in node.names]
 
 
+def _in_cli(module: str) -> bool:
+    return module == "dsd_jax.cli" or module.startswith("dsd_jax.cli.")
+
+
 def cli_imports() -> list[str]:
     found = []
     for package, root in PACKAGE_DIRS.items():
         for path in sorted(root.rglob("*.py")):
             module = _module_name(package, root, path)
-            if module == "dsd_jax.cli" or module.startswith("dsd_jax.cli."):  # the CLI's own modules
+            if _in_cli(module):  # the CLI's own modules
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
                 for name in _imported(module, path.name == "__init__.py", node):
-                    if name == "dsd_jax.cli" or name.startswith("dsd_jax.cli."):
+                    if _in_cli(name):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
     return found
 
@@ -54,7 +58,7 @@ def test_the_scan_sees_every_import_form():
     tree = [ast.parse(src).body[0] for src in (
         "import dsd_jax.cli", "from dsd_jax import cli", "from dsd_jax.cli import main", "from .. import cli")]
     names = [_imported("dsd_jax.bench.run", False, node) for node in tree]
-    assert all(any(n == "dsd_jax.cli" or n.startswith("dsd_jax.cli.") for n in ns) for ns in names), names
+    assert all(any(map(_in_cli, ns)) for ns in names), names
 
 
 def test_every_package_directory_is_installed():

@@ -20,15 +20,21 @@ def load_spec(cmd: str, args):
     draft model given to a method that drafts without one is refused (it would be loaded
     and dropped)."""
     given = next((flag for flag, attr in DRAFT_FLAGS if getattr(args, attr, None)), None)
-    custom = args.target or args.hf_target or getattr(args, "synthetic", None)
-    spec = _spec_of_flags(cmd, args, has_draft=bool(given or not custom))  # the built-in pair has one
+    target = _target_kind(args)
+    spec = _spec_of_flags(cmd, args, has_draft=bool(given) or target == "builtin")  # the built-in pair has one
     if given and not _needs_draft_flag(spec):
         head = " (its EAGLE-3 head is the speculative config's \"model\")" if spec.method == "eagle3" else ""
         error(cmd, given, f"speculative method {spec.method!r} drafts without a draft model{head}; leave "
               f"{given} out")
     if spec.method == "eagle3":  # before a custom target takes minutes and gigabytes to build
-        loading.check_head_fits("--speculative-config", spec.model, "custom" if custom else "builtin")
+        loading.check_head_fits("--speculative-config", spec.model, target)
     return spec
+
+
+def _target_kind(args) -> str:
+    """"custom" where a flag names the target (a checkpoint or a synthetic model), else
+    "builtin": the built-in pair, whose EAGLE-3 head is the default one."""
+    return "custom" if args.target or args.hf_target or getattr(args, "synthetic", None) else "builtin"
 
 
 def _spec_of_flags(cmd: str, args, has_draft: bool):
@@ -151,8 +157,7 @@ def engine_draft(args, spec, draft, target):
     from dsd_jax.models.eagle3 import Eagle3Config
     if spec.method != "eagle3" or isinstance(getattr(draft, "config", None), Eagle3Config):
         return draft
-    custom = args.target or args.hf_target or getattr(args, "synthetic", None)
-    return loading.draft_for(spec, draft, "custom" if custom else "builtin", "--speculative-config",
+    return loading.draft_for(spec, draft, _target_kind(args), "--speculative-config",
                              target.config.dtype)
 
 

@@ -14,6 +14,9 @@ from conftest import FixedK, make_engine, oracle_logits, scaled, tiny_config
 VOCAB = 8
 PROMPT = [1, 5, 2]
 N_SAMPLES = 2000
+# jitted once: called eagerly, the sampling code's `lax.cond`s compile again on every call
+sampling_probs = jax.jit(sampling.sampling_probs)
+filter_logits = jax.jit(sampling.filter_logits)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +30,8 @@ def exact_joint(model, sp: SamplingParams, prompt=PROMPT) -> np.ndarray:
     """P(t1, t2 | prompt) under the target's processed distribution, by enumeration."""
     def probs(seq):
         logits = jnp.asarray(oracle_logits(model, seq))[None]
-        return np.asarray(sampling.sampling_probs(logits, jnp.array([sp.temperature]),
-                                                  jnp.array([sp.top_k]), jnp.array([sp.top_p]),
-                                                  min_p=jnp.array([sp.min_p])))[0]
+        return np.asarray(sampling_probs(logits, jnp.array([sp.temperature]), jnp.array([sp.top_k]),
+                                         jnp.array([sp.top_p]), min_p=jnp.array([sp.min_p])))[0]
     p1 = probs(prompt)
     return np.stack([p1[a] * probs(list(prompt) + [a]) for a in range(VOCAB)])
 
@@ -270,8 +272,8 @@ def test_top_p_applies_to_every_token_top_k_kept():
         cases.append((row, int(rng.integers(1, 12)), float(rng.uniform(0.2, 0.95))))
     for logits, k, p in cases:
         logits = np.asarray(logits, np.float32)
-        got = np.asarray(sampling.filter_logits(jnp.asarray(logits)[None], jnp.array([k]),
-                                                jnp.array([p], jnp.float32)))[0] > -np.inf
+        got = np.asarray(filter_logits(jnp.asarray(logits)[None], jnp.array([k]),
+                                       jnp.array([p], jnp.float32)))[0] > -np.inf
         np.testing.assert_array_equal(got, _reference_filter(logits.astype(np.float64), k, p),
                                       err_msg=f"logits {logits}, top_k {k}, top_p {p}")
 
@@ -287,9 +289,8 @@ def test_min_p_keeps_what_is_at_least_min_p_as_likely_as_the_likeliest():
                       float(rng.uniform(0.0, 0.5))))
     for logits, k, p, m in cases:
         logits = np.asarray(logits, np.float32)
-        got = np.asarray(sampling.filter_logits(jnp.asarray(logits)[None], jnp.array([k]),
-                                                jnp.array([p], jnp.float32),
-                                                jnp.array([m], jnp.float32)))[0] > -np.inf
+        got = np.asarray(filter_logits(jnp.asarray(logits)[None], jnp.array([k]),
+                                       jnp.array([p], jnp.float32), jnp.array([m], jnp.float32)))[0] > -np.inf
         np.testing.assert_array_equal(got, _reference_filter(logits.astype(np.float64), k, p, m),
                                       err_msg=f"logits {logits}, top_k {k}, top_p {p}, min_p {m}")
     assert SamplingParams(min_p=np.float32(0.5)).min_p == 0.5

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from dsd_jax import kernels
+from dsd_jax import kernels, shared_programs
 from dsd_jax import step as step_lib
 from dsd_jax.bad_words import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from dsd_jax.buckets import move_buckets
@@ -122,6 +122,24 @@ class Programs:
         self._move = jax.jit(shards(step_lib.move_slots, (STATE, HOST, HOST, rows_specs)), donate_argnums=0, **outs)
         self._copy = jax.jit(shards(step_lib.copy_slots, (STATE, HOST, HOST)), donate_argnums=0, **outs)
         self._compiled: dict = {}
+        self._share_key = self._structure_key()
+
+    def _structure_key(self):
+        """What every program of these depends on besides its own key (`shared_programs`):
+        None where the drafter's programs are not shared."""
+        drafter_key = self._drafter.program_key()
+        if drafter_key is None:
+            return None
+        place = self.placement
+        key = (self._graph, drafter_key, self.opts, kernels.resolve_backends(self.opts.backend),
+               jax.tree.structure(self._args), tuple(jax.tree.leaves(self._args)), place.mesh,
+               place.device, self.batch_buckets, self.max_k, self.prefill_rows, self.prefill_chunks,
+               self.move_rows, self.matmul_precision)
+        try:
+            hash(key)
+        except TypeError:  # (a field of a user's drafter, say)
+            return None
+        return key
 
     @property
     def drafter(self):
@@ -158,6 +176,8 @@ class Programs:
     def _get(self, key, lower):
         exe = self._compiled.get(key)
         if exe is None:
+            exe = self._shared(key)
+        if exe is None:
             # (a MapLimitError is raised here, not taken below for a kernel's failure)
             maps_before = None if self._maps is None else self._maps.check([key], f"program {key}")
             start = time.perf_counter()
@@ -174,6 +194,20 @@ class Programs:
             self.compile_s += time.perf_counter() - start
             if maps_before is not None:
                 self._maps.measure(key, maps_before)
+            if self._share_key is not None:
+                with self._tracing():
+                    shared_programs.put((self._share_key, key, shared_programs.tracing_context()), exe)
+            exe = self._compiled[key] = _Waited(exe) if self.waits_each_call else exe
+        return exe
+
+    def _shared(self, key):
+        """Program `key` as another engine of the same structure compiled it, kept here too;
+        None if none holds it."""
+        if self._share_key is None:
+            return None
+        with self._tracing():
+            exe = shared_programs.get((self._share_key, key, shared_programs.tracing_context()))
+        if exe is not None:
             exe = self._compiled[key] = _Waited(exe) if self.waits_each_call else exe
         return exe
 

@@ -111,7 +111,7 @@ def compilation_cache():
 
 
 @pytest.fixture(autouse=True)
-def runtime_bound_programs(request, monkeypatch):
+def runtime_bound_programs(request):
     """The suite compiles at XLA's optimisation level 0 (`xla_flags.py`), for it is bound by
     compile time. A test marked `runtime_bound` runs its programs over thousands of rows (the
     statistical tests): its ahead-of-time compiles (every engine program) take level 1
@@ -119,12 +119,29 @@ def runtime_bound_programs(request, monkeypatch):
     2026-12-01: the fixed-seed RL loop 188 s -> 70 s, the sampled-law test 91 s + 43 s -> 66 s
     + 29 s; the other statistical tests, fewer rows each, ran 10-50% slower so)."""
     if request.node.get_closest_marker("runtime_bound") is None:
+        yield
         return
     compile = jax.stages.Lowered.compile
 
     def optimised(self, compiler_options=None, **kw):
         return compile(self, {"xla_backend_optimization_level": 1, **(compiler_options or {})}, **kw)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", optimised)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax.stages.Lowered, "compile", optimised)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def programs_of_its_own(request):
+    """Engines alive together share compiled programs (`dsd_jax.shared_programs`), keyed by
+    everything a program depends on but the library's code. A test that patches that code
+    (`monkeypatch`), or how programs compile (`runtime_bound`), shares none with the others."""
+    from dsd_jax import shared_programs
+    isolated = "monkeypatch" in request.fixturenames or request.node.get_closest_marker("runtime_bound")
+    if isolated:
+        shared_programs.clear()
+    yield
+    if isolated:
+        shared_programs.clear()
 
 
 @pytest.fixture(scope="session")

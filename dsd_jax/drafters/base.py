@@ -91,12 +91,23 @@ class Drafter:
     # True: the draft model's vocabulary may be another size than the target's (one
     # tokenizer, padded differently: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064)
     any_vocab_size: ClassVar[bool] = False
+    # True: the programs read nothing of the drafter but its type and dataclass fields, so
+    # engines whose drafters are equal so share compiled programs (`dsd_jax.shared_programs`).
+    # Read from the class itself, not inherited: a subclass may read more
+    shares_programs: ClassVar[bool] = False
 
     @classmethod
     def build(cls, spec, model=None, backend: str = "auto") -> "Drafter":
         """spec: `SpecConfig`; model: `(graphdef, ModelConfig)` of the draft model when
         `needs_model`; backend: the kernels backend of the engine."""
         return cls()
+
+    def program_key(self):
+        """What the compiled programs depend on of this drafter (hashable), or None: not
+        shared with another engine's."""
+        if not type(self).__dict__.get("shares_programs", False):
+            return None
+        return (type(self),) + tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def init_state(self, num_slots: int, capacity: int) -> Any:
         return None
@@ -149,6 +160,8 @@ class Drafter:
 
 class NoDrafter(Drafter):
     """Method "none": plain decoding; K is always 0, so `propose` is never traced."""
+
+    shares_programs = True
 
 
 def sample_proposal(mode: str, logits, position, ctx: DraftContext, drafted=None):

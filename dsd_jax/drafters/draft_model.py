@@ -57,6 +57,7 @@ class DraftModel(Drafter):
     catches_up_prompts = True
     keeps_positions = True
     any_vocab_size = True
+    shares_programs = True
 
     graph: Any = None  # nnx.GraphDef of the draft model
     config: Any = None  # its ModelConfig

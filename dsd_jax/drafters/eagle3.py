@@ -68,6 +68,7 @@ class Eagle3(Drafter):
     needs_model = True
     needs_features = True
     keeps_positions = True
+    shares_programs = True
 
     graph: Any = None  # nnx.GraphDef of the head
     config: Any = None  # its Eagle3Config

@@ -42,6 +42,7 @@ def lookup(tokens, length, K: int, min_n: int, max_n: int):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class NGram(Drafter):
+    shares_programs = True
     min_n: int = 1
     max_n: int = 3
 

@@ -117,6 +117,7 @@ def lookup(tokens, length, active, group, bank, K: int, min_n: int, max_n: int):
 @dataclasses.dataclass(frozen=True, eq=False)
 class Suffix(Drafter):
     reads_references: ClassVar[bool] = True
+    shares_programs = True
     min_n: int = 1
     max_n: int = 3
     bank_len: int = 1024

@@ -12,8 +12,9 @@ set of XLA:CPU's memory maps, `map_budget`).
 The table holds its programs weakly: a program lives as long as some engine holds it, so
 dropping every engine that compiled it frees it, as before. Its key is `Programs`'
 structure key, the program's own key and JAX's tracing context (`jax_config.trace_context`:
-the flags that change what a trace produces); a drafter whose programs read more than its
-fields opts out (`Drafter.shares_programs`).
+the flags that change what a trace produces). Only drafters whose class declares
+`Drafter.shares_programs` (programs that read nothing of it but its type and fields) are
+shared; a user's drafter compiles its own unless it says so.
 """
 
 from __future__ import annotations

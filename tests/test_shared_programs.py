@@ -42,7 +42,7 @@ def test_an_engine_of_the_same_structure_compiles_nothing_and_keeps_its_own_weig
     target, draft = other_pair
     engine = SpecEngine(target, draft, SpecConfig(method="draft_model", num_speculative_tokens=4),
                         max_batch_size=4, max_seq_len=48, prefill_chunk=16, batch_buckets=(4,),
-                        controller=FixedK([2, 4, 0, 3]), share_prefixes=True)
+                        controller=FixedK([2, 4, 0, 3]), share_prefixes=False)
     before = compilation_count()
     assert engine.warmup(run=False) == 10
     assert compilation_count() == before

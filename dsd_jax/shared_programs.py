@@ -14,11 +14,13 @@ dropping every engine that compiled it frees it, as before. Its key is `Programs
 structure key, the program's own key and JAX's tracing context (`jax_config.trace_context`:
 the flags that change what a trace produces). Only drafters whose class declares
 `Drafter.shares_programs` (programs that read nothing of it but its type and fields) are
-shared; a user's drafter compiles its own unless it says so.
+shared; a user's drafter compiles its own unless it says so. `not_shared()` turns sharing
+off for a while (code patched at run time, or a run that must compile its own programs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -26,6 +28,7 @@ from jax._src import config as jax_config
 
 _table: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _lock = threading.Lock()
+_off = 0  # how many not_shared() blocks are open
 
 
 def tracing_context() -> tuple:
@@ -36,12 +39,13 @@ def tracing_context() -> tuple:
 def get(key):
     """The program compiled under `key` that an engine still holds, or None."""
     with _lock:
-        return _table.get(key)
+        return None if _off else _table.get(key)
 
 
 def put(key, program) -> None:
     with _lock:
-        _table[key] = program
+        if not _off:
+            _table[key] = program
 
 
 def held() -> int:
@@ -54,3 +58,17 @@ def clear() -> None:
     """Forgets every program (engines keep theirs): later engines compile their own."""
     with _lock:
         _table.clear()
+
+
+@contextlib.contextmanager
+def not_shared():
+    """Inside: engines neither take programs from the table nor put theirs in, in any thread
+    (what the code compiles may differ from what the table's programs were built from)."""
+    global _off
+    with _lock:
+        _off += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _off -= 1

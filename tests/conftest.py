@@ -134,14 +134,16 @@ def runtime_bound_programs(request):
 def programs_of_its_own(request):
     """Engines alive together share compiled programs (`dsd_jax.shared_programs`), keyed by
     everything a program depends on but the library's code. A test that patches that code
-    (`monkeypatch`), or how programs compile (`runtime_bound`), shares none with the others."""
+    (`monkeypatch`), changes how programs compile (`runtime_bound`) or needs its engines to
+    compile (`own_programs`) shares none, with the others or between its own engines."""
     from dsd_jax import shared_programs
-    isolated = "monkeypatch" in request.fixturenames or request.node.get_closest_marker("runtime_bound")
-    if isolated:
-        shared_programs.clear()
-    yield
-    if isolated:
-        shared_programs.clear()
+    isolated = "monkeypatch" in request.fixturenames or any(
+        request.node.get_closest_marker(m) for m in ("runtime_bound", "own_programs"))
+    if not isolated:
+        yield
+        return
+    with shared_programs.not_shared():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -779,6 +779,7 @@ def test_rounds_behind_a_prefill_are_not_timed_as_steps(pair):
     assert flags == ([True] + [False] * 39) * 2
 
 
+@pytest.mark.own_programs  # a program compiles inside the run
 def test_a_compile_inside_a_run_times_no_round_and_is_no_speed(pair):
     """An engine not warmed up compiles each program at its first use, inside a run: the
     rounds read back across such a compile do not reach the controller as step times (a
@@ -806,6 +807,7 @@ def test_a_compile_inside_a_run_times_no_round_and_is_no_speed(pair):
     assert [t is None for t in ctl.times[seen:]] == [t["after_prefill"] for t in again]
 
 
+@pytest.mark.own_programs  # a program compiles inside the run
 def test_a_compile_in_any_process_leaves_the_round_untimed_in_all(pair):
     """Under several processes the step times go through their agreement (the slowest
     under "allgather"), and their controllers must see the same. A compile goes through it

@@ -82,6 +82,22 @@ def test_dropped_engines_free_their_programs(other_pair):
     assert shared_programs.held() == held
 
 
+def test_not_shared_engines_neither_take_nor_give(first, first_target, tiny_pair):
+    """Inside `not_shared()` (code patched at run time, a run that must compile) an engine of
+    `first`'s structure compiles its own and leaves the table as it was; after, it shares."""
+    def same_structure():
+        return make_engine(first_target, tiny_pair[1], method="draft_model", max_seq_len=48)
+
+    with shared_programs.not_shared():
+        with shared_programs.not_shared():
+            pass  # nested blocks: sharing stays off until the outermost ends
+        held, before = shared_programs.held(), compilation_count()
+        apart = same_structure()
+        assert apart.programs.admit(4) is not first.programs.admit(4)
+        assert compilation_count() > before and shared_programs.held() == held
+    assert same_structure().programs.admit(4) is first.programs.admit(4)
+
+
 def test_a_drafter_shares_programs_only_where_its_class_says_so():
     assert NGram(1, 3).program_key() == NGram(1, 3).program_key() != NGram(2, 3).program_key()
     assert Drafter().program_key() is None

@@ -27,6 +27,7 @@ def collector_off():
         gc.enable()
 
 
+@pytest.mark.own_programs  # its steps compile: measured
 def test_a_compile_past_the_map_limit_raises_and_loses_nothing(tiny_pair):
     """The garbage collector is off while the first step is measured: another engine's maps
     freed under its compile made it read nothing (once in twenty-four fresh clones)."""
@@ -47,6 +48,7 @@ def test_a_compile_past_the_map_limit_raises_and_loses_nothing(tiny_pair):
     assert len(out[0].token_ids) == 6
 
 
+@pytest.mark.own_programs  # its steps compile: measured
 def test_a_warmup_that_cannot_fit_its_steps_fails_before_compiling_them(tiny_pair):
     """`compile_all` prices everything left once a step has been measured: with room for three
     steps, the warm-up of 3 buckets x K 0..3 (12 steps, one of them compiled to measure it)

@@ -299,10 +299,14 @@ class Programs:
 
     def admit(self, n: int):
         """`(state, SlotInit of [data, n] arrays)`."""
+        return self._get(("admit", n), lambda: self._admit.lower(self._args[2], self._slot_init(n)))
+
+    def _slot_init(self, n: int):
+        """The abstract `SlotInit` of `admit(n)` (built only to lower it: a lookup is hot)."""
         f32, i32 = self._per_shard(n, dtype=jnp.float32), self._per_shard(n)
         extra = {name: self._per_shard(n, *shape, dtype=dtype)
                  for name, (shape, dtype, _) in self._drafter.admission_fields().items()}
-        init = step_lib.SlotInit(
+        return step_lib.SlotInit(
             rows=i32, length=i32, limit=i32, min_length=i32, prompt_length=i32, temperature=f32,
             top_k=i32, top_p=f32, min_p=f32, repetition_penalty=f32, presence_penalty=f32,
             frequency_penalty=f32, bias_ids=self._per_shard(n, MAX_LOGIT_BIAS),
@@ -311,7 +315,6 @@ class Programs:
             allowed_ids=self._per_shard(n, MAX_ALLOWED_TOKEN_IDS),
             seed=self._per_shard(n, dtype=jnp.uint32),
             stop_ids=self._per_shard(n, MAX_STOP_IDS), drafter_length=i32, drafter=extra)
-        return self._get(("admit", n), lambda: self._admit.lower(self._args[2], init))
 
     def slot_rows(self, m: int):
         """`(state, slots [data, m])`: each shard's rows of those slots (`step.slot_rows`)."""
@@ -320,10 +323,13 @@ class Programs:
     def move(self, m: int):
         """`(state, src [data, m], dst [data, m], slot_rows(m)(state, dst))`: m swaps per
         shard in turn, each src freed (`step.move_slots`; dst out of range: none)."""
-        rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data * m,) + x.shape[1:], x.dtype, sharding=x.sharding),
-                            step_lib.per_slot(self._args[2]))
-        ints = self._per_shard(m)
-        return self._get(("move", m), lambda: self._move.lower(self._args[2], ints, ints, rows))
+        def lower():
+            rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data * m,) + x.shape[1:], x.dtype,
+                                                               sharding=x.sharding),
+                                step_lib.per_slot(self._args[2]))
+            ints = self._per_shard(m)
+            return self._move.lower(self._args[2], ints, ints, rows)
+        return self._get(("move", m), lower)
 
     def copy(self, n: int):
         """`(state, src [data, n], dst [data, n])`: each shard copies n of its slots (a

@@ -65,9 +65,9 @@ def rows(sequences) -> np.ndarray:
     return out
 
 
-def always_banned(row: np.ndarray) -> set[int]:
-    """The one-token sequences of a request's row (`rows`): ids it may never draw."""
-    return {int(t) for t in row[(row[:, -2] == -1) & (row[:, -1] >= 0), -1]}
+def sequences(row: np.ndarray) -> list[tuple[int, ...]]:
+    """The token sequences of a request's row (`rows`), in order."""
+    return [tuple(int(t) for t in r if t >= 0) for r in row if r[-1] >= 0]
 
 
 def bans(bad, tokens, prompt_length, length, drafts, before):

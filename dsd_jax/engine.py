@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dsd_jax import (bad_words, compilation, detokenize, drafters, inputs, kernels, multihost,
-                     prefix_sharing, stop_strings)
+from dsd_jax import (bad_words, compilation, dead_ends, detokenize, drafters, inputs, kernels,
+                     multihost, prefix_sharing, stop_strings)
 from dsd_jax.admission import SlotAdmission
 from dsd_jax.buckets import bucket_for, chunk_buckets, power_of_two_buckets, usable_chunks
 from dsd_jax.config import SpecConfig
@@ -607,15 +607,27 @@ class SpecEngine(SlotAdmission):
                 self._bad_word_rows(sp.bad_words, id(self.tokenizer))
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from None
-        if sp.allowed_token_ids:  # all -inf at the first position would give NaN, not an error
-            never = bad_words.always_banned(self._bad_word_rows(sp.bad_words, id(self.tokenizer))
-                                            ) if sp.bad_words else set()
-            first = never | (set(sp.stop_token_ids) if sp.min_tokens else set())
-            if set(sp.allowed_token_ids) <= first:
-                raise ValueError(f"request {i}: allowed_token_ids {list(sp.allowed_token_ids)} leaves no "
-                                 "token to draw first: each is a one-token bad word"
-                                 + (" or a stop id min_tokens bans" if sp.min_tokens else ""))
         return sp
+
+    def _check_drawable(self, sp: SamplingParams, room: int, i: int) -> None:
+        """Refuses a request whose allowed_token_ids, bad words and min_tokens can ban every
+        id at some position of its first `room` tokens: the sampler would draw from all
+        -inf (NaN logprobs, a banned id) instead of failing (`dead_ends`)."""
+        if not (sp.allowed_token_ids or sp.bad_words):
+            return
+        sequences = (bad_words.sequences(self._bad_word_rows(sp.bad_words, id(self.tokenizer)))
+                     if sp.bad_words else [])
+        stuck = dead_ends.first_stuck(tuple(sequences), sp.allowed_token_ids, self.target_config.vocab_size,
+                                      sp.stop_token_ids, sp.min_tokens)
+        if stuck is None or stuck[0] >= room:
+            return
+        position, tail = stuck
+        subject = (f"allowed_token_ids {list(sp.allowed_token_ids)} leaves" if sp.allowed_token_ids
+                   else f"bad_words {list(sp.bad_words)!r} leave")
+        why = "each is a one-token bad word" if not tail else "each is banned by a bad word there"
+        why += " or a stop id min_tokens bans" if position < sp.min_tokens else ""
+        where = "first" if not tail else f"at completion token {position + 1} after one ending in {list(tail)}"
+        raise ValueError(f"request {i}: {subject} no token to draw {where}: {why}")
 
     def _tokenize_bad_words(self, words: tuple[str, ...], tokenizer_id: int) -> np.ndarray:
         """A request's bad words as its device row (`bad_words.rows`), memoised per words and
@@ -640,6 +652,7 @@ class SpecEngine(SlotAdmission):
             if len(prompt) >= self.max_seq_len:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} "
                                  "leaves no room to generate")
+            self._check_drawable(sp, min(sp.max_tokens or self.max_seq_len, self.max_seq_len - len(prompt)), i)
             checked.append((prompt, sp, refs))
         # a max_tokens that does not fit in the slot stops at max_seq_len, finish_reason
         # "length" (as vLLM's max_model_len)

@@ -90,19 +90,33 @@ def test_greedy_with_allowed_token_ids_equals_the_full_forward_reference(pair):
 def test_the_engine_refuses_lists_outside_the_vocabulary_or_with_nothing_to_draw(pair):
     target, draft = pair
     engine = make_engine(target, draft, method="draft_model", batch_buckets=(4,),
-                         tokenizer=Words({"x": [3], " x": [4], "yz": [5, 6], " yz": [7, 6]}))
+                         tokenizer=Words({"x": [3], " x": [4], "yz": [5, 6], " yz": [7, 6],
+                                          "yy": [5, 5], " yy": [5, 5]}))
     cases = [(SamplingParams(allowed_token_ids=[3, 64]),
               r"request 1: allowed_token_ids has token id 64, outside the vocabulary \[0, 64\)"),
              (SamplingParams(allowed_token_ids=[3, 4], bad_words=["x"]),
               r"request 1: allowed_token_ids \[3, 4\] leaves no token to draw first: each is a one-token bad "
               "word$"),
              (SamplingParams(allowed_token_ids=[3, 9], bad_words=["x"], min_tokens=2, stop_token_ids=[9]),
-              "each is a one-token bad word or a stop id min_tokens bans")]
+              "each is a one-token bad word or a stop id min_tokens bans"),
+             # later positions too (`dead_ends`): 3 is always banned, 5 after 5
+             (SamplingParams(allowed_token_ids=[3, 5], bad_words=["x", "yy"], max_tokens=4),
+              r"request 1: allowed_token_ids \[3, 5\] leaves no token to draw at completion token 2 after one "
+              r"ending in \[5\]: each is banned by a bad word there$"),
+             (SamplingParams(allowed_token_ids=[5, 9], bad_words=["yy"], min_tokens=3, stop_token_ids=[9]),
+              r"at completion token 2 after one ending in \[5\]: each is banned by a bad word there or a stop id "
+              "min_tokens bans$")]
     for sp, why in cases:
         with pytest.raises(ValueError, match=why):
             engine.generate(PROMPTS[:2], [SamplingParams(), sp])
-    # a two-token bad word bans its last id only after the first: something is left to draw
-    engine.generate(PROMPTS[:1], SamplingParams(max_tokens=2, allowed_token_ids=[6], bad_words=["yz"]))
+    # a two-token bad word bans its last id only after the first: something is left to draw;
+    # one token only, or a stop id left to end on after 5: nothing gets stuck
+    out = engine.generate(PROMPTS[:3], [
+        SamplingParams(max_tokens=2, allowed_token_ids=[6], bad_words=["yz"]),
+        SamplingParams(allowed_token_ids=[3, 5], bad_words=["x", "yy"], max_tokens=1),
+        SamplingParams(allowed_token_ids=[5, 9], bad_words=["yy"], stop_token_ids=[9], max_tokens=4, seed=3)])
+    assert out[1].token_ids == [5]
+    assert set(out[2].token_ids) <= {5, 9} and [5, 5] not in [out[2].token_ids[j:j + 2] for j in range(3)]
 
 
 def _restricted_joint(model, sp: SamplingParams, prompt=PROMPT) -> np.ndarray:

@@ -692,6 +692,12 @@ class SpecEngine(SlotAdmission):
                 requests.append(Request(rid, prompt, sp, seed, i, g, group, tokens))
         return requests
 
+    def check(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+              references=None, memory=None) -> None:
+        """Raises the ValueError `generate` would raise for these requests, running and
+        compiling nothing: a script can refuse them before `warmup()` spends minutes."""
+        self._check_call(prompts, sampling, references, memory)
+
     def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
                  return_logprobs: bool = False, progress: Callable[[int], None] | None = None,
                  references=None, memory=None,

@@ -1025,6 +1025,25 @@ def test_generate_writes_records_in_order_as_they_finish_and_keeps_them_if_kille
     assert records.partial_path("/dev/stdout") is None and records.partial_path(None) is None
 
 
+def test_generate_with_warmup_refuses_a_request_before_compiling():
+    """`generate --warmup` compiled every program (minutes) before `generate` refused a bad
+    request; it now asks `SpecEngine.check` first."""
+    class Engine:
+        warmed = False
+
+        def check(self, prompts, sampling):
+            raise ValueError("request 0: allowed_token_ids [3, 5] leaves no token to draw first")
+
+        def warmup(self, progress):
+            self.warmed = True
+
+    engine = Engine()
+    args = types.SimpleNamespace(logprobs=False, warmup=True, no_progress=True)
+    with pytest.raises(SystemExit, match="dsd-jax generate: error: request 0: allowed_token_ids"):
+        generate_command._run_generate(args, engine, [[1]], None, None)
+    assert not engine.warmed
+
+
 def test_generate_resume_continues_an_interrupted_run(files, tmp_path, monkeypatch):
     """`generate --out F --resume` after a run stopped midway (and a record torn by the
     kill): keeps the finished records, generates the rest, and F is what one uninterrupted

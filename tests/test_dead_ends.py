@@ -1,13 +1,16 @@
 """A request whose allowed_token_ids, bad words and min_tokens can ban every id at some
 position is refused up front (`dsd_jax.dead_ends`), not sampled from all -inf (NaN
 logprobs and a banned id: engine_fuzz.py, seed 7524). The search is checked against
-every completion enumerated under vLLM's ban rule; the engine's refusal is in
-test_allowed_token_ids.py."""
+every completion enumerated under vLLM's ban rule; the engine's refusal while it
+generates is in test_allowed_token_ids.py."""
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from dsd_jax import SamplingParams
 from dsd_jax.dead_ends import first_stuck
-from test_bad_words import vllm_bans
+from conftest import make_engine
+from test_bad_words import Words, vllm_bans
 
 
 def stuck_by_enumeration(sequences, allowed, vocab, stop_ids, min_tokens, room):
@@ -61,3 +64,16 @@ def test_stop_ids_end_a_completion_and_min_tokens_bans_them():
     # the whole vocabulary: one that small can be banned outright by one-token bad words
     assert first_stuck(((0,), (1,)), None, 2, (), 0) == (0, ())
     assert first_stuck(((0,), (1,)), None, 3, (), 0) is None
+
+
+def test_check_refuses_what_generate_would_before_anything_compiles(tiny_pair):
+    target, draft = tiny_pair
+    engine = make_engine(target, draft, method="draft_model", tokenizer=Words({"x": [3], " x": [3], "yy": [5, 5],
+                                                                             " yy": [5, 5]}))
+    stuck = SamplingParams(allowed_token_ids=[3, 5], bad_words=["x", "yy"], max_tokens=4)
+    with pytest.raises(ValueError, match=r"request 0: .* no token to draw at completion token 2 after one ending in \[5\]"):
+        engine.check([[1, 2]], stuck)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.check([[1, 2], []], SamplingParams())
+    engine.check([[1, 2]], SamplingParams(allowed_token_ids=[3, 5], bad_words=["x", "yy"], max_tokens=1))
+    assert engine.programs.compile_s == 0  # (`dsd-jax generate` checks before its warm-up)

@@ -123,6 +123,10 @@ def _write_file(flag: str, path: str, write) -> None:
 
 def _run_generate(args, engine, prompts, sampling, on_output):
     if args.warmup:
+        try:  # a refused request before the warm-up's minutes of compiling
+            engine.check(prompts, sampling)
+        except ValueError as e:
+            error("generate", None, str(e))
         bar = progress_bar(args, None, "compile", "program")
         engine.warmup(lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n)))
         bar.close()

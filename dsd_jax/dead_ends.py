@@ -52,7 +52,7 @@ def first_stuck(sequences: tuple[tuple[int, ...], ...], allowed: tuple[int, ...]
     """`(position, tail)`: the first completion position (0-based) at which a completion
     the constraints allow can find every id banned, and the tokens before it that make it
     so (the bad words' part of the completion); None if none can get stuck. A request
-    drawing fewer tokens than `position` never gets there. (Memoised: an RL loop sends
+    that draws at most `position` tokens never gets there. (Memoised: an RL loop sends
     the same constraints with every request, and a large set takes ~0.2 s.)
 
     sequences: the bad words' token sequences; allowed: allowed_token_ids (None: the

@@ -65,11 +65,6 @@ def rows(sequences) -> np.ndarray:
     return out
 
 
-def sequences(row: np.ndarray) -> list[tuple[int, ...]]:
-    """The token sequences of a request's row (`rows`), in order."""
-    return [tuple(int(t) for t in r if t >= 0) for r in row if r[-1] >= 0]
-
-
 def bans(bad, tokens, prompt_length, length, drafts, before):
     """The ids each position bans, [B, T, MAX_BAD_WORDS] (-1: none).
 

@@ -202,7 +202,8 @@ class SpecEngine(SlotAdmission):
         self.share_prefixes = share_prefixes
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer, target.config.vocab_size)
-        self._bad_word_rows = functools.lru_cache(maxsize=256)(self._tokenize_bad_words)
+        self._bad_word_sequences = functools.lru_cache(maxsize=256)(self._tokenize_bad_words)
+        self._bad_word_rows = functools.lru_cache(maxsize=256)(self._bad_words_row)
         self.placement = _placement(mesh, target, draft, max_batch_size)
         self.data = self.placement.sizes[DATA]
         self.slots_per_shard = per_shard = max_batch_size // self.data
@@ -604,7 +605,7 @@ class SpecEngine(SlotAdmission):
                 raise ValueError(f"request {i}: bad_words {list(sp.bad_words)!r} are tokenized: they need "
                                  "an engine with a tokenizer (SpecEngine(..., tokenizer=...))")
             try:
-                self._bad_word_rows(sp.bad_words, id(self.tokenizer))
+                self._bad_word_sequences(sp.bad_words, id(self.tokenizer))
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from None
         return sp
@@ -615,9 +616,8 @@ class SpecEngine(SlotAdmission):
         -inf (NaN logprobs, a banned id) instead of failing (`dead_ends`)."""
         if not (sp.allowed_token_ids or sp.bad_words):
             return
-        sequences = (bad_words.sequences(self._bad_word_rows(sp.bad_words, id(self.tokenizer)))
-                     if sp.bad_words else [])
-        stuck = dead_ends.first_stuck(tuple(sequences), sp.allowed_token_ids, self.target_config.vocab_size,
+        sequences = self._bad_word_sequences(sp.bad_words, id(self.tokenizer)) if sp.bad_words else ()
+        stuck = dead_ends.first_stuck(sequences, sp.allowed_token_ids, self.target_config.vocab_size,
                                       sp.stop_token_ids, sp.min_tokens)
         if stuck is None or stuck[0] >= room:
             return
@@ -629,10 +629,14 @@ class SpecEngine(SlotAdmission):
         where = "first" if not tail else f"at completion token {position + 1} after one ending in {list(tail)}"
         raise ValueError(f"request {i}: {subject} no token to draw {where}: {why}")
 
-    def _tokenize_bad_words(self, words: tuple[str, ...], tokenizer_id: int) -> np.ndarray:
-        """A request's bad words as its device row (`bad_words.rows`), memoised per words and
-        tokenizer (`tokenizer_id`: the tokenizer's id(), so a replaced one re-tokenizes)."""
-        return bad_words.rows(bad_words.token_sequences(words, self.tokenizer, self.target_config.vocab_size))
+    def _tokenize_bad_words(self, words: tuple[str, ...], tokenizer_id: int) -> tuple[tuple[int, ...], ...]:
+        """A request's bad words as token sequences, memoised per words and tokenizer
+        (`tokenizer_id`: the tokenizer's id(), so a replaced one re-tokenizes), as are their
+        device rows (`_bad_word_rows`, `bad_words.rows`)."""
+        return tuple(bad_words.token_sequences(words, self.tokenizer, self.target_config.vocab_size))
+
+    def _bad_words_row(self, words: tuple[str, ...], tokenizer_id: int) -> np.ndarray:
+        return bad_words.rows(self._bad_word_sequences(words, tokenizer_id))
 
     def _check_call(self, prompts, sampling, references=None, memory=None) -> list[tuple]:
         """Every prompt of a call as (prompt ids, SamplingParams, references), every value

@@ -25,8 +25,8 @@ matter. Checks:
 
 `python tests/engine_fuzz.py --cases N --seed S` runs cases S..S+N-1 and prints each
 failing case's seed (rerun one with `--cases 1 --seed <it>`); `--mesh 2,1` runs the engine
-under test on a 2-device data mesh (fake CPU devices). `test_engine_fuzz.py` runs a few
-in the suite.
+under test on a 2-device data mesh (fake CPU devices); `--constrained` gives most requests
+a few allowed ids and bad words over them. `test_engine_fuzz.py` runs a few in the suite.
 """
 
 from __future__ import annotations
@@ -143,6 +143,10 @@ class Case:
     # per call made "threaded": its requests cut into parts, each part a `ThreadedEngine` call
     # from a thread of its own, started after its delay (s); None: not threaded
     threads: list = dataclasses.field(default_factory=list)  # [None | [(start, delay), ...]]
+    # `--constrained`: most requests carry a few allowed ids and bad words over them (see
+    # `constrain`), where the two can leave nothing to draw
+    constrained: bool = False
+    refused: int = 0  # calls the engine refused (set by `run_case`): nothing of theirs checked beyond that
 
     def engine_spec(self) -> str:
         return (f"mesh={self.mesh} backend={self.backend} method={self.method} acceptance={self.acceptance} "
@@ -206,7 +210,7 @@ def random_params(rng, max_tokens_cap: int, max_logprobs: int) -> SamplingParams
     return SamplingParams(**kw)
 
 
-def random_case(seed: int) -> Case:
+def random_case(seed: int, constrained: bool = False) -> Case:
     rng = np.random.default_rng(seed)
     method = str(rng.choice(["ngram", "suffix", "draft_model", "ngram", "suffix", "draft_model", "none"]))
     max_seq_len = int(rng.choice([32, 48, 64, 96]))
@@ -247,13 +251,29 @@ def random_case(seed: int) -> Case:
     backend = "interpret" if later.random() < 0.2 else "xla"
     threads = [_thread_parts(later, len(prompts)) if later.random() < 0.3 else None for prompts, _, _ in calls]
     modes = [("threaded", rl) if parts else (mode, rl) for (mode, rl), parts in zip(modes, threads)]
-    return Case(modes=modes, memory=memory, backend=backend, threads=threads,
+    if constrained:
+        constrain(calls, np.random.default_rng(seed + 4 * 10**6))
+    return Case(modes=modes, memory=memory, backend=backend, threads=threads, constrained=constrained,
                 seed=seed, method=method, acceptance=str(rng.choice(["drafter_invariant", "rejection"])),
                 max_k=0 if method == "none" else int(rng.integers(1, 6)), max_batch_size=slots,
                 batch_buckets=buckets, max_seq_len=max_seq_len, prefill_chunk=int(rng.choice([4, 7, 16])),
                 share_prefixes=bool(rng.random() < 0.7),
                 eos_token_ids=tuple(sorted({t for _ in range(int(rng.integers(0, 3))) for t in _piece(rng, 1)})),
                 max_logprobs=max_logprobs, calls=calls)
+
+
+def constrain(calls, rng) -> None:
+    """Gives most requests a few allowed ids (2 to 8) and bad words (`aim` draws them over
+    those ids): alone, each is drawn for 1 request in 7 or 3, so both together for 1 in 20,
+    and with up to 23 allowed ids a bad word rarely bans the last of them."""
+    for _, params, _ in calls:
+        for i, sp in enumerate(params):
+            kw = {}
+            if rng.random() < 0.7:
+                kw["allowed_token_ids"] = sorted({t for _ in range(int(rng.integers(2, 9))) for t in _piece(rng, 1)})
+            if rng.random() < 0.85:
+                kw["bad_words"] = [_word(rng, int(rng.integers(1, 4))) for _ in range(int(rng.integers(1, 5)))]
+            params[i] = dataclasses.replace(sp, **kw)
 
 
 def _thread_parts(rng, n: int) -> list[tuple[int, float]]:
@@ -431,7 +451,15 @@ def aim(case: Case, plain: SpecEngine, rng) -> None:
                 kw["stop"] = [text[at:at + int(rng.integers(2, 5))]] + list(sp.stop[1:])
             if sp.bad_words:
                 kw["bad_words"] = [Pieces().decode(piece(int(rng.integers(1, 3)))) for _ in sp.bad_words]
+                if case.constrained and sp.allowed_token_ids:  # some over the allowed ids in any order
+                    kw["bad_words"] = [w if rng.random() < 0.5 else Pieces().decode(
+                        rng.choice(sp.allowed_token_ids, int(rng.integers(1, 4)))) for w in kw["bad_words"]]
             params[i] = dataclasses.replace(sp, **kw)
+            if case.constrained and rng.random() < 0.75:
+                try:  # mostly served: a refused request takes its whole call with it
+                    plain.check([prompt], [params[i]])
+                except ValueError:
+                    params[i] = dataclasses.replace(params[i], bad_words=())
 
 
 def run_case(case: Case) -> list[str]:
@@ -448,6 +476,7 @@ def run_case(case: Case) -> list[str]:
             outs, problems = _call(engine, mode, prompts, params, None if memory else references, memory,
                                    return_logprobs, parts)
         except ValueError as refused:  # a request the engine refuses (checked before anything runs)
+            case.refused += 1
             if isinstance(refused, PartRefused):  # (a threaded call: the plain engine gets that part)
                 prompts, params = refused.prompts, refused.params
             try:
@@ -478,6 +507,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--constrained", action="store_true", help="most requests with a few allowed ids "
+                    "and bad words over them (where a completion can get stuck with nothing to draw)")
     ap.add_argument("--mesh", default="1,1", help="DATA,MODEL: the engine under test on a mesh of that "
                     "many fake CPU devices (the plain one stays on one)")
     args = ap.parse_args(argv)
@@ -487,14 +518,15 @@ def main(argv=None) -> int:
         jax.config.update("jax_num_cpu_devices", mesh[0] * mesh[1])  # before the backend starts
     bad = []
     for seed in range(args.seed, args.seed + args.cases):
-        case, start = dataclasses.replace(random_case(seed), mesh=mesh), time.perf_counter()
+        case, start = dataclasses.replace(random_case(seed, args.constrained), mesh=mesh), time.perf_counter()
         try:
             failures = run_case(case)
         except Exception:  # a crash is a finding too
             failures = [traceback.format_exc()]
         status = "ok" if not failures else f"{len(failures)} FAILURES"
         print(f"case {seed}: {status} in {time.perf_counter() - start:.1f} s ({case.engine_spec()}, "
-              f"{sum(len(c[0]) for c in case.calls)} prompts, calls {case.modes}, memory {case.memory})", flush=True)
+              f"{sum(len(c[0]) for c in case.calls)} prompts, calls {case.modes}, {case.refused} refused, "
+              f"memory {case.memory})", flush=True)
         for f in failures[:5]:
             print("   ", f, flush=True)
         if failures:

@@ -20,6 +20,17 @@ def test_random_engines_and_request_mixes_decode_as_plain(seed):
     assert not failures, f"case {seed} ({case.engine_spec()}):\n" + "\n".join(failures[:10])
 
 
+def test_requests_with_few_allowed_ids_and_bad_words_over_them_decode_as_plain():
+    """`--constrained`: 12 of the 15 requests carry allowed ids and bad words (where a
+    completion can be left with nothing to draw, see `dead_ends`)."""
+    case = random_case(8020, constrained=True)
+    assert case.acceptance == "drafter_invariant" and case.max_k > 0
+    requests = [sp for _, params, _ in case.calls for sp in params]
+    assert sum(bool(sp.allowed_token_ids and sp.bad_words) for sp in requests) == 12 and len(requests) == 15
+    failures = run_case(case)
+    assert not failures and case.refused == 0, f"case 8020 ({case.engine_spec()}):\n" + "\n".join(failures[:10])
+
+
 def test_the_invariants_name_each_kind_of_violation():
     """`completion_problems` is not vacuous: each rule flags a completion breaking it, and
     passes one that keeps them all."""

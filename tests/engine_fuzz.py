@@ -263,9 +263,9 @@ def random_case(seed: int, constrained: bool = False) -> Case:
 
 
 def constrain(calls, rng) -> None:
-    """Gives most requests a few allowed ids (2 to 8) and bad words (`aim` draws them over
-    those ids): alone, each is drawn for 1 request in 7 or 3, so both together for 1 in 20,
-    and with up to 23 allowed ids a bad word rarely bans the last of them."""
+    """Gives most requests a few allowed ids (2 to 8) and bad words (`aim` draws half of them
+    over those ids). Without it, allowed ids (up to 23) come to 1 request in 7 and bad words
+    to 1 in 3, so both to 1 in 20, and a bad word rarely bans the last allowed id."""
     for _, params, _ in calls:
         for i, sp in enumerate(params):
             kw = {}
@@ -430,7 +430,8 @@ def _call(engine, mode, prompts, params, references, memory, return_logprobs,
 def aim(case: Case, plain: SpecEngine, rng) -> None:
     """Redraws the stop ids, stop strings and bad words of the requests that have them
     from what each would generate without them (plain decoding): drawn from typical text
-    alone, 1 in 45 requests' bad words would ever have occurred."""
+    alone, 1 in 45 requests' bad words would ever have occurred. A constrained case's
+    request that would be refused (nothing to draw) loses its bad words 3 times in 4."""
     for c, (prompts, params, references) in enumerate(case.calls):
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             if not (sp.stop_token_ids or sp.stop or sp.bad_words):

@@ -992,7 +992,7 @@ def test_one_live_row_runs_in_the_bucket_its_profile_finds_faster(pair):
     prof = Profile("cpu", [1, 2, 4], [0, 1, 2], [[9.0, 9.5, 10.0], [5.0, 5.1, 5.2], [6.0, 6.1, 6.2]],
                    [0.9, 0.8])
     eng = make_engine(*pair, controller=Controller(spec, prof, max_batch_size=4, batch_buckets=[1, 2, 4]),
-                      method="draft_model", num_speculative_tokens=2, max_seq_len=48, batch_buckets=[1, 2, 4])
+                      method="draft_model", num_speculative_tokens=2, max_seq_len=64, batch_buckets=[1, 2, 4])
     ran = dispatched_buckets(eng)
     params = SamplingParams(temperature=0.0, max_tokens=12)
     got = eng.generate([[1, 2, 3, 4, 5]], params)

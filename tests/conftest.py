@@ -135,7 +135,9 @@ def programs_of_its_own(request):
     """Engines alive together share compiled programs (`dsd_jax.shared_programs`), keyed by
     everything a program depends on but the library's code. A test that patches that code
     (`monkeypatch`), changes how programs compile (`runtime_bound`) or needs its engines to
-    compile (`own_programs`) shares none, with the others or between its own engines."""
+    compile (`own_programs`) shares none, with the others or between its own engines. A test
+    patching host-side code only (nothing a program traces) patches it with
+    `pytest.MonkeyPatch.context()` instead, and keeps sharing."""
     from dsd_jax import shared_programs
     isolated = "monkeypatch" in request.fixturenames or any(
         request.node.get_closest_marker(m) for m in ("runtime_bound", "own_programs"))

@@ -388,30 +388,24 @@ def test_turns_in_random_order_keep_true_records_and_give_whole_prefills_outputs
     # plan is host-side, so the two engines share theirs
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(prefix_sharing, "preserve", counted)
-        shared = _random_turns(engines)
+        rng = np.random.default_rng(3)
+        prompts = [rng.integers(2, 64, int(rng.integers(36, 50))).tolist() for _ in range(6)]
+        shared = 0
+        for call in range(10):
+            chosen = rng.choice(6, size=int(rng.integers(1, 3)), replace=False).tolist()
+            batch = [prompts[i] for i in chosen] + ([rng.integers(2, 64, 40).tolist()] if call % 4 == 3 else [])
+            sampling = SamplingParams(temperature=0.0, max_tokens=int(rng.integers(3, 9)), n=2 if call % 3 == 2 else 1)
+            for e in engines:
+                e.reset_metrics()
+            outs = [e.generate(batch, sampling) for e in engines]
+            assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+            shared += engines[0].metrics()["shared_prefix_tokens"]
+            held = jax.device_get(engines[0].state.tokens)
+            for slot, kept in engines[0]._retained[0].items():
+                assert held[slot, :len(kept.sequence)].tolist() == kept.sequence.tolist(), (call, slot)
+            for i, out in zip(chosen, outs[0][::sampling.n]):
+                prompts[i] = prompts[i] + list(out.token_ids) + rng.integers(2, 64, 2).tolist()
     assert shared > 0 and min(moves.values()) > 0, (shared, moves)
-
-
-def _random_turns(engines) -> int:
-    """Ten calls of random turns, checked as the test says; the prefix tokens shared."""
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(2, 64, int(rng.integers(36, 50))).tolist() for _ in range(6)]
-    shared = 0
-    for call in range(10):
-        chosen = rng.choice(6, size=int(rng.integers(1, 3)), replace=False).tolist()
-        batch = [prompts[i] for i in chosen] + ([rng.integers(2, 64, 40).tolist()] if call % 4 == 3 else [])
-        sampling = SamplingParams(temperature=0.0, max_tokens=int(rng.integers(3, 9)), n=2 if call % 3 == 2 else 1)
-        for e in engines:
-            e.reset_metrics()
-        outs = [e.generate(batch, sampling) for e in engines]
-        assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
-        shared += engines[0].metrics()["shared_prefix_tokens"]
-        held = jax.device_get(engines[0].state.tokens)
-        for slot, kept in engines[0]._retained[0].items():
-            assert held[slot, :len(kept.sequence)].tolist() == kept.sequence.tolist(), (call, slot)
-        for i, out in zip(chosen, outs[0][::sampling.n]):
-            prompts[i] = prompts[i] + list(out.token_ids) + rng.integers(2, 64, 2).tolist()
-    return shared
 
 
 def test_an_eagle3_head_takes_a_kept_completion_and_catches_its_entries_up(tmp_path):

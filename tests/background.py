@@ -83,6 +83,7 @@ def create_run_dir() -> None:
     """Called once per run, by the process that starts it (xdist's controller, or the only
     process): workers inherit the folder through the environment."""
     os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="dsd_jax_tests_")
+    _write_json(run_path("started.json"), time.time())  # the jobs' times are told from here
 
 
 def remove_run_dir() -> None:
@@ -126,17 +127,23 @@ def _write_json(path: str, value) -> None:
 class Job:
     """Processes started together; `finish()` waits for them (bounded), once more if
     XLA:CPU aborted a retried job at a collective rendezvous, and writes `done.json`
-    (each process's exit status) beside their output."""
+    (each process's exit status, and each launch's times) beside their output. A first
+    launch's output is kept beside the second's (`{i}.err.1`)."""
 
     def __init__(self, name: str, retry_rendezvous_abort: bool = False, before_retry=None):
         self.name, self._retry, self._before_retry = name, retry_rendezvous_abort, before_retry
         self._argvs = JOBS[name]()
+        self._launches: list[dict] = []
         self._launch()
 
     def _launch(self) -> None:
         def log(i, stream):
-            return open(run_path(self.name, f"{i}.{stream}"), "w+")
+            path = run_path(self.name, f"{i}.{stream}")
+            if os.path.exists(path):
+                os.replace(path, f"{path}.{len(self._launches)}")
+            return open(path, "w+")
         self._logs = [(log(i, "out"), log(i, "err")) for i in range(len(self._argvs))]
+        self._launches.append({"started": time.time()})
         self.procs = [subprocess.Popen(argv, env=_child_env(), stdout=out, stderr=err, text=True)
                       for argv, (out, err) in zip(self._argvs, self._logs)]
 
@@ -148,6 +155,7 @@ class Job:
             pass
         finally:
             self.kill()
+            self._launches[-1].update(ended=time.time(), returncodes=[p.returncode for p in self.procs])
 
     def _aborted_at_rendezvous(self) -> bool:
         for p, (_, err) in zip(self.procs, self._logs):
@@ -162,6 +170,7 @@ class Job:
             if self._retry and self._aborted_at_rendezvous():
                 print(f"{self.name}: XLA:CPU aborted at a collective rendezvous; running it again",
                       file=sys.stderr)
+                self._launches[-1]["aborted_at_rendezvous"] = True
                 if self._before_retry:
                     self._before_retry()
                 self._launch()
@@ -171,7 +180,8 @@ class Job:
                 out.close()
                 err.close()
             _write_json(run_path(self.name, "done.json"),
-                        {"returncodes": [p.returncode for p in self.procs], "argvs": self._argvs})
+                        {"returncodes": [p.returncode for p in self.procs], "argvs": self._argvs,
+                         "launches": self._launches})
 
     def kill(self) -> None:
         for p in self.procs:
@@ -246,6 +256,25 @@ def results(test_file: str) -> list[dict]:
         done = json.load(f)
     return [_parse(run_path(test_file, str(i)), argv, rc)
             for i, (argv, rc) in enumerate(zip(done["argvs"], done["returncodes"]))]
+
+
+def summary() -> list[str]:
+    """A line per job of this run: when each launch started and how long it ran (seconds
+    from the run's start), and why a job ran twice; for the run's end, whose folder goes."""
+    with open(run_path("started.json")) as f:
+        t0 = json.load(f)
+    lines = []
+    for name in EAGER + (MESH_JOB,):
+        if not _done(name):
+            continue
+        with open(run_path(name, "done.json")) as f:
+            launches = json.load(f).get("launches", [])
+        runs = [f"started at {l['started'] - t0:.0f} s, ran {l['ended'] - l['started']:.0f} s, "
+                f"exit {l['returncodes']}"
+                + (" (XLA:CPU aborted it at a collective rendezvous)" if l.get("aborted_at_rendezvous") else "")
+                for l in launches]
+        lines.append(f"{name}: " + "; then ".join(runs))
+    return lines
 
 
 def _parse(prefix: str, argv: list[str], returncode: int) -> dict:

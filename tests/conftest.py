@@ -96,6 +96,19 @@ def pytest_sessionfinish(session, exitstatus):
     background.stop_all(wait=not stopped)  # a stopped run needs no job's results
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """When the subprocess jobs ran and for how long, where the run's log keeps it (their
+    folder goes with the run): a job run twice, or late, explains a slow run."""
+    import background
+    if hasattr(config, "workerinput") or background.RUN_DIR not in os.environ:
+        return
+    lines = background.summary()
+    if lines:
+        terminalreporter.section("subprocess jobs")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache():
     """Engines built from the same models in different tests, files and xdist workers

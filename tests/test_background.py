@@ -153,3 +153,26 @@ def test_the_mesh_job_waits_for_the_tests_at_normal_priority_and_its_rerun_for_a
 class _NoProcesses:
     def finish(self):
         pass
+
+
+def test_a_job_aborted_at_a_rendezvous_runs_again_and_the_run_keeps_both_launches(run_dir, monkeypatch):
+    """A real child that XLA:CPU 'aborts' at a rendezvous on its first launch: the job runs
+    again, its results are the second launch's, the first launch's stderr is kept, and the
+    run's summary says when each ran and why there were two."""
+    background._write_json(str(run_dir / "started.json"), time.time())
+    script = run_dir / "child.py"
+    script.write_text(f"""import os, sys
+if not os.path.exists({str(run_dir / 'ran')!r}):
+    open({str(run_dir / 'ran')!r}, "w").close()
+    sys.exit(print({background.RENDEZVOUS_ABORT!r} + " 0", file=sys.stderr) or 1)
+print('RESULTS {{"ok": true}}')
+""")
+    monkeypatch.setitem(background.JOBS, "test_fake.py", lambda: [[sys.executable, str(script)]])
+    monkeypatch.setattr(background, "EAGER", background.EAGER + ("test_fake.py",))
+    before = []
+    assert background._claim("test_fake.py")
+    background.Job("test_fake.py", retry_rendezvous_abort=True, before_retry=lambda: before.append(1)).finish()
+    assert before == [1] and background.results("test_fake.py") == [{"ok": True}]
+    assert background.RENDEZVOUS_ABORT in (run_dir / "test_fake.py" / "0.err.1").read_text()
+    line, = [ln for ln in background.summary() if ln.startswith("test_fake.py")]
+    assert line.count("started at") == 2 and "exit [1] (XLA:CPU aborted it" in line and "exit [0]" in line

@@ -23,7 +23,8 @@ plain JAX with nothing else running (docs/design.md, section 11); waiting, the j
 beside two test files twice without it. Where a process cannot lower its threads'
 priority, and while the job runs a second time (XLA:CPU aborted it at a collective
 rendezvous), the test processes wait for its end instead. Output goes to files, not
-pipes, so a chatty child never blocks on a full pipe. Every wait is bounded.
+pipes, so a chatty child never blocks on a full pipe. Every wait is bounded. The run's
+terminal summary says when each launch of each job started and how long it ran (`summary`).
 """
 
 from __future__ import annotations

@@ -270,10 +270,10 @@ def summary() -> list[str]:
             continue
         with open(run_path(name, "done.json")) as f:
             launches = json.load(f).get("launches", [])
-        runs = [f"started at {l['started'] - t0:.0f} s, ran {l['ended'] - l['started']:.0f} s, "
-                f"exit {l['returncodes']}"
-                + (" (XLA:CPU aborted it at a collective rendezvous)" if l.get("aborted_at_rendezvous") else "")
-                for l in launches]
+        runs = [f"started at {run['started'] - t0:.0f} s, ran {run['ended'] - run['started']:.0f} s, "
+                f"exit {run['returncodes']}"
+                + (" (XLA:CPU aborted it at a collective rendezvous)" if run.get("aborted_at_rendezvous") else "")
+                for run in launches]
         lines.append(f"{name}: " + "; then ".join(runs))
     return lines
 

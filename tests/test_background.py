@@ -162,9 +162,11 @@ def test_a_job_aborted_at_a_rendezvous_runs_again_and_the_run_keeps_both_launche
     background._write_json(str(run_dir / "started.json"), time.time())
     script = run_dir / "child.py"
     script.write_text(f"""import os, sys
-if not os.path.exists({str(run_dir / 'ran')!r}):
-    open({str(run_dir / 'ran')!r}, "w").close()
-    sys.exit(print({background.RENDEZVOUS_ABORT!r} + " 0", file=sys.stderr) or 1)
+first = not os.path.exists({str(run_dir / 'ran')!r})
+open({str(run_dir / 'ran')!r}, "w").close()
+if first:
+    print({background.RENDEZVOUS_ABORT!r} + " 0", file=sys.stderr)
+    sys.exit(1)
 print('RESULTS {{"ok": true}}')
 """)
     monkeypatch.setitem(background.JOBS, "test_fake.py", lambda: [[sys.executable, str(script)]])

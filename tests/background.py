@@ -128,8 +128,8 @@ def _write_json(path: str, value) -> None:
 class Job:
     """Processes started together; `finish()` waits for them (bounded), once more if
     XLA:CPU aborted a retried job at a collective rendezvous, and writes `done.json`
-    (each process's exit status, and each launch's times) beside their output. A first
-    launch's output is kept beside the second's (`{i}.err.1`)."""
+    (each launch's times and its processes' exit statuses, the last launch's the job's)
+    beside their output. A first launch's output is kept beside the second's (`{i}.err.1`)."""
 
     def __init__(self, name: str, retry_rendezvous_abort: bool = False, before_retry=None):
         self.name, self._retry, self._before_retry = name, retry_rendezvous_abort, before_retry
@@ -181,8 +181,7 @@ class Job:
                 out.close()
                 err.close()
             _write_json(run_path(self.name, "done.json"),
-                        {"returncodes": [p.returncode for p in self.procs], "argvs": self._argvs,
-                         "launches": self._launches})
+                        {"argvs": self._argvs, "launches": self._launches})
 
     def kill(self) -> None:
         for p in self.procs:
@@ -256,7 +255,7 @@ def results(test_file: str) -> list[dict]:
     with open(run_path(test_file, "done.json")) as f:
         done = json.load(f)
     return [_parse(run_path(test_file, str(i)), argv, rc)
-            for i, (argv, rc) in enumerate(zip(done["argvs"], done["returncodes"]))]
+            for i, (argv, rc) in enumerate(zip(done["argvs"], done["launches"][-1]["returncodes"]))]
 
 
 def summary() -> list[str]:
@@ -269,7 +268,7 @@ def summary() -> list[str]:
         if not _done(name):
             continue
         with open(run_path(name, "done.json")) as f:
-            launches = json.load(f).get("launches", [])
+            launches = json.load(f)["launches"]
         runs = [f"started at {run['started'] - t0:.0f} s, ran {run['ended'] - run['started']:.0f} s, "
                 f"exit {run['returncodes']}"
                 + (" (XLA:CPU aborted it at a collective rendezvous)" if run.get("aborted_at_rendezvous") else "")

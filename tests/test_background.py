@@ -43,7 +43,7 @@ def _finish(path, after_s):
     def later():
         time.sleep(after_s)
         os.makedirs(path, exist_ok=True)
-        background._write_json(os.path.join(path, "done.json"), {"returncodes": [], "argvs": []})
+        background._write_json(os.path.join(path, "done.json"), {"argvs": [], "launches": []})
     threading.Thread(target=later, daemon=True).start()
 
 
